@@ -1,0 +1,40 @@
+# GPU Pool Portal. `make run`: the embedded demo. `make test`: the whole suite.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PORT ?= 8000
+
+# Tests run against real PostgreSQL and Redis; these defaults match scripts/test-services.
+TEST_DATABASE_URL ?= postgres://gpupool:gpupool@127.0.0.1:5432/gpupool
+TEST_REDIS_URL ?= redis://127.0.0.1:6379/14
+
+.PHONY: run test venv dev-venv services benchmark-api clean
+
+$(VENV)/.runtime: requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	touch $@
+
+$(VENV)/.dev: requirements-dev.txt requirements.txt $(VENV)/.runtime
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	touch $@
+
+venv: $(VENV)/.runtime
+dev-venv: $(VENV)/.dev
+
+run: $(VENV)/.runtime
+	env -u REDIS_URL PORT=$(PORT) $(PY) manage.py runembedded
+
+services:
+	scripts/test-services
+
+test: $(VENV)/.dev services
+	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) SECRET_KEY=test-only-secret \
+		$(PY) -m pytest $(PYTEST_ARGS)
+
+benchmark-api: $(VENV)/.dev
+	$(PY) -m benchmarks.api --concurrency 32 --seconds 30 --json benchmarks/results/api.json
+
+clean:
+	rm -rf $(VENV) var staticfiles .pytest_cache

@@ -1,0 +1,125 @@
+"""Reservations, pools and quotas over REST. Views parse, call one service or selector, answer."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.db.models import Prefetch
+from django.utils import timezone
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from allocations import selectors, services
+from allocations.api.serializers import (
+    AvailabilityQuery,
+    PoolSerializer,
+    QuotaSerializer,
+    ReservationCreateInput,
+    ReservationDetailSerializer,
+    ReservationExtendInput,
+    ReservationSerializer,
+    SlotSerializer,
+)
+from allocations.filters import QuotaFilterSet, ReservationFilterSet
+from allocations.models import Allocation, Quota, Reservation
+from common.api import IsStaffOrReadOnly
+from inventory.filters import GpuPoolFilterSet
+from inventory.models import GpuPool
+from portal.selectors import teams_of
+
+ALLOCATIONS = Prefetch("allocations", queryset=Allocation.objects.select_related("gpu__node"))
+
+
+class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    filterset_class = ReservationFilterSet
+    serializer_class = ReservationSerializer
+
+    def get_queryset(self):
+        qs = selectors.reservations_visible_to(self.request.user).prefetch_related(ALLOCATIONS)
+        if self.action == "retrieve":
+            qs = qs.prefetch_related("events__actor")
+        return qs
+
+    def get_serializer_class(self):
+        return ReservationDetailSerializer if self.action == "retrieve" else ReservationSerializer
+
+    def _answer(self, reservation: Reservation, code: int = status.HTTP_200_OK) -> Response:
+        fresh = self.get_queryset().prefetch_related("events__actor").get(pk=reservation.pk)
+        return Response(ReservationDetailSerializer(fresh).data, status=code)
+
+    @extend_schema(request=ReservationCreateInput, responses={201: ReservationDetailSerializer})
+    def create(self, request: Request) -> Response:
+        data = ReservationCreateInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        reservation = services.reservation_create(actor=request.user, request=services.ReservationRequest(
+            **data.validated_data))
+        return self._answer(reservation, status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses=ReservationDetailSerializer)
+    @action(detail=True, methods=["post"])
+    def release(self, request: Request, pk: str) -> Response:
+        reservation = services.reservation_release(actor=request.user, reservation_id=self._id(pk))
+        return self._answer(reservation)
+
+    @extend_schema(request=ReservationExtendInput, responses=ReservationDetailSerializer)
+    @action(detail=True, methods=["post"])
+    def extend(self, request: Request, pk: str) -> Response:
+        data = ReservationExtendInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        reservation = services.reservation_extend(actor=request.user, reservation_id=self._id(pk),
+                                                  ends_at=data.validated_data["ends_at"])
+        return self._answer(reservation)
+
+    def _id(self, pk: str) -> int:
+        # Resolving through the visible queryset answers 404 for other teams' reservations.
+        return self.get_object().pk
+
+
+class PoolViewSet(viewsets.ModelViewSet):
+    """Pools with their occupancy now. Everyone signed in reads the pools they may use; staff write."""
+
+    serializer_class = PoolSerializer
+    filterset_class = GpuPoolFilterSet
+    permission_classes = [IsStaffOrReadOnly]
+    lookup_field = "slug"
+
+    def get_queryset(self):
+        return selectors.with_occupancy(selectors.pools_visible_to(self.request.user))
+
+    @extend_schema(parameters=[AvailabilityQuery], responses=SlotSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def availability(self, request: Request, slug: str) -> Response:
+        pool: GpuPool = self.get_object()
+        query = AvailabilityQuery(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        start = query.validated_data.get("start") or timezone.now()
+        end = query.validated_data.get("end") or start + timedelta(days=1)
+        slots = selectors.pool_availability(pool, start, end, timedelta(seconds=query.validated_data["slot"]))
+        return Response(SlotSerializer(slots, many=True).data)
+
+
+class QuotaViewSet(viewsets.ModelViewSet):
+    """Members read their teams' quotas; staff read all and write them."""
+
+    serializer_class = QuotaSerializer
+    filterset_class = QuotaFilterSet
+    permission_classes = [IsStaffOrReadOnly]
+
+    def get_queryset(self):
+        qs = Quota.objects.select_related("team", "pool")
+        return qs if self.request.user.is_staff else qs.filter(team__in=teams_of(self.request.user))
+
+    def perform_create(self, serializer: QuotaSerializer) -> None:
+        serializer.instance = self._set(serializer.validated_data)
+
+    def perform_update(self, serializer: QuotaSerializer) -> None:
+        current = serializer.instance
+        merged = {"team": current.team, "pool": current.pool, "max_gpus": current.max_gpus,
+                  "gpu_hours_per_month": current.gpu_hours_per_month, **serializer.validated_data}
+        serializer.instance = self._set(merged)
+
+    def _set(self, data: dict) -> Quota:
+        return services.quota_set(actor=self.request.user, team=data["team"], pool=data["pool"],
+                                  max_gpus=data["max_gpus"], gpu_hours_per_month=data.get("gpu_hours_per_month"))

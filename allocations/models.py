@@ -1,0 +1,119 @@
+"""Quotas, reservations, the GPUs each reservation holds, and the history of every change.
+
+Occupancy is read from Allocation windows alone: a GPU is busy at time t when one of
+its allocations has starts_at <= t < ends_at. Releasing or failing a reservation cuts its
+allocations' ends_at back, so the rows stay as history and never block anyone. On
+PostgreSQL an exclusion constraint makes overlapping windows on one GPU impossible even
+if the application had a bug (migration 0002).
+"""
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import F, Q
+
+from inventory.models import Gpu, GpuPool
+from portal.models import Team
+
+
+class Quota(models.Model):
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="quotas")
+    pool = models.ForeignKey(GpuPool, on_delete=models.CASCADE, related_name="quotas")
+    max_gpus = models.PositiveIntegerField(help_text="Most GPUs the team may hold in this pool at any moment")
+    gpu_hours_per_month = models.PositiveIntegerField(
+        null=True, blank=True, help_text="GPU-hours the team may book per calendar month (UTC); empty = no limit"
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["team__slug", "pool__slug"]
+        constraints = [models.UniqueConstraint(fields=["team", "pool"], name="one_quota_per_team_and_pool")]
+
+    def __str__(self) -> str:
+        return f"{self.team.slug} in {self.pool.slug}: {self.max_gpus} GPUs"
+
+
+class Reservation(models.Model):
+    class State(models.TextChoices):
+        PENDING = "pending", "Pending"
+        SCHEDULED = "scheduled", "Scheduled"
+        APPLYING = "applying", "Applying"
+        ACTIVE = "active", "Active"
+        RELEASING = "releasing", "Releasing"
+        RELEASED = "released", "Released"
+        EXPIRED = "expired", "Expired"
+        FAILED = "failed", "Failed"
+
+    # States in which the reservation still holds (or will hold) its GPUs.
+    LIVE_STATES = (State.SCHEDULED, State.APPLYING, State.ACTIVE)
+    FINAL_STATES = (State.RELEASED, State.EXPIRED, State.FAILED)
+
+    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="reservations")
+    pool = models.ForeignKey(GpuPool, on_delete=models.PROTECT, related_name="reservations")
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="reservations"
+    )
+    gpus = models.PositiveSmallIntegerField()
+    starts_at = models.DateTimeField()
+    ends_at = models.DateTimeField()
+    state = models.CharField(max_length=16, choices=State.choices, default=State.SCHEDULED)
+    reason = models.TextField(blank=True, help_text="Why it is in its state (shown to the user)")
+    ended_at = models.DateTimeField(null=True, blank=True, help_text="When it was released, expired or failed")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-starts_at", "-id"]
+        indexes = [
+            models.Index(fields=["state", "starts_at"], name="reservation_state_start"),
+            models.Index(fields=["state", "ends_at"], name="reservation_state_end"),
+            models.Index(fields=["team", "state"], name="reservation_team_state"),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=Q(ends_at__gt=F("starts_at")), name="reservation_ends_after_start"),
+            models.CheckConstraint(condition=Q(gpus__gte=1), name="reservation_at_least_one_gpu"),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.pk} {self.team.slug} {self.gpus}x {self.pool.slug} ({self.state})"
+
+    @property
+    def is_live(self) -> bool:
+        return self.state in self.LIVE_STATES
+
+
+class Allocation(models.Model):
+    """One GPU held by one reservation over [starts_at, ends_at)."""
+
+    reservation = models.ForeignKey(Reservation, on_delete=models.CASCADE, related_name="allocations")
+    gpu = models.ForeignKey(Gpu, on_delete=models.PROTECT, related_name="allocations")
+    starts_at = models.DateTimeField()
+    ends_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["reservation_id", "gpu__node_id", "gpu__index"]
+        indexes = [models.Index(fields=["gpu", "ends_at", "starts_at"], name="allocation_gpu_window")]
+        constraints = [
+            # Equal bounds (an empty window) mark a booking cancelled before it began.
+            models.CheckConstraint(condition=Q(ends_at__gte=F("starts_at")), name="allocation_window_ordered"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.gpu.uuid} for reservation #{self.reservation_id}"
+
+
+class ReservationEvent(models.Model):
+    """One change of a reservation: state transitions, plus extensions (same state on both sides)."""
+
+    reservation = models.ForeignKey(Reservation, on_delete=models.CASCADE, related_name="events")
+    from_state = models.CharField(max_length=16, blank=True)
+    to_state = models.CharField(max_length=16)
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
+    at = models.DateTimeField(auto_now_add=True)
+    reason = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+
+    def __str__(self) -> str:
+        return f"#{self.reservation_id}: {self.from_state or '∅'} → {self.to_state}"

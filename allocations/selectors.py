@@ -1,0 +1,135 @@
+"""Reads about reservations, pools' occupancy, availability over time and quota use."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db.models import Count, F, OuterRef, Q, QuerySet, Subquery, Value
+from django.db.models.functions import Coalesce, Greatest
+from django.utils import timezone
+
+from allocations import quota_math
+from allocations.models import Allocation, Quota, Reservation
+from common.errors import ValidationFailed
+from inventory.models import Gpu, GpuPool
+from portal.models import Team
+from portal.selectors import teams_of
+
+User = AbstractBaseUser | AnonymousUser
+
+MAX_AVAILABILITY_SLOTS = 500
+
+
+def reservations_visible_to(user: User) -> QuerySet[Reservation]:
+    """Staff see all reservations; everyone else those of their teams."""
+    qs = Reservation.objects.select_related("team", "pool", "requested_by")
+    if user.is_staff:
+        return qs
+    return qs.filter(team__in=teams_of(user))
+
+
+def pools_visible_to(user: User) -> QuerySet[GpuPool]:
+    """Staff see every pool; members the pools their teams hold a quota in."""
+    if user.is_staff:
+        return GpuPool.objects.all()
+    return GpuPool.objects.filter(quotas__team__in=teams_of(user)).distinct()
+
+
+def with_occupancy(pools: QuerySet[GpuPool], now: datetime | None = None) -> QuerySet[GpuPool]:
+    """Annotate gpus_total, gpus_healthy, gpus_allocated (held at `now`) and gpus_free."""
+    now = now or timezone.now()
+    healthy = Q(healthy=True, node__healthy=True, node__schedulable=True)
+    total = Gpu.objects.filter(pool=OuterRef("pk")).values("pool").annotate(n=Count("id")).values("n")
+    good = Gpu.objects.filter(healthy, pool=OuterRef("pk")).values("pool").annotate(n=Count("id")).values("n")
+    allocated = (
+        Allocation.objects.filter(gpu__pool=OuterRef("pk"), starts_at__lte=now, ends_at__gt=now)
+        .values("gpu__pool").annotate(n=Count("gpu_id", distinct=True)).values("n")
+    )
+    pools = pools.annotate(
+        gpus_total=Coalesce(Subquery(total), 0),
+        gpus_healthy=Coalesce(Subquery(good), 0),
+        gpus_allocated=Coalesce(Subquery(allocated), 0),
+    )
+    # An allocated GPU that turned unhealthy is subtracted too: "free" errs low, never high.
+    return pools.annotate(gpus_free=Greatest(F("gpus_healthy") - F("gpus_allocated"), Value(0)))
+
+
+@dataclass(frozen=True)
+class Slot:
+    start: datetime
+    end: datetime
+    free: int
+    free_on_one_node: int
+
+
+def pool_availability(pool: GpuPool, start: datetime, end: datetime, slot: timedelta) -> list[Slot]:
+    """Free GPUs per slot of [start, end): GPUs free for the whole slot, and the most free on one node.
+
+    Only healthy GPUs on healthy, schedulable nodes count: those are the ones a
+    reservation can get.
+    """
+    if end <= start:
+        raise ValidationFailed("end must be after start.", field="end", rule="after_start")
+    if slot <= timedelta(0):
+        raise ValidationFailed("slot must be positive.", field="slot", rule="min_value")
+    count = -(-(end - start) // slot)
+    if count > MAX_AVAILABILITY_SLOTS:
+        raise ValidationFailed(
+            f"{count} slots asked; at most {MAX_AVAILABILITY_SLOTS} (widen slot or shorten the range).",
+            field="slot", rule="max_slots",
+        )
+    gpus = list(
+        Gpu.objects.filter(pool=pool, healthy=True, node__healthy=True, node__schedulable=True)
+        .values_list("id", "node_id")
+    )
+    node_of = dict(gpus)
+    windows: dict[int, list[tuple[datetime, datetime]]] = {}
+    for gpu_id, a_start, a_end in Allocation.objects.filter(
+        gpu_id__in=node_of, starts_at__lt=end, ends_at__gt=start
+    ).values_list("gpu_id", "starts_at", "ends_at"):
+        windows.setdefault(gpu_id, []).append((a_start, a_end))
+
+    slots = []
+    for i in range(count):
+        s_start = start + i * slot
+        s_end = min(s_start + slot, end)
+        free_per_node: dict[int, int] = {}
+        for gpu_id, node_id in gpus:
+            if not any(a < s_end and b > s_start for a, b in windows.get(gpu_id, ())):
+                free_per_node[node_id] = free_per_node.get(node_id, 0) + 1
+        slots.append(Slot(start=s_start, end=s_end, free=sum(free_per_node.values()),
+                          free_on_one_node=max(free_per_node.values(), default=0)))
+    return slots
+
+
+@dataclass(frozen=True)
+class QuotaUse:
+    quota: Quota
+    held_now: int
+    gpu_hours_this_month: float
+
+    @property
+    def held_pct(self) -> int:
+        return round(100 * self.held_now / self.quota.max_gpus) if self.quota.max_gpus else 0
+
+    @property
+    def hours_pct(self) -> int | None:
+        limit = self.quota.gpu_hours_per_month
+        return round(100 * self.gpu_hours_this_month / limit) if limit else None
+
+
+def quota_use(team: Team, now: datetime | None = None) -> list[QuotaUse]:
+    """For each quota of the team: GPUs held now and GPU-hours booked this calendar month."""
+    now = now or timezone.now()
+    month = (quota_math.month_start(now), quota_math.next_month(quota_math.month_start(now)))
+    out = []
+    for quota in Quota.objects.filter(team=team).select_related("pool", "team"):
+        windows = list(
+            Allocation.objects.filter(reservation__team=team, reservation__pool=quota.pool,
+                                      starts_at__lt=month[1], ends_at__gt=month[0])
+            .values_list("starts_at", "ends_at")
+        )
+        held = sum(1 for a, b in windows if a <= now < b)
+        out.append(QuotaUse(quota=quota, held_now=held, gpu_hours_this_month=quota_math.gpu_hours_in(windows, month)))
+    return out

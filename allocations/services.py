@@ -1,0 +1,370 @@
+"""Writes about quotas and reservations.
+
+Every function here is one transaction. Placement runs under a row lock on the pool
+(`SELECT ... FOR UPDATE`), so two requests for the same pool are decided one after the
+other and never both take the last free GPU; on SQLite the IMMEDIATE transaction mode
+serializes writers the same way. Celery tasks are queued with `transaction.on_commit`,
+so a task never sees a reservation that was rolled back.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from allocations import quota_math
+from allocations.models import Allocation, Quota, Reservation, ReservationEvent
+from allocations.seam import FreeGpu, Unplaceable, choose_whole_gpus
+from common.errors import Conflict, NotFound, PermissionDenied, ValidationFailed
+from inventory.models import Gpu, GpuPool
+from inventory.sharing import RESERVABLE_MODES
+from portal.models import Team
+from portal.selectors import can_act_for_team
+
+State = Reservation.State
+
+
+# --- window and quota checks -------------------------------------------------------------
+
+def _validated_window(starts_at: datetime | None, ends_at: datetime, now: datetime) -> datetime:
+    """Check [starts_at, ends_at) and return the effective start (a missing or just-past start means now)."""
+    if starts_at is None or now - settings.RESERVATION_START_GRACE <= starts_at < now:
+        starts_at = now
+    if ends_at <= starts_at:
+        raise ValidationFailed("ends_at must be after starts_at.", field="ends_at", rule="after_starts_at")
+    if ends_at <= now:
+        raise ValidationFailed("The window is in the past: ends_at must be in the future.", field="ends_at",
+                               rule="in_past")
+    if starts_at < now:
+        raise ValidationFailed("starts_at is in the past; leave it out to start now.", field="starts_at",
+                               rule="in_past")
+    if starts_at - now > settings.RESERVATION_MAX_LEAD:
+        raise ValidationFailed(f"starts_at may be at most {settings.RESERVATION_MAX_LEAD.days} days ahead.",
+                               field="starts_at", rule="max_lead")
+    if ends_at - starts_at > settings.RESERVATION_MAX_DURATION:
+        raise ValidationFailed(f"A reservation lasts at most {settings.RESERVATION_MAX_DURATION.days} days.",
+                               field="ends_at", rule="max_duration")
+    return starts_at
+
+
+def _team_windows(team: Team, pool: GpuPool, start: datetime, end: datetime,
+                  exclude_reservation: int | None = None) -> list[quota_math.Window]:
+    held = Allocation.objects.filter(reservation__team=team, reservation__pool=pool,
+                                     starts_at__lt=end, ends_at__gt=start)
+    if exclude_reservation is not None:
+        held = held.exclude(reservation_id=exclude_reservation)
+    return list(held.values_list("starts_at", "ends_at"))
+
+
+def _check_quota(quota: Quota, *, gpus: int, start: datetime, end: datetime,
+                 exclude_reservation: int | None = None) -> None:
+    """Refuse when the team would hold more than max_gpus at any instant of [start, end),
+    or book more GPU-hours in a calendar month than gpu_hours_per_month."""
+    team, pool = quota.team, quota.pool
+    peak, peak_at = quota_math.peak_concurrent(
+        _team_windows(team, pool, start, end, exclude_reservation), start, end
+    )
+    if peak + gpus > quota.max_gpus:
+        when = f" at {peak_at:%Y-%m-%d %H:%M} UTC" if peak else ""
+        raise Conflict(
+            f"Over quota: team {team.slug} would hold {peak + gpus} GPUs in pool {pool.slug}{when}; "
+            f"its quota is {quota.max_gpus} ({peak + gpus - quota.max_gpus} over).",
+            field="gpus", rule="quota_exceeded",
+        )
+    if quota.gpu_hours_per_month is None:
+        return
+    months = quota_math.months_between(start, end)
+    booked = _team_windows(team, pool, months[0][0], months[-1][1], exclude_reservation)
+    for month in months:
+        used = quota_math.gpu_hours_in(booked, month)
+        asked = gpus * quota_math.overlap_hours((start, end), month)
+        if used + asked > quota.gpu_hours_per_month + 1e-9:
+            over = used + asked - quota.gpu_hours_per_month
+            raise Conflict(
+                f"Over the monthly GPU-hours of team {team.slug} in pool {pool.slug} for {month[0]:%Y-%m}: "
+                f"{used:.1f} booked + {asked:.1f} asked > {quota.gpu_hours_per_month} ({over:.1f} over).",
+                field="ends_at", rule="gpu_hours_exceeded",
+            )
+
+
+def _quota_for(team: Team, pool: GpuPool) -> Quota:
+    quota = Quota.objects.select_related("team", "pool").filter(team=team, pool=pool).first()
+    if quota is None:
+        raise PermissionDenied(f"Team {team.slug} has no quota in pool {pool.slug}.", field="pool", rule="no_quota")
+    return quota
+
+
+# --- placement -----------------------------------------------------------------------------
+
+def _free_gpus(pool: GpuPool, start: datetime, end: datetime) -> list[FreeGpu]:
+    """Healthy GPUs of the pool, on healthy schedulable nodes, with no allocation overlapping [start, end)."""
+    busy = Allocation.objects.filter(gpu__pool=pool, starts_at__lt=end, ends_at__gt=start).values("gpu_id")
+    rows = (
+        Gpu.objects.filter(pool=pool, healthy=True, node__healthy=True, node__schedulable=True)
+        .exclude(id__in=busy)
+        .order_by("node__name", "node_id", "index")
+        .values_list("id", "node_id", "node__name", "index")
+    )
+    return [FreeGpu(id=r[0], node_id=r[1], node_name=r[2], index=r[3]) for r in rows]
+
+
+def _pool_shape(pool: GpuPool) -> tuple[int, int]:
+    """(GPUs in the pool, most GPUs on one node of the pool)."""
+    per_node: dict[int, int] = {}
+    for node_id in Gpu.objects.filter(pool=pool).values_list("node_id", flat=True):
+        per_node[node_id] = per_node.get(node_id, 0) + 1
+    return sum(per_node.values()), max(per_node.values(), default=0)
+
+
+def _record(reservation: Reservation, *, from_state: str, to_state: str, actor: AbstractBaseUser | None,
+            reason: str = "") -> None:
+    ReservationEvent.objects.create(reservation=reservation, from_state=from_state, to_state=to_state,
+                                    actor=actor if actor is not None and actor.is_authenticated else None,
+                                    reason=reason)
+
+
+def _move(reservation: Reservation, to_state: str, *, actor: AbstractBaseUser | None = None, reason: str = "",
+          now: datetime | None = None) -> None:
+    """Change state (the row must be locked by the caller) and record who, when and why."""
+    from_state = reservation.state
+    reservation.state = to_state
+    update = ["state", "updated_at"]
+    if reason or to_state in Reservation.FINAL_STATES:
+        reservation.reason = reason
+        update.append("reason")
+    if to_state in Reservation.FINAL_STATES:
+        reservation.ended_at = now or timezone.now()
+        update.append("ended_at")
+    reservation.save(update_fields=update)
+    _record(reservation, from_state=from_state, to_state=to_state, actor=actor, reason=reason)
+
+
+def _enqueue_after_commit(task_name: str, reservation_id: int) -> None:
+    from allocations import tasks  # tasks import services; importing here keeps that one-way at load time
+
+    task = getattr(tasks, task_name)
+    transaction.on_commit(lambda: task.delay(reservation_id))
+
+
+# --- commands ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ReservationRequest:
+    team: Team
+    pool: GpuPool
+    gpus: int
+    ends_at: datetime
+    starts_at: datetime | None = None
+
+
+def reservation_create(*, actor: AbstractBaseUser, request: ReservationRequest,
+                       now: datetime | None = None) -> Reservation:
+    """Place `request.gpus` whole GPUs of the pool for the window, or refuse with the reason."""
+    now = now or timezone.now()
+    team, pool, gpus = request.team, request.pool, request.gpus
+    if not can_act_for_team(actor, team):
+        raise PermissionDenied(f"You are not a member of team {team.slug}.", field="team", rule="not_a_member")
+    if pool.sharing_mode not in RESERVABLE_MODES:
+        raise ValidationFailed(
+            f"Pool {pool.slug} shares GPUs by {pool.sharing_mode}; only whole-GPU (exclusive) pools can be "
+            "reserved yet.", field="pool", rule="sharing_mode_unsupported",
+        )
+    starts_at = _validated_window(request.starts_at, request.ends_at, now)
+    ends_at = request.ends_at
+
+    try:
+        with transaction.atomic():
+            pool = GpuPool.objects.select_for_update().get(pk=pool.pk)
+            quota = _quota_for(team, pool)
+            size, largest_node = _pool_shape(pool)
+            if gpus > size:
+                raise ValidationFailed(f"Pool {pool.slug} has {size} GPUs; {gpus} requested.", field="gpus",
+                                       rule="exceeds_pool_size")
+            _check_quota(quota, gpus=gpus, start=starts_at, end=ends_at)
+            try:
+                chosen = choose_whole_gpus(_free_gpus(pool, starts_at, ends_at), gpus, largest_node=largest_node)
+            except Unplaceable as refused:
+                raise Conflict(refused.message, field="gpus", rule=refused.code) from None
+
+            reservation = Reservation.objects.create(
+                team=team, pool=pool, requested_by=actor, gpus=gpus, starts_at=starts_at, ends_at=ends_at,
+                state=State.SCHEDULED,
+            )
+            Allocation.objects.bulk_create(
+                Allocation(reservation=reservation, gpu_id=gpu_id, starts_at=starts_at, ends_at=ends_at)
+                for gpu_id in chosen
+            )
+            _record(reservation, from_state="", to_state=State.SCHEDULED, actor=actor,
+                    reason=f"{gpus} GPU(s) placed")
+            if starts_at <= now:
+                _enqueue_after_commit("activate_reservation", reservation.pk)
+    except IntegrityError as exc:
+        # Only the exclusion constraint can fire here, and only if the lock above was bypassed.
+        raise Conflict("Those GPUs were just taken; try again.", field="gpus", rule="gpus_busy") from exc
+    return reservation
+
+
+def _locked_reservation(reservation_id: int) -> Reservation:
+    reservation = (
+        Reservation.objects.select_for_update(of=("self",)).select_related("team", "pool")
+        .filter(pk=reservation_id).first()
+    )
+    if reservation is None:
+        raise NotFound(f"Reservation {reservation_id} does not exist.", field="id", rule="does_not_exist")
+    return reservation
+
+
+def _require_actor(actor: AbstractBaseUser, reservation: Reservation) -> None:
+    if not can_act_for_team(actor, reservation.team):
+        # 404, not 403: people outside the team do not learn that the reservation exists.
+        raise NotFound(f"Reservation {reservation.pk} does not exist.", field="id", rule="does_not_exist")
+
+
+@transaction.atomic
+def reservation_release(*, actor: AbstractBaseUser, reservation_id: int, now: datetime | None = None
+                        ) -> Reservation:
+    """Release early (running) or cancel (not started). The GPUs are free again at once."""
+    now = now or timezone.now()
+    reservation = _locked_reservation(reservation_id)
+    _require_actor(actor, reservation)
+    if reservation.state not in Reservation.LIVE_STATES:
+        raise Conflict(f"A {reservation.state} reservation cannot be released.", field="state", rule="not_live")
+    who = getattr(actor, "username", "system")
+    if reservation.starts_at > now:
+        reservation.allocations.update(ends_at=reservation.starts_at)
+        _move(reservation, State.RELEASED, actor=actor, reason=f"Cancelled before its start by {who}.", now=now)
+        return reservation
+    reservation.allocations.filter(ends_at__gt=now).update(ends_at=now)
+    _move(reservation, State.RELEASING, actor=actor, reason=f"Released early by {who}.")
+    _enqueue_after_commit("finish_release", reservation.pk)
+    return reservation
+
+
+@transaction.atomic
+def reservation_extend(*, actor: AbstractBaseUser, reservation_id: int, ends_at: datetime,
+                       now: datetime | None = None) -> Reservation:
+    """Move ends_at later, keeping the same GPUs, when they stay free and the quota allows."""
+    now = now or timezone.now()
+    pool_id = Reservation.objects.filter(pk=reservation_id).values_list("pool_id", flat=True).first()
+    if pool_id is None:
+        raise NotFound(f"Reservation {reservation_id} does not exist.", field="id", rule="does_not_exist")
+    # Same lock order as reservation_create (pool, then reservation): no deadlock between the two.
+    GpuPool.objects.select_for_update().get(pk=pool_id)
+    reservation = _locked_reservation(reservation_id)
+    _require_actor(actor, reservation)
+    if reservation.state not in Reservation.LIVE_STATES:
+        raise Conflict(f"A {reservation.state} reservation cannot be extended.", field="state", rule="not_live")
+    old_end = reservation.ends_at
+    if ends_at <= old_end:
+        raise ValidationFailed(f"ends_at must be after the current end ({old_end.isoformat()}).", field="ends_at",
+                               rule="after_current_end")
+    if ends_at - reservation.starts_at > settings.RESERVATION_MAX_DURATION:
+        raise ValidationFailed(f"A reservation lasts at most {settings.RESERVATION_MAX_DURATION.days} days.",
+                               field="ends_at", rule="max_duration")
+    gpu_ids = list(reservation.allocations.values_list("gpu_id", flat=True))
+    clash = (
+        Allocation.objects.filter(gpu_id__in=gpu_ids, starts_at__lt=ends_at, ends_at__gt=old_end)
+        .exclude(reservation=reservation).select_related("gpu").order_by("starts_at").first()
+    )
+    if clash is not None:
+        raise Conflict(
+            f"GPU {clash.gpu.uuid} is booked by another reservation from {clash.starts_at:%Y-%m-%d %H:%M} UTC; "
+            f"the latest possible end is {clash.starts_at.isoformat()}.", field="ends_at", rule="gpus_busy",
+        )
+    _check_quota(_quota_for(reservation.team, reservation.pool), gpus=len(gpu_ids), start=old_end, end=ends_at,
+                 exclude_reservation=reservation.pk)
+    reservation.allocations.filter(ends_at=old_end).update(ends_at=ends_at)
+    reservation.ends_at = ends_at
+    reservation.save(update_fields=["ends_at", "updated_at"])
+    _record(reservation, from_state=reservation.state, to_state=reservation.state, actor=actor,
+            reason=f"Extended from {old_end.isoformat()} to {ends_at.isoformat()}.")
+    return reservation
+
+
+# --- time-driven steps (run by Celery; safe to run twice) ------------------------------------
+
+@transaction.atomic
+def reservation_activate(*, reservation_id: int, now: datetime | None = None) -> bool:
+    """scheduled → applying → active once starts_at has come. Returns whether it acted.
+
+    The apply backends (Kubernetes, host agent) plug in between applying and active.
+    """
+    now = now or timezone.now()
+    reservation = Reservation.objects.select_for_update().filter(
+        pk=reservation_id, state=State.SCHEDULED, starts_at__lte=now, ends_at__gt=now
+    ).first()
+    if reservation is None:
+        return False
+    _move(reservation, State.APPLYING, reason="Window started.")
+    _move(reservation, State.ACTIVE, reason="")
+    return True
+
+
+@transaction.atomic
+def reservation_finish_release(*, reservation_id: int, now: datetime | None = None) -> bool:
+    """releasing → released after an early release. Returns whether it acted.
+
+    The apply backends undo the reservation on the cluster or host before this step.
+    """
+    now = now or timezone.now()
+    reservation = Reservation.objects.select_for_update().filter(pk=reservation_id, state=State.RELEASING).first()
+    if reservation is None:
+        return False
+    _move(reservation, State.RELEASED, reason=reservation.reason, now=now)
+    return True
+
+
+@transaction.atomic
+def reservation_expire(*, reservation_id: int, now: datetime | None = None) -> bool:
+    """A live reservation whose window has ended: active → releasing → expired. Returns whether it acted."""
+    now = now or timezone.now()
+    reservation = Reservation.objects.select_for_update().filter(
+        pk=reservation_id, state__in=Reservation.LIVE_STATES, ends_at__lte=now
+    ).first()
+    if reservation is None:
+        return False
+    if reservation.state == State.SCHEDULED:
+        # Never activated (no worker ran during the window): nothing to undo.
+        _move(reservation, State.EXPIRED, reason="Window ended before it was applied.", now=now)
+        return True
+    _move(reservation, State.RELEASING, reason="Window ended.")
+    _move(reservation, State.EXPIRED, reason="Window ended.", now=now)
+    return True
+
+
+def due_reservation_ids(now: datetime | None = None) -> dict[str, list[int]]:
+    """What the sweep should act on: due to start, due to end, stuck in releasing."""
+    now = now or timezone.now()
+    live = Reservation.objects.filter(state__in=Reservation.LIVE_STATES)
+    return {
+        "activate": list(
+            Reservation.objects.filter(state=State.SCHEDULED, starts_at__lte=now, ends_at__gt=now)
+            .values_list("id", flat=True)[:1000]
+        ),
+        "expire": list(live.filter(ends_at__lte=now).values_list("id", flat=True)[:1000]),
+        "finish_release": list(
+            Reservation.objects.filter(state=State.RELEASING).values_list("id", flat=True)[:1000]
+        ),
+    }
+
+
+# --- quotas (staff) ------------------------------------------------------------------------
+
+@transaction.atomic
+def quota_set(*, actor: AbstractBaseUser, team: Team, pool: GpuPool, max_gpus: int,
+              gpu_hours_per_month: int | None) -> Quota:
+    """Create or change a team's quota in a pool. It binds the next reservation; held ones stay."""
+    if not actor.is_staff:
+        raise PermissionDenied("Only staff can change quotas.", field="quota", rule="staff_required")
+    quota, _ = Quota.objects.select_for_update().get_or_create(
+        team=team, pool=pool, defaults={"max_gpus": max_gpus, "gpu_hours_per_month": gpu_hours_per_month}
+    )
+    quota.max_gpus = max_gpus
+    quota.gpu_hours_per_month = gpu_hours_per_month
+    quota.full_clean()
+    quota.save()
+    return quota

@@ -1,0 +1,35 @@
+"""Small DRF pieces shared by the apps' APIs."""
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from rest_framework import permissions, serializers
+
+
+class CleanModelSerializer(serializers.ModelSerializer):
+    """Runs the model's own clean() on the would-be instance, so single-row rules live in one place."""
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        attrs = super().validate(attrs)
+        model = self.Meta.model
+        instance = self.instance or model()
+        for name, value in attrs.items():
+            field = model._meta.get_field(name)
+            if not (field.many_to_many or field.one_to_many):
+                setattr(instance, name, value)
+        try:
+            instance.clean()
+        except DjangoValidationError as exc:
+            detail = exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages}
+            raise serializers.ValidationError(detail) from exc
+        return attrs
+
+
+class IsStaffOrReadOnly(permissions.BasePermission):
+    """Anyone signed in reads (what the queryset lets them see); only staff write."""
+
+    def has_permission(self, request, view) -> bool:
+        if not (request.user and request.user.is_authenticated):
+            return False
+        return request.method in permissions.SAFE_METHODS or request.user.is_staff

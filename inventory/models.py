@@ -1,0 +1,100 @@
+"""What the fleet has: clusters, their nodes (Kubernetes nodes or bare-metal hosts), the
+GPUs on each node, and the pools that group GPUs under one sharing mode."""
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError
+from django.db import models
+
+from inventory.sharing import SharingMode, validate_sharing_config
+
+
+class Cluster(models.Model):
+    class Kind(models.TextChoices):
+        KUBERNETES = "kubernetes", "Kubernetes"
+        BAREMETAL = "baremetal", "Bare metal"
+
+    name = models.CharField(max_length=128, unique=True)
+    slug = models.SlugField(max_length=64, unique=True)
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    description = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Node(models.Model):
+    """A Kubernetes node or a bare-metal host. Unhealthy or unschedulable nodes get no new placements."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="nodes")
+    name = models.CharField(max_length=253)
+    healthy = models.BooleanField(default=True)
+    schedulable = models.BooleanField(default=True)
+    labels = models.JSONField(default=dict, blank=True)
+    cpu_milli = models.PositiveIntegerField(default=0, help_text="CPU capacity in millicores (0 = unknown)")
+    memory_mib = models.PositiveIntegerField(default=0, help_text="Memory capacity in MiB (0 = unknown)")
+    last_seen_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["cluster__slug", "name"]
+        constraints = [models.UniqueConstraint(fields=["cluster", "name"], name="node_name_unique_in_cluster")]
+
+    def __str__(self) -> str:
+        return f"{self.cluster.slug}/{self.name}"
+
+    def clean(self) -> None:
+        if not isinstance(self.labels, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.labels.items()
+        ):
+            raise ValidationError({"labels": "Labels must be an object of string keys to string values."})
+
+
+class GpuPool(models.Model):
+    """A set of GPUs shared one way (exactly one sharing mode), with a placement policy."""
+
+    name = models.CharField(max_length=128, unique=True)
+    slug = models.SlugField(max_length=64, unique=True)
+    description = models.TextField(blank=True)
+    sharing_mode = models.CharField(max_length=16, choices=SharingMode.choices, default=SharingMode.EXCLUSIVE)
+    sharing_config = models.JSONField(
+        default=dict, blank=True, help_text="The mode's parameters, e.g. {\"replicas\": 4} or {\"mig_layout\": ...}"
+    )
+    placement_policy = models.CharField(max_length=32, default="first_fit")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        errors = validate_sharing_config(self.sharing_mode, self.sharing_config)
+        if errors:
+            raise ValidationError({"sharing_config": errors})
+
+
+class Gpu(models.Model):
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    pool = models.ForeignKey(GpuPool, on_delete=models.SET_NULL, null=True, blank=True, related_name="gpus")
+    index = models.PositiveSmallIntegerField()
+    uuid = models.CharField(max_length=64, unique=True)
+    model_name = models.CharField(max_length=128)
+    memory_mib = models.PositiveIntegerField()
+    mig_capable = models.BooleanField(default=False)
+    driver_version = models.CharField(max_length=32, blank=True)
+    cuda_version = models.CharField(max_length=16, blank=True)
+    healthy = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["node_id", "index"]
+        verbose_name = "GPU"
+        constraints = [models.UniqueConstraint(fields=["node", "index"], name="gpu_index_unique_on_node")]
+
+    def __str__(self) -> str:
+        return f"{self.node} GPU {self.index} ({self.model_name})"

@@ -1,0 +1,1 @@
+"""Telemetry and alert models arrive with the telemetry issue."""

@@ -1,0 +1,64 @@
+"""The one DRF exception handler: every error body is {"detail": ..., "errors": [{field, rule, message}]}."""
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.http import Http404
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from common.errors import ApplicationError
+
+
+def _flatten(detail: Any, prefix: str = "") -> list[dict[str, str]]:
+    """Turn DRF's nested error detail into a flat list naming each field and rule."""
+    if isinstance(detail, dict):
+        out: list[dict[str, str]] = []
+        for key, value in detail.items():
+            name = f"{prefix}.{key}" if prefix else str(key)
+            out.extend(_flatten(value, name))
+        return out
+    if isinstance(detail, list):
+        out = []
+        for index, value in enumerate(detail):
+            nested = isinstance(value, (dict, list))
+            out.extend(_flatten(value, f"{prefix}.{index}" if nested and prefix else prefix))
+        return out
+    code = getattr(detail, "code", None) or "invalid"
+    return [{"field": prefix or "non_field_errors", "rule": str(code), "message": str(detail)}]
+
+
+def _body(errors: list[dict[str, str]], summary: str | None = None) -> dict[str, Any]:
+    if summary is None:
+        first = errors[0] if errors else {"field": "", "message": "Invalid request."}
+        summary = first["message"] if first["field"] in ("", "non_field_errors", "body") else (
+            f"{first['field']}: {first['message']}"
+        )
+    return {"detail": summary, "errors": errors}
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, ApplicationError):
+        return Response(_body([e.as_dict() for e in exc.errors], exc.message), status=exc.status)
+    if isinstance(exc, DjangoValidationError):
+        detail = exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages}
+        return Response(_body(_flatten(detail)), status=status.HTTP_400_BAD_REQUEST)
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound()
+    elif isinstance(exc, DjangoPermissionDenied):
+        exc = exceptions.PermissionDenied()
+
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    if isinstance(exc, exceptions.ParseError):
+        errors = [{"field": "body", "rule": "malformed", "message": str(exc.detail)}]
+    elif isinstance(exc, exceptions.ValidationError):
+        errors = _flatten(exc.detail)
+    else:
+        errors = [{"field": "", "rule": str(getattr(exc, "default_code", "error")), "message": str(exc.detail)}]
+    response.data = _body(errors)
+    return response

@@ -1,0 +1,95 @@
+"""Auth tokens, teams and their members over REST."""
+from __future__ import annotations
+
+from django.contrib.auth import authenticate
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.authtoken.models import Token
+from rest_framework.decorators import action
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.throttling import ScopedRateThrottle
+from rest_framework.views import APIView
+
+from common.errors import ApplicationError
+from portal import services
+from portal.api.serializers import (
+    MembershipAddInput,
+    MembershipChangeInput,
+    MembershipSerializer,
+    TeamSerializer,
+    TokenInput,
+    TokenOutput,
+)
+from portal.models import Team
+from portal.selectors import teams_of
+
+
+class InvalidCredentials(ApplicationError):
+    status = 400
+
+
+class TokenView(APIView):
+    """Trade a username and password for an API token (throttled; repeated failures lock the pair out)."""
+
+    authentication_classes: list = []
+    permission_classes = [AllowAny]
+    throttle_classes = [ScopedRateThrottle]
+    throttle_scope = "login"
+
+    @extend_schema(request=TokenInput, responses=TokenOutput)
+    def post(self, request: Request) -> Response:
+        data = TokenInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        user = authenticate(request._request, username=data.validated_data["username"],
+                            password=data.validated_data["password"])
+        if user is None or not user.is_active:
+            raise InvalidCredentials("Unable to sign in with the username and password given.",
+                                     field="password", rule="invalid_credentials")
+        token, _ = Token.objects.get_or_create(user=user)
+        return Response({"token": token.key})
+
+
+class TeamViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
+                  viewsets.GenericViewSet):
+    serializer_class = TeamSerializer
+    lookup_field = "slug"
+
+    def get_queryset(self):
+        return teams_of(self.request.user)
+
+    def perform_create(self, serializer: TeamSerializer) -> None:
+        serializer.instance = services.team_create(actor=self.request.user, **serializer.validated_data)
+
+    @extend_schema(methods=["get"], responses=MembershipSerializer(many=True))
+    @extend_schema(methods=["post"], request=MembershipAddInput, responses={201: MembershipSerializer})
+    @action(detail=True, methods=["get", "post"])
+    def members(self, request: Request, slug: str) -> Response:
+        team: Team = self.get_object()
+        if request.method == "GET":
+            memberships = team.memberships.select_related("user")
+            return Response(MembershipSerializer(memberships, many=True).data)
+        data = MembershipAddInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        membership = services.membership_add(actor=request.user, team=team, **data.validated_data)
+        return Response(MembershipSerializer(membership).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(methods=["patch"], request=MembershipChangeInput, responses=MembershipSerializer)
+    @extend_schema(methods=["delete"], request=None, responses={204: None})
+    @action(detail=True, methods=["patch", "delete"], url_path=r"members/(?P<username>[\w.@+-]+)")
+    def member(self, request: Request, slug: str, username: str) -> Response:
+        team: Team = self.get_object()
+        if request.method == "DELETE":
+            services.membership_remove(actor=request.user, team=team, username=username)
+            return Response(status=status.HTTP_204_NO_CONTENT)
+        data = MembershipChangeInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        membership = services.membership_change_role(actor=request.user, team=team, username=username,
+                                                     role=data.validated_data["role"])
+        return Response(MembershipSerializer(membership).data)
+
+
+def team_or_404(user, slug: str) -> Team:
+    return get_object_or_404(teams_of(user), slug=slug)

@@ -1,0 +1,21 @@
+"""The Celery app: worker and beat for apply/release, the reservation sweep, and later reconcile."""
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+
+app = Celery("portal")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks()
+
+
+@app.on_after_finalize.connect
+def _schedule_periodic_tasks(sender: Celery, **_: object) -> None:
+    from django.conf import settings
+
+    sender.add_periodic_task(
+        settings.RESERVATION_SWEEP_SECONDS,
+        sender.signature("allocations.tasks.sweep_reservations"),
+        name="sweep reservations",
+    )

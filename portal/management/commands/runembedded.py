@@ -1,0 +1,63 @@
+"""`python manage.py runembedded`: the whole portal in one process, for the demo and for trying it out.
+
+Migrates the SQLite database, loads the demo data on first start, starts a Celery
+worker and beat on threads (in-memory broker), and serves the ASGI app with uvicorn.
+Refuses to run with REDIS_URL set: production runs web, worker and beat as separate
+processes (see the Procfile).
+"""
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from portal.demo import load_demo
+
+
+class Command(BaseCommand):
+    help = "Run web, Celery worker and beat in one process with the embedded database and broker."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
+        parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
+        parser.add_argument("--no-demo", action="store_true", help="Do not load demo data into an empty database")
+
+    def handle(self, *args, host: str, port: int, no_demo: bool, **options) -> None:
+        if not settings.EMBEDDED:
+            raise CommandError("runembedded is the embedded mode; unset REDIS_URL, or run the Procfile processes.")
+        call_command("migrate", interactive=False, verbosity=0)
+        self._demo(no_demo)
+        self._start_celery()
+        self.stdout.write(self.style.SUCCESS(f"GPU Pool Portal on http://{host}:{port}/  (Ctrl-C stops)"))
+
+        import uvicorn
+
+        uvicorn.run("portal.asgi:application", host=host, port=port, lifespan="off", log_level="info")
+
+    def _demo(self, skip: bool) -> None:
+        credentials = Path(settings.VAR_DIR) / "demo-credentials.txt"
+        if not skip and not get_user_model().objects.exists():
+            created = load_demo(admin_password=os.environ.get("DEMO_ADMIN_PASSWORD") or None)
+            credentials.write_text("".join(f"{user} {password}\n" for user, password in created.items()))
+            credentials.chmod(0o600)
+        if credentials.exists():
+            self.stdout.write("Demo accounts (user password), also in " + str(credentials) + ":")
+            for line in credentials.read_text().splitlines():
+                self.stdout.write("  " + line)
+
+    def _start_celery(self) -> None:
+        from celery.beat import EmbeddedService
+
+        from portal.celery import app
+
+        # The in-memory broker lives in this process, so worker and beat must too.
+        app.conf.broker_transport_options = {"polling_interval": 0.2}
+        worker = app.WorkController(pool_cls="solo", concurrency=1, loglevel="INFO", without_heartbeat=True,
+                                    without_mingle=True, without_gossip=True)
+        threading.Thread(target=worker.start, name="celery-worker", daemon=True).start()
+        EmbeddedService(app, thread=True, schedule_filename=settings.CELERY_BEAT_SCHEDULE_FILENAME).start()

@@ -1,0 +1,2 @@
+"""WebSocket routes of every app (the live telemetry consumers join here)."""
+websocket_urlpatterns: list = []

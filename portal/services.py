@@ -1,0 +1,84 @@
+"""Writes about teams and members. Each is one transaction and checks who asks."""
+from __future__ import annotations
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+
+from common.errors import Conflict, NotFound, PermissionDenied, ValidationFailed
+from portal.models import Membership, Team
+from portal.selectors import can_manage_team
+
+User = get_user_model()
+
+
+def _require_manager(actor: AbstractBaseUser, team: Team) -> None:
+    if not can_manage_team(actor, team):
+        raise PermissionDenied("Only the team's managers or staff can change its members.", field="team",
+                               rule="manager_required")
+
+
+def _validated_role(role: str) -> str:
+    if role not in Membership.Role.values:
+        raise ValidationFailed(f"role must be one of {', '.join(Membership.Role.values)}.", field="role",
+                               rule="invalid_choice")
+    return role
+
+
+@transaction.atomic
+def team_create(*, actor: AbstractBaseUser, slug: str, name: str) -> Team:
+    if not actor.is_staff:
+        raise PermissionDenied("Only staff can create teams.", field="team", rule="staff_required")
+    if Team.objects.filter(slug=slug).exists():
+        raise Conflict(f"A team with slug {slug!r} already exists.", field="slug", rule="unique")
+    team = Team(slug=slug, name=name)
+    team.full_clean()
+    team.save()
+    return team
+
+
+@transaction.atomic
+def membership_add(*, actor: AbstractBaseUser, team: Team, username: str, role: str = Membership.Role.MEMBER
+                   ) -> Membership:
+    _require_manager(actor, team)
+    role = _validated_role(role)
+    user = User.objects.filter(username=username, is_active=True).first()
+    if user is None:
+        raise ValidationFailed(f"No active user named {username!r}.", field="username", rule="does_not_exist")
+    if Membership.objects.filter(team=team, user=user).exists():
+        raise Conflict(f"{username} is already in {team.slug}.", field="username", rule="unique")
+    return Membership.objects.create(team=team, user=user, role=role)
+
+
+def _membership(team: Team, username: str) -> Membership:
+    membership = Membership.objects.select_for_update().filter(team=team, user__username=username).first()
+    if membership is None:
+        raise NotFound(f"{username} is not in {team.slug}.", field="username", rule="not_a_member")
+    return membership
+
+
+def _would_leave_no_manager(team: Team, membership: Membership) -> bool:
+    if membership.role != Membership.Role.MANAGER:
+        return False
+    return not team.memberships.filter(role=Membership.Role.MANAGER).exclude(pk=membership.pk).exists()
+
+
+@transaction.atomic
+def membership_change_role(*, actor: AbstractBaseUser, team: Team, username: str, role: str) -> Membership:
+    _require_manager(actor, team)
+    role = _validated_role(role)
+    membership = _membership(team, username)
+    if role == Membership.Role.MEMBER and _would_leave_no_manager(team, membership) and not actor.is_staff:
+        raise Conflict("A team keeps at least one manager.", field="role", rule="last_manager")
+    membership.role = role
+    membership.save(update_fields=["role"])
+    return membership
+
+
+@transaction.atomic
+def membership_remove(*, actor: AbstractBaseUser, team: Team, username: str) -> None:
+    _require_manager(actor, team)
+    membership = _membership(team, username)
+    if _would_leave_no_manager(team, membership) and not actor.is_staff:
+        raise Conflict("A team keeps at least one manager.", field="username", rule="last_manager")
+    membership.delete()

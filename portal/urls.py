@@ -1,0 +1,45 @@
+"""Every URL of the portal: pages, the REST API under /api/v1/, admin, health and metrics."""
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from rest_framework.routers import DefaultRouter
+
+from allocations.api.views import PoolViewSet, QuotaViewSet, ReservationViewSet
+from inventory.api.views import ClusterViewSet, GpuViewSet, NodeViewSet
+from portal import health, metrics, views
+from portal.api.views import TeamViewSet, TokenView
+
+router = DefaultRouter()
+router.register("reservations", ReservationViewSet, basename="reservation")
+router.register("pools", PoolViewSet, basename="pool")
+router.register("quotas", QuotaViewSet, basename="quota")
+router.register("teams", TeamViewSet, basename="team")
+router.register("clusters", ClusterViewSet, basename="cluster")
+router.register("nodes", NodeViewSet, basename="node")
+router.register("gpus", GpuViewSet, basename="gpu")
+
+api = [
+    path("auth/token/", TokenView.as_view(), name="api-token"),
+    path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path("", include(router.urls)),
+]
+
+urlpatterns = [
+    path("", views.dashboard, name="dashboard"),
+    path("reserve/", views.reserve, name="reserve"),
+    path("reserve/availability/", views.availability_partial, name="availability"),
+    path("reservations/", views.reservations, name="reservations"),
+    path("reservations/<int:reservation_id>/", views.reservation_detail, name="reservation"),
+    path("reservations/<int:reservation_id>/release/", views.reservation_release, name="reservation-release"),
+    path("reservations/<int:reservation_id>/extend/", views.reservation_extend, name="reservation-extend"),
+    path("teams/<slug:slug>/", views.team_detail, name="team"),
+    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("admin/", admin.site.urls),
+    path("api/v1/", include(api)),
+    path("healthz", health.healthz, name="healthz"),
+    path("readyz", health.readyz, name="readyz"),
+    path("metrics", metrics.metrics, name="metrics"),
+]

@@ -1,0 +1,189 @@
+"""The pages: dashboard, reserve (with the availability timeline), my reservations, team, login.
+
+Views are thin: they parse a form, call one service or selector, and render. A refused
+request comes back as the same form with the message next to the field it names.
+"""
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.db.models import Prefetch
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_POST
+
+from allocations import selectors as alloc_selectors
+from allocations import services as alloc_services
+from allocations.models import Allocation, Reservation
+from common.errors import ApplicationError
+from inventory.models import GpuPool
+from portal import services as team_services
+from portal.forms import AvailabilityForm, ExtendForm, MemberAddForm, ReservationForm
+from portal.models import Team
+from portal.selectors import can_manage_team, teams_of
+
+ALLOCATIONS = Prefetch("allocations", queryset=Allocation.objects.select_related("gpu__node"))
+
+
+def _form_error(form, error: ApplicationError) -> None:
+    for item in error.errors:
+        form.add_error(item.field if item.field in form.fields else None, item.message)
+
+
+def _pools(user):
+    return alloc_selectors.with_occupancy(alloc_selectors.pools_visible_to(user)).order_by("slug")
+
+
+@login_required
+def dashboard(request: HttpRequest) -> HttpResponse:
+    now = timezone.now()
+    mine = (
+        alloc_selectors.reservations_visible_to(request.user)
+        .filter(team__in=teams_of(request.user), state__in=Reservation.LIVE_STATES + (Reservation.State.RELEASING,))
+        .prefetch_related(ALLOCATIONS).order_by("starts_at")
+    )
+    return render(request, "portal/dashboard.html", {
+        "pools": _pools(request.user),
+        "active": [r for r in mine if r.starts_at <= now],
+        "upcoming": [r for r in mine if r.starts_at > now],
+        "teams": teams_of(request.user),
+    })
+
+
+def _availability_context(user, data) -> dict:
+    form = AvailabilityForm(data)
+    if not form.is_valid():
+        return {"availability_error": "Pick a pool to see when its GPUs are free."}
+    pool = alloc_selectors.pools_visible_to(user).filter(slug=form.cleaned_data["pool"]).first()
+    if pool is None:
+        return {"availability_error": "That pool is not one you can reserve from."}
+    span, slot = AvailabilityForm.RANGES[form.cleaned_data.get("range") or "24h"]
+    start = max(form.cleaned_data.get("start") or timezone.now(), timezone.now())
+    start = start.replace(minute=0, second=0, microsecond=0)
+    slots = alloc_selectors.pool_availability(pool, start, start + span, slot)
+    total = pool.gpus.filter(healthy=True, node__healthy=True, node__schedulable=True).count()
+    return {"pool": pool, "slots": slots, "total": total,
+            "range": form.cleaned_data.get("range") or "24h", "ranges": list(AvailabilityForm.RANGES)}
+
+
+@login_required
+def reserve(request: HttpRequest) -> HttpResponse:
+    teams = list(teams_of(request.user))
+    pools = list(alloc_selectors.pools_visible_to(request.user).order_by("slug"))
+    form = ReservationForm(request.POST or None, teams=teams, pools=pools,
+                           initial={"pool": request.GET.get("pool", "")})
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        try:
+            reservation = alloc_services.reservation_create(actor=request.user, request=alloc_services.ReservationRequest(
+                team=Team.objects.get(slug=data["team"]), pool=GpuPool.objects.get(slug=data["pool"]),
+                gpus=data["gpus"], starts_at=data["starts_at"], ends_at=data["ends_at"],
+            ))
+        except ApplicationError as error:
+            _form_error(form, error)
+        else:
+            messages.success(request, f"Reserved {reservation.gpus} GPU(s) of {reservation.pool.name} "
+                                      f"(reservation #{reservation.pk}).")
+            return redirect("reservations")
+    selected = form["pool"].value() or (pools[0].slug if pools else "")
+    context = {"form": form, "no_choice": not teams or not pools}
+    context.update(_availability_context(request.user, {"pool": selected, "range": request.GET.get("range", "24h")}))
+    return render(request, "portal/reserve.html", context, status=400 if form.errors else 200)
+
+
+@login_required
+def availability_partial(request: HttpRequest) -> HttpResponse:
+    """The timeline alone, for HTMX to swap in when the pool or range changes."""
+    return render(request, "portal/_availability.html", _availability_context(request.user, request.GET))
+
+
+@login_required
+def reservations(request: HttpRequest) -> HttpResponse:
+    visible = alloc_selectors.reservations_visible_to(request.user).filter(team__in=teams_of(request.user))
+    live = visible.filter(state__in=Reservation.LIVE_STATES + (Reservation.State.RELEASING,))
+    ended = visible.filter(state__in=Reservation.FINAL_STATES).order_by("-updated_at")[:50]
+    return render(request, "portal/reservations.html", {
+        "live": live.prefetch_related(ALLOCATIONS).order_by("starts_at"),
+        "ended": ended.prefetch_related(ALLOCATIONS),
+        "extend_form": ExtendForm(),
+        "now": timezone.now(),
+    })
+
+
+def _visible_reservation(request: HttpRequest, reservation_id: int) -> Reservation:
+    reservation = alloc_selectors.reservations_visible_to(request.user).filter(pk=reservation_id).first()
+    if reservation is None:
+        raise Http404("No such reservation.")
+    return reservation
+
+
+@login_required
+def reservation_detail(request: HttpRequest, reservation_id: int) -> HttpResponse:
+    reservation = _visible_reservation(request, reservation_id)
+    return render(request, "portal/reservation_detail.html", {
+        "reservation": reservation,
+        "allocations": reservation.allocations.select_related("gpu__node"),
+        "events": reservation.events.select_related("actor"),
+        "extend_form": ExtendForm(initial={"ends_at": timezone.localtime(reservation.ends_at + timedelta(hours=1))}),
+    })
+
+
+@login_required
+@require_POST
+def reservation_release(request: HttpRequest, reservation_id: int) -> HttpResponse:
+    reservation = _visible_reservation(request, reservation_id)
+    try:
+        alloc_services.reservation_release(actor=request.user, reservation_id=reservation.pk)
+    except ApplicationError as error:
+        messages.error(request, error.message)
+    else:
+        messages.success(request, f"Reservation #{reservation.pk} released.")
+    return redirect(request.POST.get("next") or "reservations")
+
+
+@login_required
+@require_POST
+def reservation_extend(request: HttpRequest, reservation_id: int) -> HttpResponse:
+    reservation = _visible_reservation(request, reservation_id)
+    form = ExtendForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Give the new end as a date and time.")
+    else:
+        try:
+            alloc_services.reservation_extend(actor=request.user, reservation_id=reservation.pk,
+                                              ends_at=form.cleaned_data["ends_at"])
+        except ApplicationError as error:
+            messages.error(request, error.message)
+        else:
+            messages.success(request, f"Reservation #{reservation.pk} now ends "
+                                      f"{timezone.localtime(form.cleaned_data['ends_at']):%Y-%m-%d %H:%M} UTC.")
+    return redirect(request.POST.get("next") or "reservations")
+
+
+@login_required
+def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
+    team = get_object_or_404(teams_of(request.user), slug=slug)
+    form = MemberAddForm(request.POST or None)
+    manager = can_manage_team(request.user, team)
+    if request.method == "POST":
+        try:
+            if "remove" in request.POST:
+                team_services.membership_remove(actor=request.user, team=team, username=request.POST["remove"])
+                messages.success(request, f"Removed {request.POST['remove']}.")
+                return redirect("team", slug=team.slug)
+            if form.is_valid():
+                team_services.membership_add(actor=request.user, team=team, **form.cleaned_data)
+                messages.success(request, f"Added {form.cleaned_data['username']}.")
+                return redirect("team", slug=team.slug)
+        except ApplicationError as error:
+            _form_error(form, error)
+    return render(request, "portal/team.html", {
+        "team": team,
+        "memberships": team.memberships.select_related("user"),
+        "quotas": alloc_selectors.quota_use(team),
+        "can_manage": manager,
+        "form": form,
+    }, status=400 if form.errors else 200)

@@ -1,0 +1,7 @@
+"""WSGI entry point: production serves the HTTP API and pages from gunicorn workers."""
+import os
+
+from django.core.wsgi import get_wsgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+application = get_wsgi_application()

@@ -1,0 +1,117 @@
+"""factory_boy factories for every model the tests build."""
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import factory
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+
+from allocations.models import Quota, Reservation
+from inventory.models import Cluster, Gpu, GpuPool, Node
+from portal.models import Membership, Team
+
+PASSWORD = "correct horse battery staple"
+
+
+class UserFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = get_user_model()
+        django_get_or_create = ("username",)
+        skip_postgeneration_save = True
+
+    username = factory.Sequence(lambda n: f"user{n}")
+    email = factory.LazyAttribute(lambda u: f"{u.username}@example.test")
+    password = factory.PostGenerationMethodCall("set_password", PASSWORD)
+
+    @factory.post_generation
+    def _save(obj, create, extracted, **kwargs):
+        if create:
+            obj.save()
+
+
+class TeamFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Team
+        django_get_or_create = ("slug",)
+
+    slug = factory.Sequence(lambda n: f"team-{n}")
+    name = factory.LazyAttribute(lambda t: t.slug.title())
+
+
+class MembershipFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Membership
+
+    user = factory.SubFactory(UserFactory)
+    team = factory.SubFactory(TeamFactory)
+    role = Membership.Role.MEMBER
+
+
+class ClusterFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Cluster
+        django_get_or_create = ("slug",)
+
+    slug = factory.Sequence(lambda n: f"cluster-{n}")
+    name = factory.LazyAttribute(lambda c: c.slug)
+    kind = Cluster.Kind.BAREMETAL
+
+
+class NodeFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Node
+
+    cluster = factory.SubFactory(ClusterFactory)
+    name = factory.Sequence(lambda n: f"node-{n:03d}")
+
+
+class PoolFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = GpuPool
+        django_get_or_create = ("slug",)
+
+    slug = factory.Sequence(lambda n: f"pool-{n}")
+    name = factory.LazyAttribute(lambda p: p.slug.upper())
+    sharing_mode = "exclusive"
+
+
+class GpuFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Gpu
+
+    node = factory.SubFactory(NodeFactory)
+    pool = factory.SubFactory(PoolFactory)
+    index = factory.Sequence(lambda n: n % 8)
+    uuid = factory.LazyFunction(lambda: f"GPU-{uuid.uuid4()}")
+    model_name = "NVIDIA H100 80GB HBM3"
+    memory_mib = 81559
+
+
+class QuotaFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Quota
+
+    team = factory.SubFactory(TeamFactory)
+    pool = factory.SubFactory(PoolFactory)
+    max_gpus = 8
+
+
+def add_node(pool: GpuPool, name: str, gpus: int, cluster: Cluster | None = None) -> Node:
+    node = NodeFactory(name=name, cluster=cluster or ClusterFactory(slug="lab"))
+    for index in range(gpus):
+        GpuFactory(node=node, pool=pool, index=index)
+    return node
+
+
+def window(hours_from_now: float = 0, hours: float = 2):
+    """(starts_at, ends_at) as aware datetimes, starting `hours_from_now` ahead."""
+    start = timezone.now() + timedelta(hours=hours_from_now)
+    return start, start + timedelta(hours=hours)
+
+
+__all__ = [
+    "PASSWORD", "UserFactory", "TeamFactory", "MembershipFactory", "ClusterFactory", "NodeFactory",
+    "PoolFactory", "GpuFactory", "QuotaFactory", "Reservation", "add_node", "window",
+]
