@@ -1,0 +1,105 @@
+"""The pages render for each persona, and a refused form says why next to the field."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from allocations.models import Reservation
+from tests.factories import window
+
+
+@pytest.fixture
+def browser(world):
+    def make(user) -> Client:
+        client = Client()
+        client.force_login(user)
+        return client
+
+    return make
+
+
+def local(dt) -> str:
+    return timezone.localtime(dt).strftime("%Y-%m-%dT%H:%M")
+
+
+def test_the_dashboard_shows_pools_with_free_counts_and_my_reservations(world, browser, api):
+    _, end = window(0, 2)
+    api(world.member).post("/api/v1/reservations/", {"pool": "a100", "team": "ml", "gpus": 3,
+                                                     "ends_at": end.isoformat()}, format="json")
+    page = browser(world.member).get("/").content.decode()
+    assert "A100" in page and ">5<" in page  # 8 GPUs, 3 allocated → 5 free
+    assert "L4" not in page  # no quota there
+    assert "node-a:0" in page
+
+
+def test_the_reserve_form_books_gpus_and_redirects(world, browser):
+    client = browser(world.member)
+    response = client.post("/reserve/", {"team": "ml", "pool": "a100", "gpus": 2, "starts_at": "",
+                                         "ends_at": local(timezone.now() + timedelta(hours=3))})
+    assert response.status_code == 302
+    assert Reservation.objects.get().gpus == 2
+    assert "Reserved 2 GPU(s)" in client.get("/reservations/").content.decode()
+
+
+def test_a_refused_form_shows_the_reason_next_to_the_field(world, browser):
+    response = browser(world.member).post("/reserve/", {
+        "team": "ml", "pool": "a100", "gpus": 7, "ends_at": local(timezone.now() + timedelta(hours=3))})
+    assert response.status_code == 400
+    page = response.content.decode()
+    assert 'data-field="gpus"' in page and "Over quota" in page
+    assert not Reservation.objects.exists()
+
+
+def test_the_reserve_page_shows_the_availability_timeline(world, browser):
+    page = browser(world.member).get("/reserve/?pool=a100").content.decode()
+    assert "When A100 has free GPUs" in page
+    assert page.count('class="slot"') == 24
+
+
+def test_the_availability_partial_changes_range(world, browser):
+    page = browser(world.member).get("/reserve/availability/?pool=a100&range=7d").content.decode()
+    assert page.count('class="slot"') == 28
+    refused = browser(world.member).get("/reserve/availability/?pool=l4").content.decode()
+    assert "not one you can reserve from" in refused
+
+
+def test_release_and_extend_from_my_reservations(world, browser):
+    client = browser(world.member)
+    client.post("/reserve/", {"team": "ml", "pool": "a100", "gpus": 1,
+                              "ends_at": local(timezone.now() + timedelta(hours=2))})
+    reservation = Reservation.objects.get()
+    new_end = timezone.now() + timedelta(hours=5)
+    client.post(f"/reservations/{reservation.pk}/extend/", {"ends_at": local(new_end)})
+    reservation.refresh_from_db()
+    assert local(reservation.ends_at) == local(new_end)
+    client.post(f"/reservations/{reservation.pk}/release/")
+    reservation.refresh_from_db()
+    assert reservation.state in ("releasing", "released")
+
+
+def test_outsiders_get_404_for_another_teams_reservation_page(world, browser, api):
+    _, end = window(0, 2)
+    rid = api(world.member).post("/api/v1/reservations/", {"pool": "a100", "team": "ml", "gpus": 1,
+                                                           "ends_at": end.isoformat()}, format="json").json()["id"]
+    assert browser(world.member).get(f"/reservations/{rid}/").status_code == 200
+    assert browser(world.outsider).get(f"/reservations/{rid}/").status_code == 404
+    assert browser(world.outsider).post(f"/reservations/{rid}/release/").status_code == 404
+
+
+def test_the_team_page_shows_quota_use_and_lets_managers_add_members(world, browser):
+    page = browser(world.member).get("/teams/ml/").content.decode()
+    assert "Quota use" in page and "Add member" not in page
+    owner = browser(world.owner)
+    assert "Add member" in owner.get("/teams/ml/").content.decode()
+    response = owner.post("/teams/ml/", {"username": "outsider", "role": "member"})
+    assert response.status_code == 302
+    assert world.team.memberships.filter(user=world.outsider).exists()
+    assert browser(world.member).get("/teams/infra/").status_code == 404
+
+
+def test_admin_is_reachable_for_staff_only(world, browser):
+    assert browser(world.staff).get("/admin/allocations/quota/").status_code == 200
+    assert browser(world.member).get("/admin/").status_code == 302
