@@ -20,9 +20,9 @@ router.register("nodes", NodeViewSet, basename="node")
 router.register("gpus", GpuViewSet, basename="gpu")
 
 api = [
-    path("auth/token/", TokenView.as_view(), name="api-token"),
-    path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
-    path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path("auth/token/", TokenView.as_view(), name="token"),
+    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
     path("", include(router.urls)),
 ]
 
@@ -38,7 +38,8 @@ urlpatterns = [
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
-    path("api/v1/", include(api)),
+    # Namespaced: the router's names (reservation-release, ...) must not shadow the pages'.
+    path("api/v1/", include((api, "api"), namespace="api")),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("metrics", metrics.metrics, name="metrics"),

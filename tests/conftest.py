@@ -1,7 +1,12 @@
 """Shared fixtures: a small fleet, the personas (owner, member, outsider, staff) and API clients."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from django.core.cache import cache
@@ -10,6 +15,8 @@ from rest_framework.test import APIClient
 from inventory.models import GpuPool
 from portal.models import Membership, Team
 from tests.factories import MembershipFactory, PoolFactory, QuotaFactory, TeamFactory, UserFactory, add_node
+
+BASE_DIR = Path(__file__).resolve().parent.parent
 
 
 def pytest_configure(config):
@@ -71,3 +78,65 @@ def api():
         return client
 
     return make
+
+
+def _require_postgresql() -> None:
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.fail("integration and browser tests need PostgreSQL: run them with `make test` (DATABASE_URL)")
+
+
+@pytest.fixture
+def worker_env(transactional_db, tmp_path, settings):
+    """Environment for processes that must share this test's database and Redis."""
+    from django.db import connection
+
+    _require_postgresql()
+    if settings.EMBEDDED:
+        pytest.fail("integration tests need Redis: set REDIS_URL (make test does)")
+    db = connection.settings_dict
+    database_url = f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+    env = dict(os.environ, DATABASE_URL=database_url, REDIS_URL=settings.REDIS_URL, PORTAL_VAR_DIR=str(tmp_path),
+               RESERVATION_SWEEP_SECONDS="1", PYTHONUNBUFFERED="1")
+    return env
+
+
+@pytest.fixture
+def celery_worker_process(worker_env, tmp_path):
+    """A real `celery worker -B` process (solo pool, beat embedded) on this test's database and Redis."""
+    import redis
+
+    redis.Redis.from_url(worker_env["REDIS_URL"]).flushdb()  # no stale task from an earlier run
+    log_path = tmp_path / "worker.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "portal", "worker", "-B", "--pool=solo", "--loglevel=INFO",
+             "--without-mingle", "--without-gossip", "--schedule", str(tmp_path / "beat-schedule")],
+            env=worker_env, cwd=BASE_DIR, stdout=log, stderr=subprocess.STDOUT,
+        )
+    deadline = time.monotonic() + 60
+    while b"ready." not in log_path.read_bytes():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail("the Celery worker did not start:\n" + log_path.read_text()[-3000:])
+        time.sleep(0.2)
+    process.log_path = log_path
+    yield process
+    process.terminate()
+    try:
+        process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def wait_for(predicate, timeout: float = 20.0, interval: float = 0.2, message: str = "condition"):
+    """Poll until predicate() is truthy; fail with `message` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout}s waiting for {message}")
