@@ -33,8 +33,12 @@ test: $(VENV)/.dev services
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) SECRET_KEY=test-only-secret \
 		$(PY) -m pytest $(PYTEST_ARGS)
 
-benchmark-api: $(VENV)/.dev
-	$(PY) -m benchmarks.api --concurrency 32 --seconds 30 --json benchmarks/results/api.json
+BENCH_DATABASE_URL ?= postgres://gpupool:gpupool@127.0.0.1:5432/gpupool_bench
+
+benchmark-api: $(VENV)/.dev services
+	PGPASSWORD=gpupool createdb -h 127.0.0.1 -U gpupool gpupool_bench 2>/dev/null || true
+	DATABASE_URL=$(BENCH_DATABASE_URL) REDIS_URL=redis://127.0.0.1:6379/13 SECRET_KEY=bench-only \
+		$(PY) -m benchmarks.api --serve --concurrency 32 --seconds 30 --json benchmarks/results/api.json
 
 clean:
 	rm -rf $(VENV) var staticfiles .pytest_cache

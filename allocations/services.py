@@ -132,10 +132,8 @@ def _move(reservation: Reservation, to_state: str, *, actor: AbstractBaseUser | 
     """Change state (the row must be locked by the caller) and record who, when and why."""
     from_state = reservation.state
     reservation.state = to_state
-    update = ["state", "updated_at"]
-    if reason or to_state in Reservation.FINAL_STATES:
-        reservation.reason = reason
-        update.append("reason")
+    reservation.reason = reason  # the reason always describes the current state
+    update = ["state", "reason", "updated_at"]
     if to_state in Reservation.FINAL_STATES:
         reservation.ended_at = now or timezone.now()
         update.append("ended_at")
@@ -210,7 +208,7 @@ def reservation_create(*, actor: AbstractBaseUser, request: ReservationRequest,
 
 def _locked_reservation(reservation_id: int) -> Reservation:
     reservation = (
-        Reservation.objects.select_for_update(of=("self",)).select_related("team", "pool")
+        Reservation.objects.select_for_update(of=("self",)).select_related("team", "pool", "requested_by")
         .filter(pk=reservation_id).first()
     )
     if reservation is None:
@@ -300,7 +298,7 @@ def reservation_activate(*, reservation_id: int, now: datetime | None = None) ->
     if reservation is None:
         return False
     _move(reservation, State.APPLYING, reason="Window started.")
-    _move(reservation, State.ACTIVE, reason="")
+    _move(reservation, State.ACTIVE, reason="Applied; the GPUs are held for the team.")
     return True
 
 

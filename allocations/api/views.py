@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from django.db.models import Prefetch
+from django.db.models import Prefetch, prefetch_related_objects
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
@@ -23,13 +23,15 @@ from allocations.api.serializers import (
     SlotSerializer,
 )
 from allocations.filters import QuotaFilterSet, ReservationFilterSet
-from allocations.models import Allocation, Quota, Reservation
+from allocations.models import Allocation, Quota, Reservation, ReservationEvent
 from common.api import IsStaffOrReadOnly
+from common.errors import NotFound
 from inventory.filters import GpuPoolFilterSet
 from inventory.models import GpuPool
 from portal.selectors import teams_of
 
 ALLOCATIONS = Prefetch("allocations", queryset=Allocation.objects.select_related("gpu__node"))
+EVENTS = Prefetch("events", queryset=ReservationEvent.objects.select_related("actor"))
 
 
 class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
@@ -39,15 +41,16 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
     def get_queryset(self):
         qs = selectors.reservations_visible_to(self.request.user).prefetch_related(ALLOCATIONS)
         if self.action == "retrieve":
-            qs = qs.prefetch_related("events__actor")
+            qs = qs.prefetch_related(EVENTS)
         return qs
 
     def get_serializer_class(self):
         return ReservationDetailSerializer if self.action == "retrieve" else ReservationSerializer
 
     def _answer(self, reservation: Reservation, code: int = status.HTTP_200_OK) -> Response:
-        fresh = self.get_queryset().prefetch_related("events__actor").get(pk=reservation.pk)
-        return Response(ReservationDetailSerializer(fresh).data, status=code)
+        # The service already checked who may see it; load only what the answer shows.
+        prefetch_related_objects([reservation], ALLOCATIONS, EVENTS)
+        return Response(ReservationDetailSerializer(reservation).data, status=code)
 
     @extend_schema(request=ReservationCreateInput, responses={201: ReservationDetailSerializer})
     def create(self, request: Request) -> Response:
@@ -73,8 +76,11 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
         return self._answer(reservation)
 
     def _id(self, pk: str) -> int:
-        # Resolving through the visible queryset answers 404 for other teams' reservations.
-        return self.get_object().pk
+        # The service answers 404 for reservations the caller's teams do not own.
+        try:
+            return int(pk)
+        except ValueError:
+            raise NotFound(f"Reservation {pk!r} does not exist.", field="id", rule="does_not_exist") from None
 
 
 class PoolViewSet(viewsets.ModelViewSet):

@@ -7,6 +7,7 @@ processes (see the Procfile).
 """
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from pathlib import Path
@@ -55,6 +56,9 @@ class Command(BaseCommand):
 
         from portal.celery import app
 
+        # Every 5-second sweep would log three INFO lines; keep the console for what matters.
+        for name in ("celery.app.trace", "celery.worker.strategy", "celery.beat"):
+            logging.getLogger(name).setLevel(logging.WARNING)
         # The in-memory broker lives in this process, so worker and beat must too.
         app.conf.broker_transport_options = {"polling_interval": 0.2}
         worker = app.WorkController(pool_cls="solo", concurrency=1, loglevel="INFO", without_heartbeat=True,

@@ -1,0 +1,280 @@
+"""Reservation API benchmark: `python -m benchmarks.api --concurrency 32 --seconds 30 --json FILE`.
+
+Drives the REST API of a running portal on PostgreSQL — create and release of short
+reservations across many pools and teams, plus list calls — and prints requests/s and
+latency p50/p95/p99 per call. Before the mix it runs a baseline at the same concurrency
+against /healthz (the cheapest request the stack serves), so the figures come with a
+ratio measured beside them in the same run. At the end it checks the database for
+double bookings (two allocations of one GPU with overlapping windows).
+
+It needs the portal's DATABASE_URL (to create the benchmark's pools, teams and tokens,
+and for the final check). Either point it at a running portal with --url, or let it
+start one with --serve: gunicorn (2 sync workers, as in production) plus a Celery worker.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH_PREFIX = "bench"
+
+
+# --- fixtures in the database ------------------------------------------------------------
+
+def _django() -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+    import django
+
+    django.setup()
+
+
+def prepare(pools: int, teams: int, nodes_per_pool: int, gpus_per_node: int) -> list[dict]:
+    """Create (idempotently) the benchmark fleet and accounts; clear earlier benchmark reservations.
+
+    Returns one {"team", "pool", "token"} per (team, pool) pair the load may use.
+    """
+    _django()
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+    from django.db import transaction
+    from rest_framework.authtoken.models import Token
+
+    from allocations.models import Quota, Reservation
+    from inventory.models import Cluster, Gpu, GpuPool, Node
+    from portal.models import Membership, Team
+
+    call_command("migrate", verbosity=0)
+    with transaction.atomic():
+        Reservation.objects.filter(team__slug__startswith=f"{BENCH_PREFIX}-").delete()
+        cluster, _ = Cluster.objects.get_or_create(slug=f"{BENCH_PREFIX}-lab", defaults={
+            "name": "Benchmark fleet", "kind": Cluster.Kind.BAREMETAL})
+        pool_rows = []
+        for p in range(pools):
+            pool, _ = GpuPool.objects.get_or_create(slug=f"{BENCH_PREFIX}-pool-{p}", defaults={
+                "name": f"Benchmark pool {p}", "sharing_mode": "exclusive"})
+            pool_rows.append(pool)
+            for n in range(nodes_per_pool):
+                node, created = Node.objects.get_or_create(cluster=cluster, name=f"{BENCH_PREFIX}-p{p}-n{n}")
+                if created:
+                    Gpu.objects.bulk_create(
+                        Gpu(node=node, pool=pool, index=i, uuid=f"GPU-{BENCH_PREFIX}-{p}-{n}-{i}",
+                            model_name="Benchmark GPU", memory_mib=81920)
+                        for i in range(gpus_per_node)
+                    )
+        User = get_user_model()
+        pairs = []
+        for t in range(teams):
+            team, _ = Team.objects.get_or_create(slug=f"{BENCH_PREFIX}-team-{t}", defaults={"name": f"Bench {t}"})
+            user, created = User.objects.get_or_create(username=f"{BENCH_PREFIX}-user-{t}")
+            if created:
+                user.set_unusable_password()
+                user.save()
+            Membership.objects.get_or_create(user=user, team=team)
+            token, _ = Token.objects.get_or_create(user=user)
+            for pool in pool_rows:
+                Quota.objects.update_or_create(team=team, pool=pool, defaults={
+                    "max_gpus": nodes_per_pool * gpus_per_node, "gpu_hours_per_month": None})
+                pairs.append({"team": team.slug, "pool": pool.slug, "token": token.key})
+    return pairs
+
+
+def double_bookings() -> int:
+    """Pairs of allocations of one GPU whose windows overlap (must be 0)."""
+    _django()
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """SELECT count(*) FROM allocations_allocation a JOIN allocations_allocation b
+               ON a.gpu_id = b.gpu_id AND a.id < b.id
+               AND a.starts_at < b.ends_at AND b.starts_at < a.ends_at"""
+        )
+        return int(cursor.fetchone()[0])
+
+
+# --- the load ----------------------------------------------------------------------------
+
+@dataclass
+class Calls:
+    latencies: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    statuses: dict[str, dict[int, int]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(int)))
+
+    def record(self, name: str, status: int, seconds: float) -> None:
+        self.latencies[name].append(seconds * 1000)
+        self.statuses[name][status] += 1
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+
+
+async def _timed(session, calls: Calls, name: str, method: str, url: str, **kwargs):
+    started = time.perf_counter()
+    async with session.request(method, url, **kwargs) as response:
+        body = await response.read()
+        calls.record(name, response.status, time.perf_counter() - started)
+        return response.status, body
+
+
+async def _baseline(base: str, concurrency: int, seconds: float) -> Calls:
+    import aiohttp
+
+    calls = Calls()
+    deadline = time.monotonic() + seconds
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(base, connector=connector) as session:
+        async def loop() -> None:
+            while time.monotonic() < deadline:
+                await _timed(session, calls, "healthz", "GET", "/healthz")
+
+        await asyncio.gather(*(loop() for _ in range(concurrency)))
+    return calls
+
+
+async def _mix(base: str, pairs: list[dict], concurrency: int, seconds: float, seed: int) -> Calls:
+    import aiohttp
+
+    calls = Calls()
+    deadline = time.monotonic() + seconds
+    rng = random.Random(seed)
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(base, connector=connector) as session:
+        async def loop(worker: int) -> None:
+            iteration = 0
+            while time.monotonic() < deadline:
+                pair = pairs[(worker + iteration * concurrency) % len(pairs)]
+                headers = {"Authorization": f"Token {pair['token']}"}
+                now = datetime.now(timezone.utc)
+                # A quarter start now (the worker activates them); the rest are booked ahead.
+                start = now if rng.random() < 0.25 else now + timedelta(minutes=rng.randrange(10, 7 * 24 * 60))
+                body = {"pool": pair["pool"], "team": pair["team"], "gpus": rng.choice((1, 1, 2, 4)),
+                        "starts_at": start.isoformat(), "ends_at": (start + timedelta(minutes=30)).isoformat()}
+                status, payload = await _timed(session, calls, "create", "POST", "/api/v1/reservations/",
+                                               json=body, headers=headers)
+                if status == 201:
+                    rid = json.loads(payload)["id"]
+                    await _timed(session, calls, "release", "POST", f"/api/v1/reservations/{rid}/release/",
+                                 headers=headers)
+                if iteration % 5 == 0:
+                    await _timed(session, calls, "list", "GET", "/api/v1/reservations/?limit=20", headers=headers)
+                iteration += 1
+
+        await asyncio.gather(*(loop(w) for w in range(concurrency)))
+    return calls
+
+
+def _summary(calls: Calls, seconds: float) -> dict[str, dict]:
+    out = {}
+    for name, values in calls.latencies.items():
+        statuses = dict(calls.statuses[name])
+        out[name] = {
+            "requests": len(values),
+            "per_s": round(len(values) / seconds, 1),
+            "p50_ms": round(_pct(values, 50), 2),
+            "p95_ms": round(_pct(values, 95), 2),
+            "p99_ms": round(_pct(values, 99), 2),
+            "mean_ms": round(statistics.fmean(values), 2) if values else 0.0,
+            "statuses": {str(k): v for k, v in sorted(statuses.items())},
+        }
+    return out
+
+
+# --- serving -------------------------------------------------------------------------------
+
+def _serve(port: int, workers: int) -> list[subprocess.Popen]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", LOG_LEVEL="WARNING")
+    web = subprocess.Popen([sys.executable, "-m", "gunicorn", "portal.wsgi", "--workers", str(workers),
+                            "--bind", f"127.0.0.1:{port}", "--backlog", "2048", "--log-level", "warning"],
+                           cwd=ROOT, env=env)
+    worker = subprocess.Popen([sys.executable, "-m", "celery", "-A", "portal", "worker", "--pool=solo",
+                               "--loglevel=WARNING", "--without-mingle", "--without-gossip"], cwd=ROOT, env=env)
+    import urllib.request
+
+    for _ in range(120):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as response:
+                if response.status == 200:
+                    return [web, worker]
+        except OSError:
+            time.sleep(0.5)
+    for process in (web, worker):
+        process.kill()
+    raise SystemExit("the portal did not become ready")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", default="http://127.0.0.1:8000", help="a running portal (ignored with --serve)")
+    parser.add_argument("--serve", action="store_true", help="start gunicorn + a Celery worker for the run")
+    parser.add_argument("--web-workers", type=int, default=2)
+    parser.add_argument("--port", type=int, default=8077)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--seconds", type=float, default=30)
+    parser.add_argument("--baseline-seconds", type=float, default=10)
+    parser.add_argument("--pools", type=int, default=16)
+    parser.add_argument("--teams", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--json", type=Path, help="write the results here")
+    args = parser.parse_args(argv)
+
+    if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
+        raise SystemExit("set DATABASE_URL to the portal's PostgreSQL database (and REDIS_URL, SECRET_KEY)")
+    pairs = prepare(args.pools, args.teams, nodes_per_pool=4, gpus_per_node=8)
+    processes = _serve(args.port, args.web_workers) if args.serve else []
+    base = f"http://127.0.0.1:{args.port}" if args.serve else args.url.rstrip("/")
+    try:
+        baseline = _summary(asyncio.run(_baseline(base, args.concurrency, args.baseline_seconds)),
+                            args.baseline_seconds)
+        mix = _summary(asyncio.run(_mix(base, pairs, args.concurrency, args.seconds, args.seed)), args.seconds)
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.wait(timeout=30)
+    doubles = double_bookings()
+
+    create = mix.get("create", {})
+    created = create.get("statuses", {}).get("201", 0)
+    result = {
+        "url": base, "concurrency": args.concurrency, "seconds": args.seconds, "pools": args.pools,
+        "teams": args.teams, "web_workers": args.web_workers if args.serve else None,
+        "reservations_per_s": round(created / args.seconds, 1),
+        "latency_ms_p50_create": create.get("p50_ms"), "latency_ms_p95_create": create.get("p95_ms"),
+        "latency_ms_p99_create": create.get("p99_ms"),
+        "double_bookings": doubles,
+        "baseline_healthz_per_s": baseline["healthz"]["per_s"],
+        "create_vs_baseline_throughput": round(create.get("per_s", 0) / baseline["healthz"]["per_s"], 3),
+        "calls": mix, "baseline": baseline,
+    }
+    print(f"\nReservation API, concurrency {args.concurrency}, {args.seconds:.0f} s ({base})")
+    print(f"{'call':<10}{'requests':>10}{'req/s':>10}{'p50 ms':>10}{'p95 ms':>10}{'p99 ms':>10}  statuses")
+    for name, row in [("healthz*", baseline["healthz"])] + sorted(mix.items()):
+        print(f"{name:<10}{row['requests']:>10}{row['per_s']:>10}{row['p50_ms']:>10}{row['p95_ms']:>10}"
+              f"{row['p99_ms']:>10}  {row['statuses']}")
+    print("* baseline, run first at the same concurrency")
+    print(f"reservations created/s: {result['reservations_per_s']}   create p99: {result['latency_ms_p99_create']} ms"
+          f"   create/baseline throughput: {result['create_vs_baseline_throughput']}   "
+          f"double bookings: {doubles}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0 if doubles == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
