@@ -14,6 +14,7 @@ from datetime import datetime
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from allocations import quota_math
@@ -100,24 +101,29 @@ def _quota_for(team: Team, pool: GpuPool) -> Quota:
 
 # --- placement -----------------------------------------------------------------------------
 
-def _free_gpus(pool: GpuPool, start: datetime, end: datetime) -> list[FreeGpu]:
-    """Healthy GPUs of the pool, on healthy schedulable nodes, with no allocation overlapping [start, end)."""
-    busy = Allocation.objects.filter(gpu__pool=pool, starts_at__lt=end, ends_at__gt=start).values("gpu_id")
+@dataclass(frozen=True)
+class PoolSnapshot:
+    size: int  # GPUs in the pool, healthy or not
+    largest_node: int  # most GPUs any node of the pool has
+    free: list[FreeGpu]  # healthy GPUs on healthy, schedulable nodes with no allocation overlapping the window
+
+
+def _pool_snapshot(pool: GpuPool, start: datetime, end: datetime) -> PoolSnapshot:
+    """Everything placement needs about the pool for [start, end), in one query."""
+    busy = Allocation.objects.filter(gpu=OuterRef("pk"), starts_at__lt=end, ends_at__gt=start)
     rows = (
-        Gpu.objects.filter(pool=pool, healthy=True, node__healthy=True, node__schedulable=True)
-        .exclude(id__in=busy)
+        Gpu.objects.filter(pool=pool)
+        .annotate(busy=Exists(busy))
         .order_by("node__name", "node_id", "index")
-        .values_list("id", "node_id", "node__name", "index")
+        .values_list("id", "node_id", "node__name", "index", "healthy", "node__healthy", "node__schedulable", "busy")
     )
-    return [FreeGpu(id=r[0], node_id=r[1], node_name=r[2], index=r[3]) for r in rows]
-
-
-def _pool_shape(pool: GpuPool) -> tuple[int, int]:
-    """(GPUs in the pool, most GPUs on one node of the pool)."""
     per_node: dict[int, int] = {}
-    for node_id in Gpu.objects.filter(pool=pool).values_list("node_id", flat=True):
+    free = []
+    for gpu_id, node_id, node_name, index, healthy, node_healthy, schedulable, is_busy in rows:
         per_node[node_id] = per_node.get(node_id, 0) + 1
-    return sum(per_node.values()), max(per_node.values(), default=0)
+        if healthy and node_healthy and schedulable and not is_busy:
+            free.append(FreeGpu(id=gpu_id, node_id=node_id, node_name=node_name, index=index))
+    return PoolSnapshot(size=sum(per_node.values()), largest_node=max(per_node.values(), default=0), free=free)
 
 
 def _record(reservation: Reservation, *, from_state: str, to_state: str, actor: AbstractBaseUser | None,
@@ -178,13 +184,13 @@ def reservation_create(*, actor: AbstractBaseUser, request: ReservationRequest,
         with transaction.atomic():
             pool = GpuPool.objects.select_for_update().get(pk=pool.pk)
             quota = _quota_for(team, pool)
-            size, largest_node = _pool_shape(pool)
-            if gpus > size:
-                raise ValidationFailed(f"Pool {pool.slug} has {size} GPUs; {gpus} requested.", field="gpus",
+            snapshot = _pool_snapshot(pool, starts_at, ends_at)
+            if gpus > snapshot.size:
+                raise ValidationFailed(f"Pool {pool.slug} has {snapshot.size} GPUs; {gpus} requested.", field="gpus",
                                        rule="exceeds_pool_size")
             _check_quota(quota, gpus=gpus, start=starts_at, end=ends_at)
             try:
-                chosen = choose_whole_gpus(_free_gpus(pool, starts_at, ends_at), gpus, largest_node=largest_node)
+                chosen = choose_whole_gpus(snapshot.free, gpus, largest_node=snapshot.largest_node)
             except Unplaceable as refused:
                 raise Conflict(refused.message, field="gpus", rule=refused.code) from None
 
