@@ -5,6 +5,7 @@ from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db.models import ProtectedError, RestrictedError
 from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -43,6 +44,10 @@ def _body(errors: list[dict[str, str]], summary: str | None = None) -> dict[str,
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, ApplicationError):
         return Response(_body([e.as_dict() for e in exc.errors], exc.message), status=exc.status)
+    if isinstance(exc, (ProtectedError, RestrictedError)):
+        blockers = sorted({str(type(obj)._meta.verbose_name_plural) for obj in exc.protected_objects})
+        message = f"Still in use by {', '.join(blockers)}; remove or move those first."
+        return Response(_body([{"field": "", "rule": "protected", "message": message}]), status=status.HTTP_409_CONFLICT)
     if isinstance(exc, DjangoValidationError):
         detail = exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages}
         return Response(_body(_flatten(detail)), status=status.HTTP_400_BAD_REQUEST)

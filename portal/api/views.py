@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 from django.contrib.auth import authenticate
-from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.authtoken.models import Token
 from rest_framework.decorators import action
-from rest_framework.permissions import AllowAny
+from rest_framework.permissions import AllowAny, IsAdminUser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.throttling import ScopedRateThrottle
@@ -53,9 +52,16 @@ class TokenView(APIView):
 
 
 class TeamViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
-                  viewsets.GenericViewSet):
+                  mixins.UpdateModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet):
+    """Everyone signed in sees their teams; staff create, rename and delete teams."""
+
     serializer_class = TeamSerializer
     lookup_field = "slug"
+
+    def get_permissions(self):
+        if self.action in ("update", "partial_update", "destroy"):
+            return [IsAdminUser()]
+        return super().get_permissions()
 
     def get_queryset(self):
         return teams_of(self.request.user)
@@ -89,7 +95,3 @@ class TeamViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Creat
         membership = services.membership_change_role(actor=request.user, team=team, username=username,
                                                      role=data.validated_data["role"])
         return Response(MembershipSerializer(membership).data)
-
-
-def team_or_404(user, slug: str) -> Team:
-    return get_object_or_404(teams_of(user), slug=slug)

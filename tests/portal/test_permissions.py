@@ -149,3 +149,21 @@ def test_only_staff_create_teams(world, api):
 def test_anonymous_callers_get_401_everywhere_in_the_api(world, api):
     for path in ("/api/v1/reservations/", "/api/v1/pools/", "/api/v1/quotas/", "/api/v1/teams/"):
         assert api().get(path).status_code == 401
+
+
+def test_deleting_a_pool_or_team_still_in_use_is_a_409_not_a_500(world, api, reservation_id):
+    staff = api(world.staff)
+    pool = staff.delete("/api/v1/pools/a100/")
+    assert pool.status_code == 409
+    assert pool.json()["errors"][0]["rule"] == "protected"
+    assert "reservations" in pool.json()["detail"]
+    assert staff.delete("/api/v1/teams/ml/").status_code == 409
+    assert staff.delete(f"/api/v1/clusters/{world.pool.gpus.first().node.cluster_id}/").status_code == 409
+
+
+def test_staff_rename_and_delete_teams_members_cannot(world, api):
+    assert api(world.owner).patch("/api/v1/teams/ml/", {"name": "Mine"}, format="json").status_code == 403
+    assert api(world.staff).patch("/api/v1/teams/ml/", {"name": "Machine Learning"}, format="json").json()[
+        "name"] == "Machine Learning"
+    assert api(world.staff).post("/api/v1/teams/", {"slug": "empty", "name": "Empty"}, format="json").status_code == 201
+    assert api(world.staff).delete("/api/v1/teams/empty/").status_code == 204
