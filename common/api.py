@@ -5,6 +5,7 @@ from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework import permissions, serializers
+from rest_framework.pagination import LimitOffsetPagination
 
 
 class CleanModelSerializer(serializers.ModelSerializer):
@@ -33,3 +34,14 @@ class IsStaffOrReadOnly(permissions.BasePermission):
         if not (request.user and request.user.is_authenticated):
             return False
         return request.method in permissions.SAFE_METHODS or request.user.is_staff
+
+
+class Pagination(LimitOffsetPagination):
+    """limit/offset paging with bounds: a huge number must not reach the database as an integer overflow."""
+
+    default_limit = 100
+    max_limit = 1000
+    max_offset = 2**31 - 1
+
+    def get_offset(self, request) -> int:
+        return min(super().get_offset(request), self.max_offset)
