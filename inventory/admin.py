@@ -1,6 +1,7 @@
 from django.contrib import admin
 
-from inventory.models import Cluster, Gpu, GpuPool, Node
+from inventory import services
+from inventory.models import Cluster, Gpu, GpuPool, HostToken, Node
 
 
 @admin.register(Cluster)
@@ -31,3 +32,21 @@ class GpuAdmin(admin.ModelAdmin):
     search_fields = ["uuid", "node__name"]
     list_editable = ["pool", "healthy"]
     list_select_related = ["node__cluster", "pool"]
+
+
+@admin.register(HostToken)
+class HostTokenAdmin(admin.ModelAdmin):
+    """Tokens are created through the API (the key is shown once); here staff see and revoke them."""
+
+    list_display = ["cluster", "host_name", "prefix", "created_at", "last_used_at", "revoked_at"]
+    list_filter = ["cluster", ("revoked_at", admin.EmptyFieldListFilter)]
+    readonly_fields = ["cluster", "host_name", "prefix", "created_by", "created_at", "last_used_at"]
+    actions = ["revoke"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    @admin.action(description="Revoke the selected tokens")
+    def revoke(self, request, queryset) -> None:
+        for token in queryset:
+            services.host_token_revoke(actor=request.user, token=token)

@@ -2,6 +2,7 @@
 GPUs on each node, and the pools that group GPUs under one sharing mode."""
 from __future__ import annotations
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 
@@ -94,7 +95,35 @@ class Gpu(models.Model):
     class Meta:
         ordering = ["node_id", "index"]
         verbose_name = "GPU"
-        constraints = [models.UniqueConstraint(fields=["node", "index"], name="gpu_index_unique_on_node")]
+        # No uniqueness on (node, index): NVML may renumber cards across reboots; the UUID is the identity.
 
     def __str__(self) -> str:
         return f"{self.node} GPU {self.index} ({self.model_name})"
+
+
+class HostToken(models.Model):
+    """The credential of one bare-metal host's agent. Only a hash is stored; the key is shown once.
+
+    The token names the host (cluster + host name): an agent holding it can register and
+    report that host and nothing else.
+    """
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="host_tokens")
+    host_name = models.CharField(max_length=253)
+    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    prefix = models.CharField(max_length=8, editable=False, help_text="First characters of the key, to tell keys apart")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
+                                   editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["cluster__slug", "host_name", "-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.cluster.slug}/{self.host_name} ({self.prefix}…)"
+
+    @property
+    def is_active(self) -> bool:
+        return self.revoked_at is None

@@ -19,3 +19,8 @@ def _schedule_periodic_tasks(sender: Celery, **_: object) -> None:
         sender.signature("allocations.tasks.sweep_reservations"),
         name="sweep reservations",
     )
+    sender.add_periodic_task(
+        settings.HOST_SILENCE_CHECK_SECONDS,
+        sender.signature("inventory.tasks.mark_silent_hosts"),
+        name="mark silent hosts",
+    )

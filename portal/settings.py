@@ -138,6 +138,12 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 # database is the truth; this sweep is what moves time-driven states.
 RESERVATION_SWEEP_SECONDS = env.float("RESERVATION_SWEEP_SECONDS", default=5.0)
 
+# --- host agents ------------------------------------------------------------------------
+AGENT_HEARTBEAT_SECONDS = env.float("AGENT_HEARTBEAT_SECONDS", default=10.0)
+# A bare-metal host whose agent is silent this long is marked unhealthy (no new placements).
+HOST_SILENCE_TIMEOUT = timedelta(seconds=env.float("HOST_SILENCE_TIMEOUT_SECONDS", default=60.0))
+HOST_SILENCE_CHECK_SECONDS = env.float("HOST_SILENCE_CHECK_SECONDS", default=15.0)
+
 # --- reservations ---------------------------------------------------------------------
 # A starts_at up to this far in the past is taken as "now" (clock skew, slow forms).
 RESERVATION_START_GRACE = timedelta(seconds=env.int("RESERVATION_START_GRACE_SECONDS", default=300))

@@ -6,7 +6,8 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
 from allocations.api.views import PoolViewSet, QuotaViewSet, ReservationViewSet
-from inventory.api.views import ClusterViewSet, GpuViewSet, NodeViewSet
+from inventory.api.agent import HeartbeatView, RegisterView
+from inventory.api.views import ClusterViewSet, GpuViewSet, HostTokenViewSet, NodeViewSet
 from portal import health, metrics, views
 from portal.api.views import TeamViewSet, TokenView
 
@@ -18,9 +19,12 @@ router.register("teams", TeamViewSet, basename="team")
 router.register("clusters", ClusterViewSet, basename="cluster")
 router.register("nodes", NodeViewSet, basename="node")
 router.register("gpus", GpuViewSet, basename="gpu")
+router.register("host-tokens", HostTokenViewSet, basename="host-token")
 
 api = [
     path("auth/token/", TokenView.as_view(), name="token"),
+    path("agent/register/", RegisterView.as_view(), name="agent-register"),
+    path("agent/heartbeat/", HeartbeatView.as_view(), name="agent-heartbeat"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
     path("", include(router.urls)),

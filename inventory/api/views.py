@@ -1,9 +1,21 @@
 """Inventory API for staff: clusters, nodes and GPUs (pools are served by allocations' API with occupancy)."""
-from rest_framework import permissions, viewsets
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, permissions, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
 
-from inventory.api.serializers import ClusterSerializer, GpuSerializer, NodeSerializer
+from inventory import services
+
+from inventory.api.serializers import (
+    ClusterSerializer,
+    GpuSerializer,
+    HostTokenCreatedSerializer,
+    HostTokenSerializer,
+    NodeSerializer,
+)
 from inventory.filters import ClusterFilterSet, GpuFilterSet, NodeFilterSet
-from inventory.models import Cluster, Gpu, Node
+from inventory.models import Cluster, Gpu, HostToken, Node
 
 
 class StaffOnly(permissions.IsAdminUser):
@@ -29,3 +41,27 @@ class GpuViewSet(viewsets.ModelViewSet):
     serializer_class = GpuSerializer
     filterset_class = GpuFilterSet
     permission_classes = [StaffOnly]
+
+
+class HostTokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
+                       viewsets.GenericViewSet):
+    """Staff create a token per bare-metal host (the key is in the create answer only) and revoke it."""
+
+    queryset = HostToken.objects.select_related("cluster", "created_by")
+    serializer_class = HostTokenSerializer
+    permission_classes = [StaffOnly]
+
+    @extend_schema(responses={201: HostTokenCreatedSerializer})
+    def create(self, request: Request) -> Response:
+        data = HostTokenSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        token, key = services.host_token_create(actor=request.user, cluster=data.validated_data["cluster"],
+                                                host_name=data.validated_data["host_name"])
+        token.key = key
+        return Response(HostTokenCreatedSerializer(token).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses=HostTokenSerializer)
+    @action(detail=True, methods=["post"])
+    def revoke(self, request: Request, pk: str) -> Response:
+        token = services.host_token_revoke(actor=request.user, token=self.get_object())
+        return Response(HostTokenSerializer(token).data)

@@ -1,0 +1,111 @@
+"""`python -m agent --portal URL --token TOKEN [--simulate SPEC]`: register, then heartbeat forever.
+
+A refused token (401/403) ends the agent with exit code 2: it was revoked or is wrong,
+and retrying cannot fix that. An unreachable portal is retried with exponential backoff
+(with jitter, capped), and the agent registers again once the portal answers, so a
+restarted portal or agent converges by itself.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import random
+import signal
+import socket
+import sys
+import threading
+
+from agent import __version__
+from agent.gpus import GpuBackend
+from agent.portal_client import PortalClient, PortalError, PortalUnreachable
+
+log = logging.getLogger("agent")
+
+
+def make_backend(simulate: str | None, hostname: str) -> GpuBackend:
+    if simulate:
+        from agent.simulated import SimulatedBackend
+
+        log.warning("SIMULATED NVML: reporting %s on %s; these are not real GPUs", simulate, hostname)
+        return SimulatedBackend(simulate, hostname)
+    from agent.nvml import NvmlBackend
+
+    return NvmlBackend()
+
+
+class Agent:
+    def __init__(self, client: PortalClient, backend: GpuBackend, hostname: str, *, heartbeat: float,
+                 max_backoff: float = 60.0) -> None:
+        self.client = client
+        self.backend = backend
+        self.hostname = hostname
+        self.heartbeat = heartbeat
+        self.max_backoff = max_backoff
+        self.stop = threading.Event()
+        self.registered = False
+
+    def register(self) -> None:
+        gpus = [gpu.as_dict() for gpu in self.backend.inventory()]
+        answer = self.client.register(hostname=self.hostname, backend=self.backend.name,
+                                      agent_version=__version__, gpus=gpus)
+        self.heartbeat = float(answer.get("heartbeat_seconds", self.heartbeat))
+        self.registered = True
+        log.info("registered %s as node %s with %d GPUs", self.hostname, answer.get("node"), len(gpus))
+
+    def run(self) -> int:
+        failures = 0
+        while not self.stop.is_set():
+            try:
+                if not self.registered:
+                    self.register()
+                else:
+                    self.client.heartbeat()
+                failures = 0
+                wait = self.heartbeat
+            except PortalError as error:
+                if error.status in (401, 403):
+                    log.error("the portal refused this host's token (%s): revoked or wrong; stopping", error.status)
+                    return 2
+                log.error("the portal refused a report: %s", error)
+                self.registered = False
+                failures += 1
+                wait = self._backoff(failures)
+            except PortalUnreachable as error:
+                failures += 1
+                self.registered = False  # the portal may have lost us; say who we are again
+                wait = self._backoff(failures)
+                log.warning("portal unreachable (%s); retrying in %.1f s", error, wait)
+            self.stop.wait(wait)
+        return 0
+
+    def _backoff(self, failures: int) -> float:
+        return min(self.max_backoff, 2 ** min(failures, 10)) * random.uniform(0.5, 1.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m agent", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--portal", required=True, help="the portal's base URL, e.g. https://gpupool.example.com")
+    parser.add_argument("--token", default=os.environ.get("GPUPOOL_AGENT_TOKEN"),
+                        help="this host's token (or GPUPOOL_AGENT_TOKEN)")
+    parser.add_argument("--simulate", metavar="SPEC", help="SIMULATED GPUs instead of NVML, e.g. 8xH100")
+    parser.add_argument("--hostname", default=socket.gethostname())
+    parser.add_argument("--heartbeat", type=float, default=10.0, help="seconds between heartbeats")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s agent: %(message)s")
+    if not args.token:
+        parser.error("--token (or GPUPOOL_AGENT_TOKEN) is required")
+
+    backend = make_backend(args.simulate, args.hostname)
+    agent = Agent(PortalClient(args.portal, args.token), backend, args.hostname, heartbeat=args.heartbeat)
+    signal.signal(signal.SIGTERM, lambda *_: agent.stop.set())
+    signal.signal(signal.SIGINT, lambda *_: agent.stop.set())
+    try:
+        return agent.run()
+    finally:
+        backend.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

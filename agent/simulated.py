@@ -1,0 +1,89 @@
+"""SIMULATED NVML: a stand-in for machines without NVIDIA GPUs (demo, tests, CI).
+
+`--simulate 8xH100` reports eight H100s with plausible, slowly wandering utilization,
+memory, temperature and power. It is named as a simulation everywhere it shows (the
+backend name is "simulated", and registration says so), so nobody mistakes it for a host.
+"""
+from __future__ import annotations
+
+import random
+import re
+import uuid
+from dataclasses import dataclass
+
+from agent.gpus import GpuInfo, GpuSample
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    memory_mib: int
+    mig_capable: bool
+    max_power_w: float
+
+
+# Names and memory sizes as NVML reports them for these boards.
+MODELS = {
+    "H100": Model("NVIDIA H100 80GB HBM3", 81559, True, 700.0),
+    "H200": Model("NVIDIA H200", 143771, True, 700.0),
+    "A100": Model("NVIDIA A100-SXM4-80GB", 81920, True, 400.0),
+    "A100-40GB": Model("NVIDIA A100-SXM4-40GB", 40960, True, 400.0),
+    "L40S": Model("NVIDIA L40S", 46068, False, 350.0),
+    "L4": Model("NVIDIA L4", 23034, False, 72.0),
+    "T4": Model("Tesla T4", 15360, False, 70.0),
+}
+
+SPEC = re.compile(r"^(?P<count>[1-9][0-9]?)x(?P<model>[A-Za-z0-9-]+)$")
+
+
+class SpecError(ValueError):
+    pass
+
+
+def parse_spec(spec: str) -> list[Model]:
+    """'8xH100' or '4xL40S,2xT4' → the models, in index order."""
+    models: list[Model] = []
+    for part in spec.split(","):
+        match = SPEC.match(part.strip())
+        if not match or match["model"].upper() not in {k.upper() for k in MODELS}:
+            known = ", ".join(MODELS)
+            raise SpecError(f"bad simulate spec {part!r}: use COUNTxMODEL, e.g. 8xH100 (models: {known})")
+        model = next(m for k, m in MODELS.items() if k.upper() == match["model"].upper())
+        models.extend([model] * int(match["count"]))
+    return models
+
+
+class SimulatedBackend:
+    name = "simulated"
+
+    def __init__(self, spec: str, host: str, seed: int | None = None) -> None:
+        self.models = parse_spec(spec)
+        self.host = host
+        self.rng = random.Random(seed if seed is not None else host)
+        # Stable per host and index, so a restarted agent reports the same GPUs.
+        self.uuids = [f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{host}.simulated/{i}')}" for i in range(len(self.models))]
+        self.util = [self.rng.uniform(0, 60) for _ in self.models]
+
+    def inventory(self) -> list[GpuInfo]:
+        return [GpuInfo(uuid=self.uuids[i], index=i, name=m.name, memory_mib=m.memory_mib, mig_mode=False,
+                        mig_capable=m.mig_capable, driver_version="550.90.07 (simulated)", cuda_version="12.4")
+                for i, m in enumerate(self.models)]
+
+    def sample(self) -> list[GpuSample]:
+        samples = []
+        for i, model in enumerate(self.models):
+            self.util[i] = min(100.0, max(0.0, self.util[i] + self.rng.gauss(0, 8)))
+            util = self.util[i]
+            samples.append(GpuSample(
+                uuid=self.uuids[i],
+                utilization_gpu_pct=round(util),
+                utilization_memory_pct=round(util * 0.6),
+                memory_used_mib=round(model.memory_mib * min(0.95, util / 100 + 0.02)),
+                memory_total_mib=model.memory_mib,
+                temperature_c=round(32 + util * 0.45),
+                power_w=round(model.max_power_w * (0.12 + 0.8 * util / 100), 1),
+            ))
+        return samples
+
+    def close(self) -> None:
+        pass
