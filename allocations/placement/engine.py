@@ -1,0 +1,140 @@
+"""Filter, score, pick: the one decision procedure behind the portal API and the benchmark.
+
+``decide`` runs on a :class:`ClusterArrays` (free capacity for one window):
+
+1. filter: :func:`feasibility.feasible_nodes` (health, labels, CPU, memory, GPU fit);
+2. score: the policy's ``evaluate`` on the feasible nodes (through a :class:`ScoreCache`
+   when the caller keeps one and the policy is ``node_local``);
+3. pick: the highest score; equal scores go to the lowest ``tie_rank`` (the cluster's
+   fixed node order);
+4. GPUs: the policy's ``choose_gpus`` on the chosen node.
+
+:class:`Placer` keeps arrays, policy and cache together for callers that place many
+demands in a row against evolving state (the benchmark, batch admission).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .arrays import ClusterArrays
+from .feasibility import feasible_nodes
+from .policies.base import Policy, PolicyContext
+from .requests import Demand
+
+
+@dataclass(frozen=True)
+class Choice:
+    node: int  # index into the arrays
+    slots: tuple[int, ...]  # GPU slots on that node
+    mig_start: int | None
+    score: float
+    candidates: int  # feasible nodes considered
+
+
+class ScoreCache:
+    """Per demand shape, the last score of every node and the row version it was computed at.
+
+    Valid only for ``node_local`` policies: a node's score is recomputed when its row's
+    version moved, so a placement costs one row re-score per shape later asked about.
+    """
+
+    def __init__(self, n_nodes: int) -> None:
+        self.n = n_nodes
+        self._entries: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self.evaluated_rows = 0  # statistics: rows actually scored
+
+    def lookup(
+        self,
+        arrays: ClusterArrays,
+        demand: Demand,
+        idx: np.ndarray,
+        fit: np.ndarray,
+        policy: Policy,
+        ctx: PolicyContext,
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        key = (demand.shape_key, demand.allowed_models, demand.min_gpu_memory_mib)
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = (
+                np.zeros(self.n, dtype=np.float64),
+                np.full(self.n, -1, dtype=np.int64),
+                np.full(self.n, -1, dtype=np.int64),
+            )
+            self._entries[key] = entry
+        scores, slots, versions = entry
+        stale = np.flatnonzero(versions[idx] != arrays.version[idx])
+        if stale.size:
+            rows = idx[stale]
+            ev = policy.evaluate(arrays, demand, rows, fit[stale], ctx)
+            scores[rows] = ev.scores
+            slots[rows] = ev.slots if ev.slots is not None else -1
+            versions[rows] = arrays.version[rows]
+            self.evaluated_rows += int(stale.size)
+        return scores[idx], slots[idx]
+
+
+def pick_best(scores: np.ndarray, tie_rank: np.ndarray) -> int:
+    """Position of the highest score; among equal scores the lowest tie rank."""
+    top = scores.max()
+    best = np.flatnonzero(scores == top)
+    if best.size == 1:
+        return int(best[0])
+    return int(best[np.argmin(tie_rank[best])])
+
+
+def decide(
+    arrays: ClusterArrays,
+    demand: Demand,
+    policy: Policy,
+    ctx: PolicyContext,
+    *,
+    label_mask: np.ndarray | None = None,
+    cache: ScoreCache | None = None,
+) -> Choice | None:
+    """The node and GPUs ``policy`` gives ``demand`` now, or None if no node is feasible."""
+    idx, fit = feasible_nodes(arrays, demand, label_mask)
+    if idx.size == 0:
+        return None
+    if cache is not None and policy.node_local:
+        scores, slots = cache.lookup(arrays, demand, idx, fit, policy, ctx)
+    else:
+        ev = policy.evaluate(arrays, demand, idx, fit, ctx)
+        scores, slots = ev.scores, ev.slots
+    pos = pick_best(scores, arrays.tie_rank[idx])
+    node = int(idx[pos])
+    hint = int(slots[pos]) if slots is not None else -1
+    gpus, mig_start = policy.choose_gpus(arrays, demand, node, fit[pos], hint, ctx)
+    return Choice(node=node, slots=tuple(gpus), mig_start=mig_start, score=float(scores[pos]), candidates=int(idx.size))
+
+
+@dataclass
+class Placer:
+    """Arrays + policy + cache: place demands one after another, updating the arrays."""
+
+    arrays: ClusterArrays
+    policy: Policy
+    ctx: PolicyContext = field(default_factory=PolicyContext)
+    use_cache: bool = True
+    cache: ScoreCache = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.cache = ScoreCache(self.arrays.n_nodes)
+
+    def place(self, demand: Demand, label_mask: np.ndarray | None = None) -> Choice | None:
+        choice = decide(
+            self.arrays,
+            demand,
+            self.policy,
+            self.ctx,
+            label_mask=label_mask,
+            cache=self.cache if self.use_cache else None,
+        )
+        if choice is not None:
+            self.arrays.apply(choice.node, demand, choice.slots, choice.mig_start)
+        return choice
+
+    def release(self, choice: Choice, demand: Demand) -> None:
+        self.arrays.release(choice.node, demand, choice.slots, choice.mig_start)

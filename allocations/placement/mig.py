@@ -1,0 +1,170 @@
+"""MIG (Multi-Instance GPU) geometry: which profiles a GPU model offers and where each may start.
+
+A MIG-capable GPU is carved into GPU instances. NVIDIA's driver tracks them in *memory
+slices*: every supported model has 8, numbered 0-7, and a profile may only be created at
+a fixed set of start slices ("placements", as `nvidia-smi mig -lgipp` lists them); an
+instance occupies ``size`` consecutive slices from its start, and two instances on one GPU
+may not share a slice. The table below is the geometry of the A100-40GB, A100-80GB,
+H100-80GB and H200 (141 GB), which share one layout and differ only in memory per slice:
+
+==========  ===========  ======  ====================
+compute     profile      size    legal start slices
+==========  ===========  ======  ====================
+1g          1g.<m>gb     1       0 1 2 3 4 5 6
+1g (+me)    1g.<m>gb+me  1       0 1 2 3 4 5 6 (at most one per GPU: it owns the media engines)
+1g          1g.<2m>gb    2       0 2 4 6
+2g          2g.<2m>gb    2       0 2 4
+3g          3g.<4m>gb    4       0 4
+4g          4g.<4m>gb    4       0
+7g          7g.<8m>gb    8       0
+==========  ===========  ======  ====================
+
+Invariant kept by every caller: a GPU's occupancy is an 8-bit mask of used memory slices,
+and a placement ``(profile, start)`` is legal only if ``start`` is one of the profile's
+starts and ``mask & profile.mask(start) == 0``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+MIG_SLICES = 8
+FULL_MASK = (1 << MIG_SLICES) - 1
+#: Compute slices of a whole GPU (a 7g instance is the whole GPU).
+COMPUTE_SLICES = 7
+
+
+@dataclass(frozen=True)
+class MigProfile:
+    """One GPU-instance profile of one GPU model."""
+
+    name: str
+    compute_slices: int  # the "g" count: 1, 2, 3, 4 or 7
+    memory_mib: int
+    size: int  # memory slices occupied
+    starts: tuple[int, ...]
+    single_per_gpu: bool = False  # +me profiles: one per GPU
+
+    def mask(self, start: int) -> int:
+        """Bit mask of the memory slices an instance started at ``start`` occupies."""
+        return ((1 << self.size) - 1) << start
+
+    @property
+    def milli(self) -> int:
+        """Compute share in milli-GPU, used to compare MIG demand with fractional demand."""
+        return round(1000 * self.compute_slices / COMPUTE_SLICES)
+
+
+def _family(mem_per_slice_gb: int, mem_per_slice_mib: int) -> dict[str, MigProfile]:
+    m = mem_per_slice_gb
+    mib = mem_per_slice_mib
+    profiles = [
+        MigProfile(f"1g.{m}gb", 1, mib, 1, (0, 1, 2, 3, 4, 5, 6)),
+        MigProfile(f"1g.{m}gb+me", 1, mib, 1, (0, 1, 2, 3, 4, 5, 6), single_per_gpu=True),
+        MigProfile(f"1g.{2 * m}gb", 1, 2 * mib, 2, (0, 2, 4, 6)),
+        MigProfile(f"2g.{2 * m}gb", 2, 2 * mib, 2, (0, 2, 4)),
+        MigProfile(f"3g.{4 * m}gb", 3, 4 * mib, 4, (0, 4)),
+        MigProfile(f"4g.{4 * m}gb", 4, 4 * mib, 4, (0,)),
+        MigProfile(f"7g.{8 * m}gb", 7, 8 * mib, 8, (0,)),
+    ]
+    return {p.name: p for p in profiles}
+
+
+def _h200() -> dict[str, MigProfile]:
+    # The H200's 141 GB do not divide evenly; NVIDIA names its profiles by rounded sizes.
+    profiles = [
+        MigProfile("1g.18gb", 1, 18 * 1024, 1, (0, 1, 2, 3, 4, 5, 6)),
+        MigProfile("1g.18gb+me", 1, 18 * 1024, 1, (0, 1, 2, 3, 4, 5, 6), single_per_gpu=True),
+        MigProfile("1g.35gb", 1, 35 * 1024, 2, (0, 2, 4, 6)),
+        MigProfile("2g.35gb", 2, 35 * 1024, 2, (0, 2, 4)),
+        MigProfile("3g.71gb", 3, 71 * 1024, 4, (0, 4)),
+        MigProfile("4g.71gb", 4, 71 * 1024, 4, (0,)),
+        MigProfile("7g.141gb", 7, 141 * 1024, 8, (0,)),
+    ]
+    return {p.name: p for p in profiles}
+
+
+#: Canonical model key -> profile name -> profile.
+MIG_GEOMETRY: Mapping[str, Mapping[str, MigProfile]] = {
+    "A100-40GB": _family(5, 5 * 1024),
+    "A100-80GB": _family(10, 10 * 1024),
+    "H100-80GB": _family(10, 10 * 1024),
+    "H200": _h200(),
+}
+
+
+def canonical_model(model: str) -> str | None:
+    """Map a marketing or driver model name to a key of :data:`MIG_GEOMETRY` (None if not MIG).
+
+    Accepts e.g. "A100-SXM4-40GB", "NVIDIA A100 80GB PCIe", "H100 80GB HBM3", "H100", "H200 NVL".
+    """
+    name = re.sub(r"[\s_]+", "-", model.upper())
+    if "H200" in name:
+        return "H200"
+    if "H100" in name:
+        return "H100-80GB"  # the 94/96 GB variants are not in the table; treated as 80 GB geometry
+    if "A100" in name:
+        return "A100-80GB" if "80" in name else "A100-40GB"
+    return None
+
+
+def profiles_for(model: str) -> Mapping[str, MigProfile]:
+    """Profiles a GPU model offers ({} for a model without MIG)."""
+    key = canonical_model(model)
+    return MIG_GEOMETRY.get(key, {}) if key else {}
+
+
+def profile_for(model: str, profile: str) -> MigProfile | None:
+    return profiles_for(model).get(profile)
+
+
+def mig_compute_milli(profile_name: str) -> int:
+    """Compute share of a profile name in milli-GPU, from its "<g>g." prefix (0 if unparseable)."""
+    m = re.match(r"^(\d+)g\.", profile_name)
+    return round(1000 * int(m.group(1)) / COMPUTE_SLICES) if m else 0
+
+
+def free_starts(profile: MigProfile, used_mask: int, has_media_instance: bool = False) -> list[int]:
+    """Legal start slices for ``profile`` on a GPU whose used slices are ``used_mask``."""
+    if profile.single_per_gpu and has_media_instance:
+        return []
+    return [s for s in profile.starts if used_mask & profile.mask(s) == 0]
+
+
+def placeable_count(profiles: Iterable[MigProfile], used_mask: int) -> tuple[int, int]:
+    """(largest compute size still placeable, weighted number of legal placements left).
+
+    This is the MIG analogue of a fragmentation measure: a placement that keeps a big
+    profile placeable and many small placements open strands less of the GPU.
+    """
+    largest = 0
+    weighted = 0
+    for p in profiles:
+        n = len(free_starts(p, used_mask))
+        if n:
+            largest = max(largest, p.compute_slices)
+            weighted += n * p.compute_slices
+    return largest, weighted
+
+
+def best_start(model: str, profile_name: str, used_mask: int, has_media_instance: bool = False) -> int | None:
+    """The legal start that leaves the GPU least fragmented, or None if the profile does not fit.
+
+    Ties go to the highest start: small instances fill from the top so slice 0, the only
+    start of the 4g and 7g profiles, stays free longest.
+    """
+    profiles = profiles_for(model)
+    profile = profiles.get(profile_name)
+    if profile is None:
+        return None
+    starts = free_starts(profile, used_mask, has_media_instance)
+    if not starts:
+        return None
+    others = [p for p in profiles.values() if not p.single_per_gpu]
+    return max(starts, key=lambda s: (placeable_count(others, used_mask | profile.mask(s)), s))
+
+
+def occupied_slices(used_mask: int) -> int:
+    return bin(used_mask & FULL_MASK).count("1")
