@@ -1,23 +1,53 @@
-"""The seam between the reservation service and placement.
+"""The seam between the reservation service and the placement engine.
 
-The service gathers the pool's free GPUs for a window and asks `choose_whole_gpus`
-which ones to take. This is the foundation's first fit; the placement engine
-(`allocations/placement/`) replaces the body of this function and nothing else.
-Plain data in, plain data out: no Django here.
+The service reads the pool for a window in one query (every GPU, whether it can be used,
+whether an allocation overlapping the window holds it) and asks `choose_whole_gpus`
+which GPUs to take. Requests that fit on one node go to the placement engine
+(`allocations/placement/`) with the pool's policy; larger ones take whole nodes here,
+because the engine places a request on one node only. Plain data in, plain data out:
+no Django here.
 """
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Sequence
+
+from allocations.placement import (
+    DEFAULT_POLICY,
+    POLICY_NAMES,
+    ClusterState,
+    GpuInfo,
+    Holding,
+    NodeInfo,
+    PlacementRequest,
+    place,
+)
+
+# A node whose CPU or memory capacity is unknown (0 in inventory) must not look starved to
+# the policies that weigh CPU and memory, so it gets this much instead.
+_UNKNOWN_CAPACITY = 10**9
 
 
 @dataclass(frozen=True)
-class FreeGpu:
+class PoolGpu:
+    """One GPU of the pool as placement sees it for one window."""
+
     id: int
     node_id: int
     node_name: str
     index: int
+    model: str = ""
+    memory_mib: int = 0
+    usable: bool = True  # a healthy GPU on a healthy, schedulable node
+    busy: bool = False  # an allocation overlapping the window holds it
+    node_cpu_milli: int = 0
+    node_memory_mib: int = 0
+
+    @property
+    def free(self) -> bool:
+        return self.usable and not self.busy
 
 
 class Unplaceable(Exception):
@@ -29,35 +59,64 @@ class Unplaceable(Exception):
         self.message = message
 
 
-def choose_whole_gpus(free: Sequence[FreeGpu], count: int, *, largest_node: int) -> list[int]:
-    """Pick `count` GPUs from `free` (GPUs free for the whole window, in node order).
+def policy_name(name: str | None) -> str:
+    """The engine policy for a pool's `placement_policy` (empty or unknown names get the default)."""
+    return name if name in POLICY_NAMES else DEFAULT_POLICY
 
-    A request that fits on one node of the pool (count <= largest_node, the most GPUs any
-    node of the pool has) is placed on one node — the first that has enough free, lowest
-    indexes first — because multi-GPU jobs want NVLink/PCIe locality. A larger request
-    takes whole nodes, the emptiest first, to touch as few nodes as possible.
+
+def choose_whole_gpus(gpus: Sequence[PoolGpu], count: int, *, start: datetime, end: datetime,
+                      policy: str = DEFAULT_POLICY) -> list[int]:
+    """Pick `count` free GPUs for [start, end) from the pool's GPUs (in a stable node order).
+
+    A request that fits on one node of the pool (count <= the most GPUs any node has) is
+    placed on one node, because multi-GPU jobs want NVLink/PCIe locality; the engine
+    picks the node and GPUs with the pool's policy, so the remnants stay usable. A larger
+    request takes whole nodes, the emptiest first, to touch as few nodes as possible.
     """
-    by_node: dict[int, list[FreeGpu]] = defaultdict(list)
-    for gpu in free:
-        by_node[gpu.node_id].append(gpu)
-    total_free = len(free)
-    if total_free < count:
+    free = [g for g in gpus if g.free]
+    if len(free) < count:
         raise Unplaceable(
             "insufficient_capacity",
-            f"{count} GPUs requested but only {total_free} are free for the whole window.",
+            f"{count} GPUs requested but only {len(free)} are free for the whole window.",
         )
-    if count <= largest_node:
-        for gpus in by_node.values():
-            if len(gpus) >= count:
-                return [gpu.id for gpu in sorted(gpus, key=lambda g: g.index)[:count]]
-        most = max(len(gpus) for gpus in by_node.values())
-        raise Unplaceable(
-            "fragmented",
-            f"{total_free} GPUs are free in total but no node has {count} free (the most on one node is {most}).",
-        )
+    per_node: dict[int, list[PoolGpu]] = defaultdict(list)
+    for gpu in gpus:
+        per_node[gpu.node_id].append(gpu)
+    if count <= max(len(node_gpus) for node_gpus in per_node.values()):
+        return _one_node(per_node, count, start=start, end=end, policy=policy)
+    return _whole_nodes(free, count)
+
+
+def _one_node(per_node: dict[int, list[PoolGpu]], count: int, *, start: datetime, end: datetime,
+              policy: str) -> list[int]:
+    nodes, holdings = [], []
+    for node_id, node_gpus in per_node.items():
+        first = node_gpus[0]
+        nodes.append(NodeInfo(
+            id=node_id,
+            cpu_milli=first.node_cpu_milli or _UNKNOWN_CAPACITY,
+            memory_mib=first.node_memory_mib or _UNKNOWN_CAPACITY,
+            gpus=tuple(GpuInfo(id=g.id, index=g.index, model=g.model or "unknown", memory_mib=g.memory_mib,
+                               healthy=g.usable) for g in node_gpus),
+        ))
+        # A GPU busy at any moment of the window is busy for all of it (that is what the
+        # service's query says), so one holding over the whole window stands for it.
+        holdings.extend(Holding(node_id=node_id, gpu_id=g.id, milli=1000, start=start, end=end)
+                        for g in node_gpus if g.busy)
+    decision = place(ClusterState(nodes=nodes, holdings=holdings),
+                     PlacementRequest(gpus=count, start=start, end=end), policy_name(policy))
+    if not decision.ok:
+        raise Unplaceable(decision.code, decision.message)
+    return [assignment.gpu_id for assignment in decision.gpus]
+
+
+def _whole_nodes(free: list[PoolGpu], count: int) -> list[int]:
+    by_node: dict[int, list[PoolGpu]] = defaultdict(list)
+    for gpu in free:
+        by_node[gpu.node_id].append(gpu)
     chosen: list[int] = []
-    for gpus in sorted(by_node.values(), key=lambda g: (-len(g), g[0].node_id)):
-        chosen.extend(gpu.id for gpu in sorted(gpus, key=lambda g: g.index)[: count - len(chosen)])
+    for node_gpus in sorted(by_node.values(), key=lambda g: (-len(g), g[0].node_name, g[0].node_id)):
+        chosen.extend(gpu.id for gpu in sorted(node_gpus, key=lambda g: g.index)[: count - len(chosen)])
         if len(chosen) == count:
             break
     return chosen

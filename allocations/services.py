@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from allocations import quota_math
 from allocations.models import Allocation, Quota, Reservation, ReservationEvent
-from allocations.seam import FreeGpu, Unplaceable, choose_whole_gpus
+from allocations.seam import PoolGpu, Unplaceable, choose_whole_gpus
 from common.errors import Conflict, NotFound, PermissionDenied, ValidationFailed
 from inventory.models import Gpu, GpuPool
 from inventory.sharing import RESERVABLE_MODES
@@ -104,8 +104,7 @@ def _quota_for(team: Team, pool: GpuPool) -> Quota:
 @dataclass(frozen=True)
 class PoolSnapshot:
     size: int  # GPUs in the pool, healthy or not
-    largest_node: int  # most GPUs any node of the pool has
-    free: list[FreeGpu]  # healthy GPUs on healthy, schedulable nodes with no allocation overlapping the window
+    gpus: list[PoolGpu]  # every GPU, whether it is usable and whether the window is taken
 
 
 def _pool_snapshot(pool: GpuPool, start: datetime, end: datetime) -> PoolSnapshot:
@@ -115,15 +114,17 @@ def _pool_snapshot(pool: GpuPool, start: datetime, end: datetime) -> PoolSnapsho
         Gpu.objects.filter(pool=pool)
         .annotate(busy=Exists(busy))
         .order_by("node__name", "node_id", "index")
-        .values_list("id", "node_id", "node__name", "index", "healthy", "node__healthy", "node__schedulable", "busy")
+        .values_list("id", "node_id", "node__name", "index", "model_name", "memory_mib", "healthy",
+                     "node__healthy", "node__schedulable", "busy", "node__cpu_milli", "node__memory_mib")
     )
-    per_node: dict[int, int] = {}
-    free = []
-    for gpu_id, node_id, node_name, index, healthy, node_healthy, schedulable, is_busy in rows:
-        per_node[node_id] = per_node.get(node_id, 0) + 1
-        if healthy and node_healthy and schedulable and not is_busy:
-            free.append(FreeGpu(id=gpu_id, node_id=node_id, node_name=node_name, index=index))
-    return PoolSnapshot(size=sum(per_node.values()), largest_node=max(per_node.values(), default=0), free=free)
+    gpus = [
+        PoolGpu(id=gpu_id, node_id=node_id, node_name=node_name, index=index, model=model, memory_mib=memory,
+                usable=healthy and node_healthy and schedulable, busy=is_busy, node_cpu_milli=cpu,
+                node_memory_mib=node_memory)
+        for (gpu_id, node_id, node_name, index, model, memory, healthy, node_healthy, schedulable, is_busy,
+             cpu, node_memory) in rows
+    ]
+    return PoolSnapshot(size=len(gpus), gpus=gpus)
 
 
 def _record(reservation: Reservation, *, from_state: str, to_state: str, actor: AbstractBaseUser | None,
@@ -190,7 +191,8 @@ def reservation_create(*, actor: AbstractBaseUser, request: ReservationRequest,
                                        rule="exceeds_pool_size")
             _check_quota(quota, gpus=gpus, start=starts_at, end=ends_at)
             try:
-                chosen = choose_whole_gpus(snapshot.free, gpus, largest_node=snapshot.largest_node)
+                chosen = choose_whole_gpus(snapshot.gpus, gpus, start=starts_at, end=ends_at,
+                                           policy=pool.placement_policy)
             except Unplaceable as refused:
                 raise Conflict(refused.message, field="gpus", rule=refused.code) from None
 
