@@ -1,0 +1,88 @@
+"""What should exist on a cluster right now, as plain data the backends turn into objects.
+
+Built from the database by :func:`allocations.apply.selectors.cluster_desired`; the
+backends never query the database themselves, so they can be tested with hand-made values.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+
+#: Label and annotation keys every object the portal manages carries.
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY_VALUE = "gpupool-portal"
+TEAM_LABEL = "gpupool.io/team"
+RESERVATIONS_ANNOTATION = "gpupool.io/reservations"
+FIELD_MANAGER = "gpupool-portal"
+
+
+def team_namespace(team_slug: str) -> str:
+    """The namespace of a team on every Kubernetes cluster: deterministic, a valid DNS-1123 label."""
+    name = re.sub(r"[^a-z0-9-]+", "-", team_slug.lower()).strip("-")
+    return f"gpupool-{name}"[:63].rstrip("-")
+
+
+@dataclass(frozen=True)
+class Grant:
+    """One GPU (or a share of one) a team holds now through one reservation."""
+
+    reservation_id: int
+    gpu_uuid: str
+    node_name: str
+    pool_slug: str
+    sharing_mode: str  # inventory.sharing.SharingMode value
+    ends_at: datetime
+    # What the grant counts as in the mode's resource: 1 for a whole GPU; the number of
+    # shares for time_slicing/mps; the profile for mig ("1g.10gb"); memory/cores for vgpu.
+    units: int = 1
+    mig_profile: str = ""
+    memory_mib: int = 0
+    cores_pct: int = 0
+
+
+@dataclass(frozen=True)
+class TeamDesired:
+    team_slug: str
+    grants: tuple[Grant, ...] = ()
+
+    @property
+    def namespace(self) -> str:
+        return team_namespace(self.team_slug)
+
+    @property
+    def reservation_ids(self) -> list[int]:
+        return sorted({g.reservation_id for g in self.grants})
+
+    @property
+    def node_names(self) -> list[str]:
+        return sorted({g.node_name for g in self.grants})
+
+    @property
+    def gpu_uuids(self) -> list[str]:
+        return sorted({g.gpu_uuid for g in self.grants})
+
+
+@dataclass(frozen=True)
+class PoolDesired:
+    """A pool's GPUs on this cluster and how they are shared (drives node config on Kubernetes)."""
+
+    pool_slug: str
+    sharing_mode: str
+    sharing_config: dict = field(default_factory=dict)
+    node_names: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ClusterDesired:
+    cluster_id: int
+    cluster_slug: str
+    kind: str  # "kubernetes" | "baremetal"
+    teams: tuple[TeamDesired, ...] = ()  # every team with a quota on a pool of this cluster, holding or not
+    pools: tuple[PoolDesired, ...] = ()
+
+    def team(self, slug: str) -> TeamDesired:
+        for team in self.teams:
+            if team.team_slug == slug:
+                return team
+        return TeamDesired(team_slug=slug)
