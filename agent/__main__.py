@@ -18,6 +18,7 @@ import threading
 
 from agent import __version__
 from agent.gpus import GpuBackend
+from agent.leases import DEFAULT_FILE, LeaseStore
 from agent.portal_client import PortalClient, PortalError, PortalUnreachable
 
 log = logging.getLogger("agent")
@@ -36,7 +37,7 @@ def make_backend(simulate: str | None, hostname: str) -> GpuBackend:
 
 class Agent:
     def __init__(self, client: PortalClient, backend: GpuBackend, hostname: str, *, heartbeat: float,
-                 max_backoff: float = 60.0) -> None:
+                 max_backoff: float = 60.0, leases: LeaseStore | None = None) -> None:
         self.client = client
         self.backend = backend
         self.hostname = hostname
@@ -44,6 +45,7 @@ class Agent:
         self.max_backoff = max_backoff
         self.stop = threading.Event()
         self.registered = False
+        self.leases = leases
 
     def register(self) -> None:
         gpus = [gpu.as_dict() for gpu in self.backend.inventory()]
@@ -53,6 +55,15 @@ class Agent:
         self.registered = True
         log.info("registered %s as node %s with %d GPUs", self.hostname, answer.get("node"), len(gpus))
 
+    def sync_leases(self) -> None:
+        """Tell the portal which leases this host holds and take the ones it should hold."""
+        reported = self.leases.held_keys()
+        answer = self.client.leases(held=reported)
+        held = self.leases.replace(answer.get("leases", []))
+        if held != reported:
+            self.client.leases(held=held)  # confirm at once, so an apply does not wait a whole interval
+            log.info("now holding %d GPU lease(s): %s", len(held), ", ".join(held) or "none")
+
     def run(self) -> int:
         failures = 0
         while not self.stop.is_set():
@@ -61,6 +72,8 @@ class Agent:
                     self.register()
                 else:
                     self.client.heartbeat()
+                if self.leases is not None:
+                    self.sync_leases()
                 failures = 0
                 wait = self.heartbeat
             except PortalError as error:
@@ -91,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--simulate", metavar="SPEC", help="SIMULATED GPUs instead of NVML, e.g. 8xH100")
     parser.add_argument("--hostname", default=socket.gethostname())
     parser.add_argument("--heartbeat", type=float, default=10.0, help="seconds between heartbeats")
+    parser.add_argument("--lease-file", default=DEFAULT_FILE,
+                        help="where this host's GPU leases are kept for job launchers (see agent.leases)")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s agent: %(message)s")
@@ -98,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--token (or GPUPOOL_AGENT_TOKEN) is required")
 
     backend = make_backend(args.simulate, args.hostname)
-    agent = Agent(PortalClient(args.portal, args.token), backend, args.hostname, heartbeat=args.heartbeat)
+    agent = Agent(PortalClient(args.portal, args.token), backend, args.hostname, heartbeat=args.heartbeat,
+                  leases=LeaseStore(args.lease_file))
     signal.signal(signal.SIGTERM, lambda *_: agent.stop.set())
     signal.signal(signal.SIGINT, lambda *_: agent.stop.set())
     try:

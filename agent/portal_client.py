@@ -48,3 +48,6 @@ class PortalClient:
 
     def heartbeat(self) -> dict[str, Any]:
         return self._post("/api/v1/agent/heartbeat/", {})
+
+    def leases(self, *, held: list[str]) -> dict[str, Any]:
+        return self._post("/api/v1/agent/leases/", {"held": held})

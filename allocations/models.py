@@ -117,3 +117,63 @@ class ReservationEvent(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.reservation_id}: {self.from_state or '∅'} → {self.to_state}"
+
+
+class ApplyJob(models.Model):
+    """One attempt-tracked piece of work against a cluster: apply or undo a reservation, or a reconcile.
+
+    The row is the truth about the work; Celery messages only nudge it. A worker claims a
+    job with a conditional update (queued/retrying and due → running), so two workers never
+    run the same attempt, and the sweep re-queues jobs whose message was lost.
+    """
+
+    class Action(models.TextChoices):
+        APPLY = "apply", "Apply"
+        UNDO = "undo", "Undo"
+        RECONCILE = "reconcile", "Reconcile"
+
+    class Status(models.TextChoices):
+        QUEUED = "queued", "Queued"
+        RUNNING = "running", "Running"
+        RETRYING = "retrying", "Waiting to retry"
+        SUCCEEDED = "succeeded", "Succeeded"
+        FAILED = "failed", "Failed"
+
+    OPEN_STATUSES = (Status.QUEUED, Status.RUNNING, Status.RETRYING)
+
+    reservation = models.ForeignKey(Reservation, on_delete=models.CASCADE, null=True, blank=True,
+                                    related_name="apply_jobs")
+    cluster = models.ForeignKey("inventory.Cluster", on_delete=models.CASCADE, related_name="apply_jobs")
+    action = models.CharField(max_length=16, choices=Action.choices)
+    backend = models.CharField(max_length=16, help_text="kubernetes or agent")
+    target = models.CharField(max_length=255, blank=True, help_text="What it acts on, in words")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    attempts = models.PositiveIntegerField(default=0)
+    final_state = models.CharField(max_length=16, blank=True,
+                                   help_text="undo: the state the reservation ends in (released or expired)")
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    deadline = models.DateTimeField()
+    error = models.TextField(blank=True)
+    changes = models.JSONField(default=list, blank=True, help_text="What the backend changed (or repaired)")
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["status", "next_attempt_at"], name="applyjob_status_due")]
+
+    def __str__(self) -> str:
+        subject = f"reservation #{self.reservation_id}" if self.reservation_id else self.cluster.slug
+        return f"{self.action} {subject} ({self.status})"
+
+
+class HostLeaseReport(models.Model):
+    """What a bare-metal host's agent last said it enforces: the lease keys it holds."""
+
+    node = models.OneToOneField("inventory.Node", on_delete=models.CASCADE, related_name="lease_report")
+    held = models.JSONField(default=list, help_text="Lease keys '<reservation id>:<GPU UUID>' the agent holds")
+    reported_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.node}: {len(self.held)} leases"

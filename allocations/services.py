@@ -18,7 +18,10 @@ from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from allocations import quota_math
-from allocations.models import Allocation, Quota, Reservation, ReservationEvent
+from allocations.apply import jobs
+from allocations.models import Allocation, ApplyJob, Quota, Reservation
+from allocations.transitions import move as _move
+from allocations.transitions import record as _record
 from allocations.seam import PoolGpu, Unplaceable, choose_whole_gpus
 from common.errors import Conflict, NotFound, PermissionDenied, ValidationFailed
 from inventory.models import Gpu, GpuPool
@@ -127,27 +130,6 @@ def _pool_snapshot(pool: GpuPool, start: datetime, end: datetime) -> PoolSnapsho
     return PoolSnapshot(size=len(gpus), gpus=gpus)
 
 
-def _record(reservation: Reservation, *, from_state: str, to_state: str, actor: AbstractBaseUser | None,
-            reason: str = "") -> None:
-    ReservationEvent.objects.create(reservation=reservation, from_state=from_state, to_state=to_state,
-                                    actor=actor if actor is not None and actor.is_authenticated else None,
-                                    reason=reason)
-
-
-def _move(reservation: Reservation, to_state: str, *, actor: AbstractBaseUser | None = None, reason: str = "",
-          now: datetime | None = None) -> None:
-    """Change state (the row must be locked by the caller) and record who, when and why."""
-    from_state = reservation.state
-    reservation.state = to_state
-    reservation.reason = reason  # the reason always describes the current state
-    update = ["state", "reason", "updated_at"]
-    if to_state in Reservation.FINAL_STATES:
-        reservation.ended_at = now or timezone.now()
-        update.append("ended_at")
-    reservation.save(update_fields=update)
-    _record(reservation, from_state=from_state, to_state=to_state, actor=actor, reason=reason)
-
-
 def _enqueue_after_commit(task_name: str, reservation_id: int) -> None:
     from allocations import tasks  # tasks import services; importing here keeps that one-way at load time
 
@@ -245,8 +227,7 @@ def reservation_release(*, actor: AbstractBaseUser, reservation_id: int, now: da
         _move(reservation, State.RELEASED, actor=actor, reason=f"Cancelled before its start by {who}.", now=now)
         return reservation
     reservation.allocations.filter(ends_at__gt=now).update(ends_at=now)
-    _move(reservation, State.RELEASING, actor=actor, reason=f"Released early by {who}.")
-    _enqueue_after_commit("finish_release", reservation.pk)
+    _undo(reservation, final_state=State.RELEASED, actor=actor, reason=f"Released early by {who}.", now=now)
     return reservation
 
 
@@ -295,55 +276,60 @@ def reservation_extend(*, actor: AbstractBaseUser, reservation_id: int, ends_at:
 
 @transaction.atomic
 def reservation_activate(*, reservation_id: int, now: datetime | None = None) -> bool:
-    """scheduled → applying → active once starts_at has come. Returns whether it acted.
-
-    The apply backends (Kubernetes, host agent) plug in between applying and active.
-    """
+    """scheduled → applying once starts_at has come, with an apply job per cluster it touches.
+    The job moves it to active (or failed). Returns whether it acted."""
     now = now or timezone.now()
     reservation = Reservation.objects.select_for_update().filter(
         pk=reservation_id, state=State.SCHEDULED, starts_at__lte=now, ends_at__gt=now
     ).first()
     if reservation is None:
         return False
-    _move(reservation, State.APPLYING, reason="Window started.")
-    _move(reservation, State.ACTIVE, reason="Applied; the GPUs are held for the team.")
+    _move(reservation, State.APPLYING, reason="Window started; applying on the cluster.")
+    if not jobs.jobs_create(reservation=reservation, action=ApplyJob.Action.APPLY, now=now):
+        _move(reservation, State.FAILED, reason="None of its GPUs belongs to a cluster any more.", now=now)
     return True
 
 
-@transaction.atomic
-def reservation_finish_release(*, reservation_id: int, now: datetime | None = None) -> bool:
-    """releasing → released after an early release. Returns whether it acted.
+def _undo(reservation: Reservation, *, final_state: str, reason: str, actor: AbstractBaseUser | None = None,
+          now: datetime) -> None:
+    """applying/active → releasing, with an undo job per cluster; scheduled (never applied) → final at once."""
+    if reservation.state == State.SCHEDULED:
+        _move(reservation, final_state, actor=actor, reason=f"{reason} It had not been applied yet.", now=now)
+        return
+    _move(reservation, State.RELEASING, actor=actor, reason=reason)
+    if not jobs.jobs_create(reservation=reservation, action=ApplyJob.Action.UNDO, final_state=final_state, now=now):
+        _move(reservation, final_state, actor=actor, reason=reason, now=now)
 
-    The apply backends undo the reservation on the cluster or host before this step.
-    """
+
+@transaction.atomic
+def reservation_undo_again(*, reservation_id: int, now: datetime | None = None) -> bool:
+    """A reservation in releasing without an open undo job (its job was lost): queue one. Returns whether it acted."""
     now = now or timezone.now()
     reservation = Reservation.objects.select_for_update().filter(pk=reservation_id, state=State.RELEASING).first()
-    if reservation is None:
+    if reservation is None or reservation.apply_jobs.filter(action=ApplyJob.Action.UNDO,
+                                                            status__in=ApplyJob.OPEN_STATUSES).exists():
         return False
-    _move(reservation, State.RELEASED, reason=reservation.reason, now=now)
+    final = State.EXPIRED if reservation.ends_at <= now and "Window ended" in reservation.reason else State.RELEASED
+    if not jobs.jobs_create(reservation=reservation, action=ApplyJob.Action.UNDO, final_state=final, now=now):
+        _move(reservation, final, reason=reservation.reason, now=now)
     return True
 
 
 @transaction.atomic
 def reservation_expire(*, reservation_id: int, now: datetime | None = None) -> bool:
-    """A live reservation whose window has ended: active → releasing → expired. Returns whether it acted."""
+    """A live reservation whose window has ended: undone, then expired. Returns whether it acted."""
     now = now or timezone.now()
     reservation = Reservation.objects.select_for_update().filter(
         pk=reservation_id, state__in=Reservation.LIVE_STATES, ends_at__lte=now
     ).first()
     if reservation is None:
         return False
-    if reservation.state == State.SCHEDULED:
-        # Never activated (no worker ran during the window): nothing to undo.
-        _move(reservation, State.EXPIRED, reason="Window ended before it was applied.", now=now)
-        return True
-    _move(reservation, State.RELEASING, reason="Window ended.")
-    _move(reservation, State.EXPIRED, reason="Window ended.", now=now)
+    _undo(reservation, final_state=State.EXPIRED, reason="Window ended.", now=now)
     return True
 
 
 def due_reservation_ids(now: datetime | None = None) -> dict[str, list[int]]:
-    """What the sweep should act on: due to start, due to end, stuck in releasing."""
+    """What the sweep should act on: due to start, due to end, releasing without an undo job."""
     now = now or timezone.now()
     live = Reservation.objects.filter(state__in=Reservation.LIVE_STATES)
     return {
@@ -352,9 +338,7 @@ def due_reservation_ids(now: datetime | None = None) -> dict[str, list[int]]:
             .values_list("id", flat=True)[:1000]
         ),
         "expire": list(live.filter(ends_at__lte=now).values_list("id", flat=True)[:1000]),
-        "finish_release": list(
-            Reservation.objects.filter(state=State.RELEASING).values_list("id", flat=True)[:1000]
-        ),
+        "undo_again": jobs.releasing_without_undo_ids(),
     }
 
 

@@ -13,6 +13,7 @@ from django.utils.text import slugify
 
 from common.errors import Conflict, PermissionDenied, ValidationFailed
 from inventory.models import Cluster, Gpu, GpuPool, HostToken, Node
+from inventory.signals import node_health_changed
 
 
 def hash_key(key: str) -> str:
@@ -122,12 +123,16 @@ def host_heartbeat(*, token: HostToken, now: datetime | None = None) -> Node | N
 def nodes_mark_silent(*, timeout: timedelta, now: datetime | None = None) -> list[int]:
     """Bare-metal hosts whose agent has not reported within `timeout` become unhealthy. Returns their ids.
 
-    A conditional update, so two beat runs at once mark each host once.
+    A conditional update per host, so two beat runs at once mark (and announce) each host once.
     """
     now = now or timezone.now()
     silent = Node.objects.filter(cluster__kind=Cluster.Kind.BAREMETAL, healthy=True, last_seen_at__isnull=False,
                                  last_seen_at__lt=now - timeout)
-    ids = list(silent.values_list("id", flat=True))
-    if ids:
-        Node.objects.filter(id__in=ids, healthy=True).update(healthy=False)
-    return ids
+    marked = []
+    for node_id in silent.values_list("id", flat=True):
+        if Node.objects.filter(id=node_id, healthy=True).update(healthy=False):
+            marked.append(node_id)
+            reason = f"host stopped reporting for {timeout.total_seconds():g} s"
+            transaction.on_commit(lambda node_id=node_id, reason=reason: node_health_changed.send(
+                sender=Node, node_id=node_id, healthy=False, reason=reason))
+    return marked

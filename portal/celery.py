@@ -24,3 +24,8 @@ def _schedule_periodic_tasks(sender: Celery, **_: object) -> None:
         sender.signature("inventory.tasks.mark_silent_hosts"),
         name="mark silent hosts",
     )
+    sender.add_periodic_task(
+        settings.RECONCILE_SECONDS,
+        sender.signature("allocations.tasks.reconcile_clusters"),
+        name="reconcile clusters",
+    )

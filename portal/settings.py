@@ -138,6 +138,17 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 # database is the truth; this sweep is what moves time-driven states.
 RESERVATION_SWEEP_SECONDS = env.float("RESERVATION_SWEEP_SECONDS", default=5.0)
 
+# --- applying reservations (Kubernetes and host agents) -------------------------------------
+# A reservation not applied (or undone) within this long fails with the reason, never hangs.
+APPLY_DEADLINE = timedelta(seconds=env.float("APPLY_DEADLINE_SECONDS", default=600.0))
+# Retries of a remote error wait base * 2^(attempt-1) seconds, capped.
+APPLY_RETRY_BASE_SECONDS = env.float("APPLY_RETRY_BASE_SECONDS", default=2.0)
+APPLY_RETRY_CAP_SECONDS = env.float("APPLY_RETRY_CAP_SECONDS", default=60.0)
+# How often beat compares each cluster with the database and repairs drift.
+RECONCILE_SECONDS = env.float("RECONCILE_SECONDS", default=30.0)
+# Links in emails point here.
+PORTAL_BASE_URL = env.str("PORTAL_BASE_URL", default="http://127.0.0.1:8000").rstrip("/")
+
 # --- host agents ------------------------------------------------------------------------
 AGENT_HEARTBEAT_SECONDS = env.float("AGENT_HEARTBEAT_SECONDS", default=10.0)
 # A bare-metal host whose agent is silent this long is marked unhealthy (no new placements).

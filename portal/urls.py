@@ -6,6 +6,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
 from allocations.api.views import PoolViewSet, QuotaViewSet, ReservationViewSet
+from allocations.api.agent import LeasesView
 from inventory.api.agent import HeartbeatView, RegisterView
 from inventory.api.views import ClusterViewSet, GpuViewSet, HostTokenViewSet, NodeViewSet
 from portal import health, metrics, views
@@ -25,6 +26,7 @@ api = [
     path("auth/token/", TokenView.as_view(), name="token"),
     path("agent/register/", RegisterView.as_view(), name="agent-register"),
     path("agent/heartbeat/", HeartbeatView.as_view(), name="agent-heartbeat"),
+    path("agent/leases/", LeasesView.as_view(), name="agent-leases"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
     path("", include(router.urls)),

@@ -6,7 +6,8 @@ from datetime import timedelta
 from django.utils import timezone
 
 from allocations import services
-from allocations.models import Allocation, Reservation
+from allocations.apply import jobs
+from allocations.models import Allocation, ApplyJob, Reservation
 from allocations.tasks import sweep_reservations
 from tests.factories import window
 
@@ -24,6 +25,12 @@ def reserve(client, team="ml", gpus=1, hours_from_now=0.0, hours=2.0):
     return response.json()
 
 
+def run_open_jobs() -> list[str]:
+    """What a worker would do with the queued apply jobs (on_commit never fires inside a test transaction)."""
+    return [jobs.job_run(job_id=pk) for pk in ApplyJob.objects.filter(status=ApplyJob.Status.QUEUED)
+            .order_by("pk").values_list("pk", flat=True)]
+
+
 def states(reservation_id: int) -> list[tuple[str, str]]:
     return list(Reservation.objects.get(pk=reservation_id).events.values_list("from_state", "to_state"))
 
@@ -31,14 +38,22 @@ def states(reservation_id: int) -> list[tuple[str, str]]:
 def test_activation_moves_a_due_reservation_to_active_through_applying(world, api):
     r = reserve(api(world.member))
     assert services.reservation_activate(reservation_id=r["id"]) is True
+    assert Reservation.objects.get(pk=r["id"]).state == State.APPLYING
+    job = ApplyJob.objects.get(reservation_id=r["id"])
+    assert (job.action, job.status, job.backend) == ("apply", "queued", "agent")
+    assert run_open_jobs() == ["succeeded"]
     assert Reservation.objects.get(pk=r["id"]).state == State.ACTIVE
     assert states(r["id"]) == [("", "scheduled"), ("scheduled", "applying"), ("applying", "active")]
+    job.refresh_from_db()
+    assert job.attempts == 1 and job.finished_at is not None
 
 
 def test_activation_is_safe_to_run_twice(world, api):
     r = reserve(api(world.member))
     assert services.reservation_activate(reservation_id=r["id"]) is True
     assert services.reservation_activate(reservation_id=r["id"]) is False
+    assert run_open_jobs() == ["succeeded"]
+    assert jobs.job_run(job_id=ApplyJob.objects.get(reservation_id=r["id"]).pk) == ""  # already done: not claimed
     assert len(states(r["id"])) == 3
 
 
@@ -52,11 +67,12 @@ def test_release_of_an_active_reservation_frees_its_gpus_at_once(world, api):
     client = api(world.member)
     r = reserve(client, gpus=4)
     services.reservation_activate(reservation_id=r["id"])
+    run_open_jobs()
     response = client.post(f"{URL}{r['id']}/release/")
     assert response.status_code == 200, response.content
     assert response.json()["state"] == "releasing"
-    assert services.reservation_finish_release(reservation_id=r["id"]) is True
-    assert services.reservation_finish_release(reservation_id=r["id"]) is False
+    assert run_open_jobs() == ["succeeded"]
+    assert run_open_jobs() == []
     reservation = Reservation.objects.get(pk=r["id"])
     assert reservation.state == State.RELEASED and reservation.ended_at is not None
     assert all(a.ends_at <= timezone.now() for a in reservation.allocations.all())
@@ -142,8 +158,12 @@ def test_extend_rejects_a_malformed_end(world, api):
 def test_expiry_ends_an_active_reservation_at_the_end_of_its_window(world, api):
     r = reserve(api(world.member))
     services.reservation_activate(reservation_id=r["id"])
+    run_open_jobs()
     later = timezone.now() + timedelta(hours=3)
     assert services.reservation_expire(reservation_id=r["id"], now=later) is True
+    assert Reservation.objects.get(pk=r["id"]).state == State.RELEASING
+    assert ApplyJob.objects.get(reservation_id=r["id"], action="undo").final_state == "expired"
+    run_open_jobs()
     reservation = Reservation.objects.get(pk=r["id"])
     assert reservation.state == State.EXPIRED
     assert states(r["id"])[-2:] == [("active", "releasing"), ("releasing", "expired")]
@@ -164,17 +184,23 @@ def test_the_sweep_activates_due_and_expires_ended_reservations(world, api):
     )
     future = reserve(client, hours_from_now=4)
     result = sweep_reservations()
-    assert result == {"activate": 1, "expire": 1, "finish_release": 0}
-    assert Reservation.objects.get(pk=due["id"]).state == State.ACTIVE
-    assert Reservation.objects.get(pk=ended["id"]).state == State.EXPIRED
+    assert result == {"activate": 1, "expire": 1, "undo_again": 0, "apply_jobs": 0, "failover": 0}
+    assert Reservation.objects.get(pk=due["id"]).state == State.APPLYING
+    assert Reservation.objects.get(pk=ended["id"]).state == State.EXPIRED  # never applied: nothing to undo
     assert Reservation.objects.get(pk=future["id"]).state == State.SCHEDULED
-    assert sweep_reservations() == {"activate": 0, "expire": 0, "finish_release": 0}
+    # The apply job's message is lost: once it is overdue, the sweep runs it itself.
+    ApplyJob.objects.update(created_at=timezone.now() - timedelta(minutes=1))
+    assert sweep_reservations() == {"activate": 0, "expire": 0, "undo_again": 0, "apply_jobs": 1, "failover": 0}
+    assert Reservation.objects.get(pk=due["id"]).state == State.ACTIVE
 
 
-def test_the_sweep_finishes_releases_whose_task_was_lost(world, api):
+def test_the_sweep_queues_an_undo_for_a_release_whose_job_was_lost(world, api):
     client = api(world.member)
     r = reserve(client)
     services.reservation_activate(reservation_id=r["id"])
-    client.post(f"{URL}{r['id']}/release/")  # its finish_release task is never run here
-    assert sweep_reservations()["finish_release"] == 1
+    run_open_jobs()
+    client.post(f"{URL}{r['id']}/release/")
+    ApplyJob.objects.filter(action="undo").delete()  # as if it never got written
+    assert sweep_reservations()["undo_again"] == 1
+    run_open_jobs()
     assert Reservation.objects.get(pk=r["id"]).state == State.RELEASED

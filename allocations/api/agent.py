@@ -1,0 +1,34 @@
+"""The lease exchange with host agents: `POST /api/v1/agent/leases/` (`Authorization: Host <key>`)."""
+from __future__ import annotations
+
+from django.conf import settings
+from drf_spectacular.utils import extend_schema
+from rest_framework import exceptions, serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from allocations.apply.backends.agent import host_lease_report, host_leases
+from inventory.api.agent import AgentView
+from inventory.models import Node
+
+
+class LeasesInput(serializers.Serializer):
+    held = serializers.ListField(
+        child=serializers.RegexField(r"^[0-9]{1,12}:(GPU|MIG)-[0-9A-Za-z-]{8,60}$", max_length=80),
+        max_length=1024, help_text="Lease keys '<reservation id>:<GPU UUID>' the agent enforces now",
+    )
+
+
+class LeasesView(AgentView):
+    """The agent says which leases it holds; the portal answers with the ones it should hold."""
+
+    @extend_schema(request=LeasesInput, responses={200: dict})
+    def post(self, request: Request) -> Response:
+        data = LeasesInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        token = request.auth
+        node = Node.objects.filter(cluster=token.cluster, name=token.host_name).first()
+        if node is None:
+            raise exceptions.NotFound("This host has not registered yet: call /api/v1/agent/register/ first.")
+        host_lease_report(node=node, held=data.validated_data["held"])
+        return Response({"leases": host_leases(node), "poll_seconds": settings.AGENT_HEARTBEAT_SECONDS})

@@ -1,0 +1,238 @@
+"""Apply jobs: the lifecycle between a reservation's state and what its cluster enforces.
+
+    scheduled ──activate──▶ applying ──apply job ok──▶ active
+                               │ rejected / deadline        │ release or window end
+                               ▼                            ▼
+                             failed                    releasing ──undo job ok──▶ released | expired
+
+A job is claimed with a conditional update (queued, or retrying and due → running), runs
+one level-triggered sync of the cluster for the reservation's team, and ends succeeded,
+retrying (remote error: exponential backoff with a cap) or failed (the cluster refused,
+or the deadline passed). Every outcome is written to the job row, which the reservation
+page and the API show. The sweep re-runs jobs whose Celery message was lost and resets
+jobs whose worker died mid-run, so nothing stays in applying forever.
+"""
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from allocations.apply.backends import BackendError, BackendRejected, backend_for
+from allocations.apply.selectors import cluster_desired
+from allocations.models import ApplyJob, Reservation
+from allocations.transitions import move
+from inventory.models import Cluster
+
+log = logging.getLogger(__name__)
+
+Job = ApplyJob
+Status = ApplyJob.Status
+State = Reservation.State
+
+# A job marked running this long after its deadline lost its worker; the sweep takes it back.
+STALE_RUNNING_GRACE = timedelta(minutes=2)
+# A queued job whose message never arrived is re-sent after this long.
+LOST_MESSAGE_AFTER = timedelta(seconds=30)
+
+
+def retry_delay(attempts: int) -> float:
+    """Seconds before attempt `attempts + 1`: base * 2^(attempts-1), capped."""
+    return min(settings.APPLY_RETRY_CAP_SECONDS, settings.APPLY_RETRY_BASE_SECONDS * 2 ** max(0, attempts - 1))
+
+
+def _enqueue(job_id: int, countdown: float = 0.0) -> None:
+    from allocations import tasks
+
+    transaction.on_commit(lambda: tasks.run_apply_job.apply_async((job_id,), countdown=countdown))
+
+
+def _clusters_of(reservation: Reservation) -> list[Cluster]:
+    return list(Cluster.objects.filter(nodes__gpus__allocations__reservation=reservation).distinct().order_by("pk"))
+
+
+def _target(cluster: Cluster, reservation: Reservation) -> str:
+    from allocations.apply.desired import team_namespace
+
+    if cluster.kind == Cluster.Kind.KUBERNETES:
+        return f"Kubernetes cluster {cluster.slug}, namespace {team_namespace(reservation.team.slug)}"
+    hosts = sorted(set(reservation.allocations.filter(gpu__node__cluster=cluster)
+                       .values_list("gpu__node__name", flat=True)))
+    return f"hosts {', '.join(hosts)} of {cluster.slug} (agent leases)"
+
+
+def jobs_create(*, reservation: Reservation, action: str, final_state: str = "",
+                now: datetime | None = None) -> list[ApplyJob]:
+    """Queue one job per cluster the reservation touches (inside the caller's transaction)."""
+    now = now or timezone.now()
+    jobs = []
+    for cluster in _clusters_of(reservation):
+        job = ApplyJob.objects.create(
+            reservation=reservation, cluster=cluster, action=action, final_state=final_state,
+            backend="kubernetes" if cluster.kind == Cluster.Kind.KUBERNETES else "agent",
+            target=_target(cluster, reservation), deadline=now + settings.APPLY_DEADLINE,
+        )
+        _enqueue(job.pk)
+        jobs.append(job)
+    return jobs
+
+
+def _claim(job_id: int, now: datetime) -> ApplyJob | None:
+    due = Q(status=Status.QUEUED) | Q(status=Status.RETRYING, next_attempt_at__lte=now)
+    claimed = ApplyJob.objects.filter(due, pk=job_id).update(
+        status=Status.RUNNING, attempts=F("attempts") + 1, started_at=now, next_attempt_at=None
+    )
+    if not claimed:
+        return None
+    return ApplyJob.objects.select_related("cluster", "reservation__team").get(pk=job_id)
+
+
+def job_run(*, job_id: int, now: datetime | None = None) -> str:
+    """Run one attempt of a job if it is due; returns the job's status afterwards ('' if not claimed)."""
+    now = now or timezone.now()
+    job = _claim(job_id, now)
+    if job is None:
+        return ""
+    reservation = job.reservation
+    if reservation is not None and not _still_wanted(job, reservation):
+        _finish(job, Status.SUCCEEDED, now=now, error="Nothing to do: the reservation moved on before this ran.")
+        return Status.SUCCEEDED
+    # The sync talks to a remote cluster: no database transaction or lock is held meanwhile.
+    try:
+        backend = backend_for(job.cluster)
+        teams = None if reservation is None else [reservation.team.slug]
+        report = backend.sync(cluster_desired(job.cluster, now=now), teams=teams)
+    except BackendRejected as refused:
+        return _failed(job, f"{job.cluster.slug} refused: {refused}", now=timezone.now())
+    except BackendError as error:
+        return _retry_or_fail(job, str(error), now=timezone.now())
+    except Exception as error:  # a bug or an unexpected client error: retried like a remote error, and logged
+        log.exception("apply job %s crashed", job.pk)
+        return _retry_or_fail(job, f"{type(error).__name__}: {error}", now=timezone.now())
+    return _succeeded(job, report.changes, now=timezone.now())
+
+
+def _still_wanted(job: ApplyJob, reservation: Reservation) -> bool:
+    if job.action == ApplyJob.Action.APPLY:
+        return reservation.state == State.APPLYING
+    return reservation.state == State.RELEASING
+
+
+@transaction.atomic
+def _finish(job: ApplyJob, status: str, *, now: datetime, error: str = "", changes: list[str] | None = None) -> None:
+    ApplyJob.objects.filter(pk=job.pk).update(status=status, finished_at=now, error=error,
+                                              changes=changes if changes is not None else job.changes)
+
+
+@transaction.atomic
+def _succeeded(job: ApplyJob, changes: list[str], *, now: datetime) -> str:
+    _finish(job, Status.SUCCEEDED, now=now, changes=changes)
+    if job.reservation_id is None:
+        return Status.SUCCEEDED
+    reservation = Reservation.objects.select_for_update().get(pk=job.reservation_id)
+    if job.action == ApplyJob.Action.APPLY and reservation.state == State.APPLYING:
+        open_jobs = reservation.apply_jobs.filter(action=ApplyJob.Action.APPLY, status__in=ApplyJob.OPEN_STATUSES)
+        if not open_jobs.exclude(pk=job.pk).exists():
+            move(reservation, State.ACTIVE, reason=f"Applied on {job.target}.")
+    elif job.action == ApplyJob.Action.UNDO and reservation.state == State.RELEASING:
+        open_jobs = reservation.apply_jobs.filter(action=ApplyJob.Action.UNDO, status__in=ApplyJob.OPEN_STATUSES)
+        if not open_jobs.exclude(pk=job.pk).exists():
+            move(reservation, job.final_state or State.RELEASED, reason=reservation.reason, now=now)
+    return Status.SUCCEEDED
+
+
+@transaction.atomic
+def _retry_or_fail(job: ApplyJob, error: str, *, now: datetime) -> str:
+    delay = retry_delay(job.attempts)
+    if now + timedelta(seconds=delay) > job.deadline:
+        minutes = settings.APPLY_DEADLINE.total_seconds() / 60
+        return _failed(job, f"Not confirmed within {minutes:g} minutes; last error: {error}", now=now)
+    ApplyJob.objects.filter(pk=job.pk).update(status=Status.RETRYING, error=error,
+                                              next_attempt_at=now + timedelta(seconds=delay))
+    _enqueue(job.pk, countdown=delay)
+    return Status.RETRYING
+
+
+@transaction.atomic
+def _failed(job: ApplyJob, error: str, *, now: datetime) -> str:
+    _finish(job, Status.FAILED, now=now, error=error)
+    if job.reservation_id is None:
+        return Status.FAILED
+    reservation = Reservation.objects.select_for_update().get(pk=job.reservation_id)
+    if job.action == ApplyJob.Action.APPLY and reservation.state == State.APPLYING:
+        # Free the GPUs at once and let a reconcile remove whatever was half-applied.
+        reservation.allocations.filter(ends_at__gt=now).update(ends_at=now)
+        reservation.allocations.filter(starts_at__gt=now).update(starts_at=now)
+        move(reservation, State.FAILED, reason=f"Could not be applied: {error}", now=now)
+        reconcile_enqueue(cluster=job.cluster, now=now)
+    elif job.action == ApplyJob.Action.UNDO and reservation.state == State.RELEASING:
+        # The GPUs are already free in the portal; the reconcile keeps removing what is left.
+        move(reservation, job.final_state or State.RELEASED,
+             reason=f"{reservation.reason} Undo not confirmed on {job.cluster.slug} ({error}); "
+                    "the periodic reconcile keeps removing it.", now=now)
+        reconcile_enqueue(cluster=job.cluster, now=now)
+    return Status.FAILED
+
+
+# --- reconcile --------------------------------------------------------------------------------
+
+def reconcile_enqueue(*, cluster: Cluster, now: datetime | None = None) -> ApplyJob | None:
+    """Queue a reconcile of `cluster` unless one is already open (inside the caller's transaction)."""
+    now = now or timezone.now()
+    if ApplyJob.objects.filter(cluster=cluster, action=ApplyJob.Action.RECONCILE,
+                               status__in=ApplyJob.OPEN_STATUSES).exists():
+        return None
+    job = ApplyJob.objects.create(
+        cluster=cluster, action=ApplyJob.Action.RECONCILE, target=f"everything the portal manages on {cluster.slug}",
+        backend="kubernetes" if cluster.kind == Cluster.Kind.KUBERNETES else "agent",
+        deadline=now + timedelta(seconds=max(settings.RECONCILE_SECONDS, 30.0)),
+    )
+    _enqueue(job.pk)
+    return job
+
+
+def cluster_reconcile(*, cluster_id: int, now: datetime | None = None) -> dict:
+    """Compare `cluster` with the database and repair drift now. Kept as a job row only when
+    something was repaired or went wrong, so a quiet fleet does not fill the table."""
+    now = now or timezone.now()
+    cluster = Cluster.objects.get(pk=cluster_id)
+    backend_name = "kubernetes" if cluster.kind == Cluster.Kind.KUBERNETES else "agent"
+    try:
+        report = backend_for(cluster).sync(cluster_desired(cluster, now=now), teams=None)
+    except BackendError as error:
+        ApplyJob.objects.create(cluster=cluster, action=ApplyJob.Action.RECONCILE, backend=backend_name,
+                                target=f"everything the portal manages on {cluster.slug}", status=Status.FAILED,
+                                attempts=1, started_at=now, finished_at=timezone.now(), deadline=now,
+                                error=str(error))
+        return {"cluster": cluster.slug, "error": str(error)}
+    if report.changes:
+        ApplyJob.objects.create(cluster=cluster, action=ApplyJob.Action.RECONCILE, backend=backend_name,
+                                target=report.target, status=Status.SUCCEEDED, attempts=1, started_at=now,
+                                finished_at=timezone.now(), deadline=now, changes=report.changes)
+        log.warning("reconcile of %s repaired: %s", cluster.slug, "; ".join(report.changes))
+    return {"cluster": cluster.slug, "repaired": report.changes}
+
+
+# --- what the sweep re-drives ------------------------------------------------------------------
+
+def jobs_due_ids(now: datetime | None = None) -> list[int]:
+    """Jobs to (re)run now: retries whose time has come, queued jobs whose message was lost, and
+    running jobs whose worker died (put back to retrying first)."""
+    now = now or timezone.now()
+    ApplyJob.objects.filter(status=Status.RUNNING, deadline__lt=now - STALE_RUNNING_GRACE).update(
+        status=Status.RETRYING, next_attempt_at=now, error="The worker running this attempt disappeared."
+    )
+    due = (Q(status=Status.RETRYING, next_attempt_at__lte=now)
+           | Q(status=Status.QUEUED, created_at__lte=now - LOST_MESSAGE_AFTER))
+    return list(ApplyJob.objects.filter(due).order_by("pk").values_list("pk", flat=True)[:500])
+
+
+def releasing_without_undo_ids() -> list[int]:
+    """Reservations in releasing with no open undo job (e.g. made before apply jobs existed)."""
+    open_undo = ApplyJob.objects.filter(action=ApplyJob.Action.UNDO, status__in=ApplyJob.OPEN_STATUSES)
+    return list(Reservation.objects.filter(state=State.RELEASING).exclude(
+        pk__in=open_undo.values("reservation_id")).values_list("pk", flat=True)[:500])

@@ -1,0 +1,129 @@
+"""Failover: when a node dies, its reservations move to healthy GPUs of the same pool.
+
+A node goes unhealthy when its host agent stops reporting or Kubernetes says NotReady
+(inventory sends ``node_health_changed``; the beat sweep also looks for unhealthy nodes
+still holding work, so a lost signal loses nothing). Each live reservation with GPUs on
+that node is placed again, as a whole (its GPUs belong together on one node), for what
+is left of its window: the placement engine picks healthy GPUs with the pool's policy,
+the old allocations end now (history stays), and a running reservation goes back through
+applying so the new GPUs are enforced and the old ones released. If nothing fits, the
+reservation fails with the reason. Either way the owners get an email.
+"""
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from django.conf import settings
+from django.core.mail import send_mail
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from allocations.apply import jobs
+from allocations.models import Allocation, ApplyJob, Reservation
+from allocations.seam import Unplaceable, choose_whole_gpus
+from allocations.transitions import move, record
+from inventory.models import GpuPool, Node
+from portal.models import Membership
+
+log = logging.getLogger(__name__)
+State = Reservation.State
+
+
+def _held(now: datetime):
+    """Allocations of live reservations that still matter (they end after now)."""
+    return Allocation.objects.filter(ends_at__gt=now, reservation__state__in=Reservation.LIVE_STATES)
+
+
+def unhealthy_nodes_holding_ids(now: datetime | None = None) -> list[int]:
+    """Unhealthy nodes that still hold GPUs of live reservations now or later."""
+    now = now or timezone.now()
+    node_ids = _held(now).filter(gpu__node__healthy=False).values_list("gpu__node_id", flat=True)
+    return sorted(set(node_ids[:10000]))[:200]
+
+
+def node_failover(*, node_id: int, reason: str = "", now: datetime | None = None) -> dict:
+    """Move every live reservation off `node_id` if it is unhealthy. Safe to run twice."""
+    now = now or timezone.now()
+    node = Node.objects.filter(pk=node_id).first()
+    if node is None or node.healthy:
+        return {"node": node_id, "moved": [], "failed": []}
+    why = reason or f"node {node.name} is unhealthy"
+    moved, failed = [], []
+    ids = sorted(set(_held(now).filter(gpu__node_id=node_id).values_list("reservation_id", flat=True)))
+    for reservation_id in ids:
+        outcome = reservation_move_off_node(reservation_id=reservation_id, node=node, reason=why, now=now)
+        (moved if outcome == "moved" else failed if outcome == "failed" else []).append(reservation_id)
+    if ids:
+        log.warning("failover of %s (%s): moved %s, failed %s", node.name, why, moved, failed)
+    return {"node": node.name, "moved": moved, "failed": failed}
+
+
+@transaction.atomic
+def reservation_move_off_node(*, reservation_id: int, node: Node, reason: str, now: datetime) -> str:
+    """Place the rest of the reservation's window again, off `node`. Returns moved, failed or skipped."""
+    pool_id = Reservation.objects.filter(pk=reservation_id).values_list("pool_id", flat=True).first()
+    if pool_id is None:
+        return "skipped"
+    # Same lock order as reservation_create: pool, then reservation.
+    pool = GpuPool.objects.select_for_update().get(pk=pool_id)
+    reservation = (Reservation.objects.select_for_update(of=("self",)).select_related("team", "requested_by")
+                   .filter(pk=reservation_id, state__in=Reservation.LIVE_STATES).first())
+    if reservation is None or not reservation.allocations.filter(gpu__node=node, ends_at__gt=now).exists():
+        return "skipped"
+    start = max(now, reservation.starts_at)
+    # Let go of the current GPUs from `start` on; the part already used stays as history.
+    reservation.allocations.filter(ends_at__gt=start, starts_at__lt=start).update(ends_at=start)
+    reservation.allocations.filter(starts_at__gte=start).update(ends_at=F("starts_at"))  # empty: never used
+    from allocations.services import _pool_snapshot  # the same one-query read reservation_create uses
+
+    snapshot = _pool_snapshot(pool, start, reservation.ends_at)
+    try:
+        chosen = choose_whole_gpus(snapshot.gpus, reservation.gpus, start=start, end=reservation.ends_at,
+                                   policy=pool.placement_policy)
+    except Unplaceable as refused:
+        message = (f"Its GPUs were on {node.name}, which failed ({reason}), and no healthy GPUs of pool "
+                   f"{pool.slug} are free for the rest of the window: {refused.message}")
+        move(reservation, State.FAILED, reason=message, now=now)
+        _notify(reservation, f"Reservation #{reservation.pk} failed: node {node.name} is down", message)
+        jobs.reconcile_enqueue(cluster=node.cluster, now=now)
+        return "failed"
+    Allocation.objects.bulk_create(
+        Allocation(reservation=reservation, gpu_id=gpu_id, starts_at=start, ends_at=reservation.ends_at)
+        for gpu_id in chosen
+    )
+    new_nodes = sorted(set(Node.objects.filter(gpus__id__in=chosen).values_list("name", flat=True)))
+    message = f"Moved from {node.name} to {', '.join(new_nodes)}: {reason}."
+    if reservation.state == State.SCHEDULED:
+        record(reservation, from_state=State.SCHEDULED, to_state=State.SCHEDULED, actor=None, reason=message)
+    else:
+        if reservation.state == State.APPLYING:
+            reservation.apply_jobs.filter(status__in=ApplyJob.OPEN_STATUSES).update(
+                status=ApplyJob.Status.FAILED, finished_at=now, error="Superseded: the reservation moved.")
+        move(reservation, State.APPLYING, reason=message)
+        jobs.jobs_create(reservation=reservation, action=ApplyJob.Action.APPLY, now=now)
+        jobs.reconcile_enqueue(cluster=node.cluster, now=now)  # removes what the dead node's cluster still has
+    _notify(reservation, f"Reservation #{reservation.pk} moved off {node.name}", message)
+    return "moved"
+
+
+def _notify(reservation: Reservation, subject: str, body: str) -> None:
+    """Email whoever booked it and the team's managers, after the commit."""
+    recipients = set(Membership.objects.filter(team=reservation.team, role=Membership.Role.MANAGER)
+                     .exclude(user__email="").values_list("user__email", flat=True))
+    if reservation.requested_by is not None and reservation.requested_by.email:
+        recipients.add(reservation.requested_by.email)
+    if not recipients:
+        return
+    link = f"{settings.PORTAL_BASE_URL}/reservations/{reservation.pk}/"
+    text = (f"{body}\n\nReservation #{reservation.pk} of team {reservation.team.slug}: {reservation.gpus} GPU(s) "
+            f"until {reservation.ends_at:%Y-%m-%d %H:%M} UTC, now {reservation.state}.\n{link}\n")
+
+    def send() -> None:
+        try:
+            send_mail(f"[GPU Pool] {subject}", text, None, sorted(recipients))
+        except Exception:  # mail trouble must not undo the failover
+            log.exception("could not email %s about reservation %s", sorted(recipients), reservation.pk)
+
+    transaction.on_commit(send)
