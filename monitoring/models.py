@@ -1,1 +1,236 @@
-"""Telemetry and alert models arrive with the telemetry issue."""
+"""Telemetry history (raw → 1 min → 1 h) and alerting (rules, alerts, silences).
+
+Times in the history tables are integer epoch seconds (UTC): bucketing is integer
+arithmetic that PostgreSQL and SQLite do the same way, rows stay narrow, and Plotly
+takes them as milliseconds with one multiplication. The GPU and pool columns are plain
+ids without foreign-key constraints on purpose: 10,000 inserts a second must not pay a
+constraint check each, and history outlives a GPU that is deleted from the inventory.
+"""
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.validators import validate_email
+from django.db import models
+
+from inventory.models import GpuPool, Node
+from portal.models import Team
+
+
+class Sample(models.Model):
+    """One GPU at one second, as its agent reported it (kept TELEMETRY_RAW_RETENTION)."""
+
+    gpu_id = models.BigIntegerField()
+    pool_id = models.BigIntegerField(null=True)
+    ts = models.BigIntegerField(help_text="epoch seconds (UTC)")
+    util = models.SmallIntegerField()
+    mem_util = models.SmallIntegerField()
+    mem_used = models.IntegerField(help_text="MiB")
+    mem_total = models.IntegerField(help_text="MiB")
+    temp = models.SmallIntegerField(help_text="°C")
+    power = models.FloatField(help_text="W")
+
+    class Meta:
+        # (gpu, ts) is both the dedup rule (a resent batch inserts nothing twice) and the
+        # read path: a pool's history is an index range scan per GPU. Pruning by ts uses a
+        # BRIN index on PostgreSQL (migration 0002): tiny, and raw rows arrive in ts order.
+        constraints = [models.UniqueConstraint(fields=["gpu_id", "ts"], name="sample_one_per_gpu_second")]
+
+
+class Rollup(models.Model):
+    """Aggregates of one GPU over one bucket: n samples, avg and max of each metric."""
+
+    gpu_id = models.BigIntegerField()
+    pool_id = models.BigIntegerField(null=True)
+    bucket = models.BigIntegerField(help_text="start of the bucket, epoch seconds (UTC)")
+    n = models.IntegerField()
+    util_avg = models.FloatField()
+    util_max = models.SmallIntegerField()
+    mem_util_avg = models.FloatField()
+    mem_util_max = models.SmallIntegerField()
+    mem_used_avg = models.FloatField()
+    mem_used_max = models.IntegerField()
+    mem_total = models.IntegerField()
+    temp_avg = models.FloatField()
+    temp_max = models.SmallIntegerField()
+    power_avg = models.FloatField()
+    power_max = models.FloatField()
+
+    class Meta:
+        abstract = True
+
+
+class MinuteRollup(Rollup):
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["gpu_id", "bucket"], name="minute_rollup_one_per_gpu")]
+        indexes = [models.Index(fields=["bucket"], name="minute_rollup_bucket")]
+
+
+class HourRollup(Rollup):
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["gpu_id", "bucket"], name="hour_rollup_one_per_gpu")]
+        indexes = [models.Index(fields=["bucket"], name="hour_rollup_bucket")]
+
+
+class RollupMark(models.Model):
+    """How far a rollup level is done: buckets before `done_until` are rolled up (late samples mark theirs dirty)."""
+
+    level = models.CharField(max_length=16, unique=True)
+    done_until = models.BigIntegerField()
+
+
+# --- alerts -----------------------------------------------------------------------------
+
+class Metric(models.TextChoices):
+    GPU_UTIL = "gpu_util", "GPU utilization (%)"
+    GPU_MEMORY = "gpu_memory", "GPU memory used (%)"
+    GPU_TEMPERATURE = "gpu_temperature", "GPU temperature (°C)"
+    GPU_POWER = "gpu_power", "GPU power (W)"
+    GPU_IDLE_ALLOCATED = "gpu_idle_allocated", "Utilization of an allocated GPU (%)"
+    HOST_SILENT = "host_silent", "Seconds since the host last reported"
+    POOL_ALLOCATION = "pool_allocation", "Pool GPUs allocated (%)"
+
+
+class Scope(models.TextChoices):
+    GPU = "gpu", "GPU"
+    NODE = "node", "Node"
+    POOL = "pool", "Pool"
+    TEAM = "team", "Team"
+
+
+# Which scopes each metric can be evaluated at. GPU metrics at node, pool or team scope
+# are the average over the GPUs of that node / pool / team (a team's = those it holds now).
+METRIC_SCOPES = {
+    Metric.GPU_UTIL: {Scope.GPU, Scope.NODE, Scope.POOL, Scope.TEAM},
+    Metric.GPU_MEMORY: {Scope.GPU, Scope.NODE, Scope.POOL, Scope.TEAM},
+    Metric.GPU_TEMPERATURE: {Scope.GPU, Scope.NODE, Scope.POOL},
+    Metric.GPU_POWER: {Scope.GPU, Scope.NODE, Scope.POOL},
+    Metric.GPU_IDLE_ALLOCATED: {Scope.GPU},
+    Metric.HOST_SILENT: {Scope.NODE},
+    Metric.POOL_ALLOCATION: {Scope.POOL},
+}
+
+
+class Comparison(models.TextChoices):
+    GE = ">=", "≥"
+    GT = ">", ">"
+    LE = "<=", "≤"
+    LT = "<", "<"
+
+
+class Severity(models.TextChoices):
+    INFO = "info", "Info"
+    WARNING = "warning", "Warning"
+    CRITICAL = "critical", "Critical"
+
+
+class AlertRule(models.Model):
+    name = models.CharField(max_length=128, unique=True)
+    metric = models.CharField(max_length=32, choices=Metric.choices)
+    scope = models.CharField(max_length=8, choices=Scope.choices)
+    pool = models.ForeignKey(GpuPool, on_delete=models.CASCADE, null=True, blank=True, related_name="alert_rules",
+                             help_text="Only subjects in this pool (empty: every pool)")
+    comparison = models.CharField(max_length=2, choices=Comparison.choices, default=Comparison.GE)
+    threshold = models.FloatField()
+    for_seconds = models.PositiveIntegerField(default=300, help_text="How long the condition must hold before firing")
+    repeat_seconds = models.PositiveIntegerField(default=4 * 3600,
+                                                 help_text="Mail again while it keeps firing this long (0: never)")
+    severity = models.CharField(max_length=16, choices=Severity.choices, default=Severity.WARNING)
+    notify_team_managers = models.BooleanField(default=True, help_text="Managers of the team concerned")
+    notify_team_members = models.BooleanField(default=False, help_text="Every member of the team concerned")
+    notify_staff = models.BooleanField(default=False)
+    extra_emails = models.TextField(blank=True, help_text="More addresses, comma-separated")
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        if self.metric in METRIC_SCOPES and self.scope not in METRIC_SCOPES[self.metric]:
+            allowed = ", ".join(sorted(METRIC_SCOPES[self.metric]))
+            raise ValidationError({"scope": f"{self.metric} is measured at scope {allowed}."})
+        for address in self.extra_email_list():
+            try:
+                validate_email(address)
+            except ValidationError:
+                raise ValidationError({"extra_emails": f"{address!r} is not an email address."}) from None
+
+    def extra_email_list(self) -> list[str]:
+        return [a.strip() for a in self.extra_emails.split(",") if a.strip()]
+
+    def holds(self, value: float) -> bool:
+        return {">=": value >= self.threshold, ">": value > self.threshold,
+                "<=": value <= self.threshold, "<": value < self.threshold}[self.comparison]
+
+
+class Alert(models.Model):
+    """One rule about one subject (a GPU, node, pool or team): pending → firing → resolved.
+
+    At most one open (pending or firing) alert per rule and subject: the dedup rule, held
+    by a partial unique constraint. Resolved ones stay as history.
+    """
+
+    class State(models.TextChoices):
+        PENDING = "pending", "Pending"
+        FIRING = "firing", "Firing"
+        RESOLVED = "resolved", "Resolved"
+
+    OPEN_STATES = (State.PENDING, State.FIRING)
+
+    rule = models.ForeignKey(AlertRule, on_delete=models.CASCADE, related_name="alerts")
+    subject = models.CharField(max_length=64, help_text="gpu:<id>, node:<id>, pool:<id> or team:<id>")
+    subject_label = models.CharField(max_length=255)
+    pool = models.ForeignKey(GpuPool, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    node = models.ForeignKey(Node, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    team = models.ForeignKey(Team, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
+    value = models.FloatField()
+    active_since = models.DateTimeField(help_text="When the condition started to hold")
+    fired_at = models.DateTimeField(null=True, blank=True)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    last_notified_at = models.DateTimeField(null=True, blank=True)
+    notified_firing = models.BooleanField(default=False, help_text="A firing mail went out (so a resolved one will)")
+    notifications = models.PositiveIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-active_since", "-id"]
+        constraints = [models.UniqueConstraint(fields=["rule", "subject"], condition=models.Q(state__in=["pending", "firing"]),
+                                               name="one_open_alert_per_rule_and_subject")]
+        indexes = [models.Index(fields=["state", "rule"], name="alert_state_rule")]
+
+    def __str__(self) -> str:
+        return f"{self.rule.name} on {self.subject_label} ({self.state})"
+
+
+class Silence(models.Model):
+    """Mutes notifications of matching alerts until `ends_at` (state is still tracked)."""
+
+    rule = models.ForeignKey(AlertRule, on_delete=models.CASCADE, null=True, blank=True, related_name="silences",
+                             help_text="Empty: every rule")
+    subject = models.CharField(max_length=64, blank=True, help_text="e.g. gpu:42 or pool:3; empty: every subject")
+    pool = models.ForeignKey(GpuPool, on_delete=models.CASCADE, null=True, blank=True, related_name="+",
+                             help_text="Only alerts in this pool")
+    comment = models.TextField(blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
+    starts_at = models.DateTimeField()
+    ends_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-ends_at"]
+
+    def __str__(self) -> str:
+        return f"silence {self.rule or 'all rules'} {self.subject or ''} until {self.ends_at:%Y-%m-%d %H:%M}"
+
+    def clean(self) -> None:
+        if self.ends_at and self.starts_at and self.ends_at <= self.starts_at:
+            raise ValidationError({"ends_at": "A silence must end after it starts."})
+
+    def matches(self, alert: Alert) -> bool:
+        return ((self.rule_id is None or self.rule_id == alert.rule_id)
+                and (not self.subject or self.subject == alert.subject)
+                and (self.pool_id is None or self.pool_id == alert.pool_id))

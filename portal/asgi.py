@@ -12,13 +12,15 @@ django_asgi_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set up first)
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from monitoring.ws_auth import BrowserOriginOrTokenValidator, TokenAuthMiddleware  # noqa: E402
 from portal.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        # Browsers: session cookie + Origin check; scripts: `Authorization: Token …` (monitoring/ws_auth.py).
+        "websocket": BrowserOriginOrTokenValidator(
+            AuthMiddlewareStack(TokenAuthMiddleware(URLRouter(websocket_urlpatterns)))),
     }
 )

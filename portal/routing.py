@@ -1,2 +1,10 @@
-"""WebSocket routes of every app (the live telemetry consumers join here)."""
-websocket_urlpatterns: list = []
+"""WebSocket routes of every app: live telemetry for a pool, a node or a team."""
+from django.urls import path
+
+from monitoring.consumers import NodeConsumer, PoolConsumer, TeamConsumer
+
+websocket_urlpatterns: list = [
+    path("ws/pools/<slug:key>/", PoolConsumer.as_asgi()),
+    path("ws/nodes/<int:key>/", NodeConsumer.as_asgi()),
+    path("ws/teams/<slug:key>/", TeamConsumer.as_asgi()),
+]

@@ -8,6 +8,7 @@ from rest_framework.routers import DefaultRouter
 from allocations.api.views import PoolViewSet, QuotaViewSet, ReservationViewSet
 from allocations.api.agent import LeasesView
 from inventory.api.agent import HeartbeatView, RegisterView
+from monitoring.api.views import AlertRuleViewSet, AlertViewSet, PoolHistoryView, TelemetryView
 from inventory.api.views import ClusterViewSet, GpuViewSet, HostTokenViewSet, NodeViewSet
 from portal import health, metrics, views
 from portal.api.views import TeamViewSet, TokenView
@@ -21,11 +22,15 @@ router.register("clusters", ClusterViewSet, basename="cluster")
 router.register("nodes", NodeViewSet, basename="node")
 router.register("gpus", GpuViewSet, basename="gpu")
 router.register("host-tokens", HostTokenViewSet, basename="host-token")
+router.register("alert-rules", AlertRuleViewSet, basename="alert-rule")
+router.register("alerts", AlertViewSet, basename="alert")
 
 api = [
     path("auth/token/", TokenView.as_view(), name="token"),
     path("agent/register/", RegisterView.as_view(), name="agent-register"),
     path("agent/heartbeat/", HeartbeatView.as_view(), name="agent-heartbeat"),
+    path("agent/telemetry/", TelemetryView.as_view(), name="agent-telemetry"),
+    path("pools/<slug:slug>/telemetry/", PoolHistoryView.as_view(), name="pool-telemetry"),
     path("agent/leases/", LeasesView.as_view(), name="agent-leases"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
@@ -43,6 +48,7 @@ urlpatterns = [
     path("teams/<slug:slug>/", views.team_detail, name="team"),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("", include("monitoring.urls")),
     path("admin/", admin.site.urls),
     # Namespaced: the router's names (reservation-release, ...) must not shadow the pages'.
     path("api/v1/", include((api, "api"), namespace="api")),

@@ -20,6 +20,7 @@ from allocations import services as alloc_services
 from allocations.models import Allocation, Reservation
 from common.errors import ApplicationError
 from inventory.models import GpuPool
+from monitoring import views as monitoring_views
 from portal import services as team_services
 from portal.forms import AvailabilityForm, ExtendForm, MemberAddForm, ReservationForm
 from portal.models import Team
@@ -50,6 +51,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         "active": [r for r in mine if r.starts_at <= now],
         "upcoming": [r for r in mine if r.starts_at > now],
         "teams": teams_of(request.user),
+        **monitoring_views.dashboard_context(request.user),
     })
 
 

@@ -1,0 +1,33 @@
+from django.contrib import admin
+
+from monitoring.models import Alert, AlertRule, Silence
+
+
+@admin.register(AlertRule)
+class AlertRuleAdmin(admin.ModelAdmin):
+    list_display = ["name", "metric", "scope", "pool", "comparison", "threshold", "for_seconds", "severity", "enabled"]
+    list_filter = ["metric", "scope", "severity", "enabled"]
+    search_fields = ["name"]
+
+
+@admin.register(Alert)
+class AlertAdmin(admin.ModelAdmin):
+    list_display = ["rule", "subject_label", "state", "value", "active_since", "fired_at", "resolved_at",
+                    "notifications"]
+    list_filter = ["state", "rule"]
+    search_fields = ["subject", "subject_label"]
+    readonly_fields = [f.name for f in Alert._meta.fields]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+
+@admin.register(Silence)
+class SilenceAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "rule", "subject", "pool", "starts_at", "ends_at", "created_by"]
+    list_filter = ["rule"]
+
+    def save_model(self, request, obj, form, change) -> None:
+        if not change and obj.created_by_id is None:
+            obj.created_by = request.user
+        super().save_model(request, obj, form, change)

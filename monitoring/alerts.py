@@ -1,0 +1,273 @@
+"""Alert evaluation with Prometheus/Alertmanager semantics, state in the database.
+
+Every ALERT_EVALUATE_SECONDS the periodic task calls `alerts_evaluate`. For each enabled
+rule it measures every subject (GPU, node, pool or team) from the hot cache and the
+inventory, then per subject:
+
+- condition true, no open alert → a `pending` alert (active_since = now);
+- pending for at least `for_seconds` → `firing`, one mail (unless silenced);
+- still firing after `repeat_seconds` since the last mail → one more mail;
+- condition false or no data → a firing alert becomes `resolved` with one mail (only if
+  its firing mail went out); a pending one is dropped, as Prometheus does.
+
+Each transition is a conditional UPDATE on the row's state, so two evaluations running
+at once send each mail once; mails go out after commit. A partial unique index keeps at
+most one open alert per rule and subject (the dedup rule).
+"""
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.mail import EmailMultiAlternatives
+from django.db import transaction
+from django.template.loader import render_to_string
+from django.urls import reverse
+from django.utils import timezone
+
+from allocations.models import Allocation
+from allocations.selectors import with_occupancy
+from inventory.models import Cluster, Gpu, GpuPool, Node
+from monitoring import hot, live
+from monitoring.models import Alert, AlertRule, Metric, Scope, Silence
+from portal.models import Membership, Team
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Observation:
+    value: float
+    label: str
+    pool_id: int | None = None
+    node_id: int | None = None
+    team_id: int | None = None
+
+
+class Fleet:
+    """What one evaluation sees, loaded once and shared by every rule: GPUs, holders, latest samples."""
+
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+        self.gpus = list(Gpu.objects.values_list("id", "pool_id", "node_id", "node__cluster__slug", "node__name",
+                                                 "index"))
+        self.holder = dict(Allocation.objects.filter(starts_at__lte=now, ends_at__gt=now)
+                           .values_list("gpu_id", "reservation__team_id"))
+        self.latest = hot.latest_get(g[0] for g in self.gpus)
+        self._names: dict[str, dict[int, str]] = {}
+
+    def names(self, model) -> dict[int, str]:
+        key = model.__name__
+        if key not in self._names:
+            field = "slug"
+            self._names[key] = dict(model.objects.values_list("pk", field))
+        return self._names[key]
+
+    def gpu_value(self, metric: str, latest: hot.Latest) -> float:
+        return {Metric.GPU_UTIL: latest.util, Metric.GPU_IDLE_ALLOCATED: latest.util, Metric.GPU_MEMORY: latest.mem_pct,
+                Metric.GPU_TEMPERATURE: latest.temp, Metric.GPU_POWER: latest.power}[metric]
+
+    def observe(self, rule: AlertRule) -> dict[str, Observation]:
+        if rule.metric == Metric.HOST_SILENT:
+            return self._silent_hosts(rule)
+        if rule.metric == Metric.POOL_ALLOCATION:
+            return self._pool_allocation(rule)
+        out: dict[str, Observation] = {}
+        groups: dict[str, list] = defaultdict(list)
+        for gpu_id, pool_id, node_id, cluster, node, index in self.gpus:
+            if rule.pool_id is not None and pool_id != rule.pool_id:
+                continue
+            latest = self.latest.get(gpu_id)
+            team_id = self.holder.get(gpu_id)
+            if latest is None or (rule.metric == Metric.GPU_IDLE_ALLOCATED and team_id is None):
+                continue
+            value = self.gpu_value(rule.metric, latest)
+            if rule.scope == Scope.GPU:
+                out[f"gpu:{gpu_id}"] = Observation(value, f"{cluster}/{node} GPU {index}", pool_id, node_id, team_id)
+            elif rule.scope == Scope.NODE:
+                groups[f"node:{node_id}"].append((value, f"{cluster}/{node}", pool_id, node_id, None))
+            elif rule.scope == Scope.POOL and pool_id is not None:
+                groups[f"pool:{pool_id}"].append((value, f"pool {self.names(GpuPool).get(pool_id)}", pool_id, None,
+                                                  None))
+            elif rule.scope == Scope.TEAM and team_id is not None:
+                groups[f"team:{team_id}"].append((value, f"team {self.names(Team).get(team_id)}", None, None, team_id))
+        for subject, items in groups.items():
+            _, label, pool_id, node_id, team_id = items[0]
+            pools = {i[2] for i in items}
+            out[subject] = Observation(sum(i[0] for i in items) / len(items), label,
+                                       pool_id if len(pools) == 1 else None, node_id, team_id)
+        return out
+
+    def _silent_hosts(self, rule: AlertRule) -> dict[str, Observation]:
+        nodes = Node.objects.filter(cluster__kind=Cluster.Kind.BAREMETAL, last_seen_at__isnull=False)
+        if rule.pool_id is not None:
+            nodes = nodes.filter(gpus__pool_id=rule.pool_id).distinct()
+        pool_of = {n: p for _, p, n, *_ in self.gpus}
+        return {f"node:{node.pk}": Observation((self.now - node.last_seen_at).total_seconds(),
+                                               f"{node.cluster.slug}/{node.name}", pool_of.get(node.pk), node.pk)
+                for node in nodes.select_related("cluster")}
+
+    def _pool_allocation(self, rule: AlertRule) -> dict[str, Observation]:
+        pools = GpuPool.objects.all() if rule.pool_id is None else GpuPool.objects.filter(pk=rule.pool_id)
+        return {f"pool:{p.pk}": Observation(100.0 * p.gpus_allocated / p.gpus_total, f"pool {p.slug}", p.pk)
+                for p in with_occupancy(pools, self.now) if p.gpus_total}
+
+
+def alerts_evaluate(*, now: datetime | None = None) -> dict[str, int]:
+    """Evaluate every enabled rule once; returns how many alerts went pending, fired, resolved and mails sent."""
+    now = now or timezone.now()
+    fleet = Fleet(now)
+    silences = list(Silence.objects.filter(starts_at__lte=now, ends_at__gt=now))
+    totals: dict[str, int] = defaultdict(int)
+    for rule in AlertRule.objects.filter(enabled=True).select_related("pool"):
+        for key, n in _evaluate_rule(rule, fleet.observe(rule), now, silences).items():
+            totals[key] += n
+    return dict(totals)
+
+
+@transaction.atomic
+def _evaluate_rule(rule: AlertRule, observed: dict[str, Observation], now: datetime,
+                   silences: list[Silence]) -> dict[str, int]:
+    counts: dict[str, int] = defaultdict(int)
+    open_alerts = {a.subject: a for a in Alert.objects.select_related("rule", "pool", "node", "team")
+                   .filter(rule=rule, state__in=Alert.OPEN_STATES)}
+    new = []
+    for subject, obs in observed.items():
+        if not rule.holds(obs.value):
+            continue
+        alert = open_alerts.pop(subject, None)
+        if alert is None:
+            new.append(Alert(rule=rule, subject=subject, subject_label=obs.label[:255], pool_id=obs.pool_id,
+                             node_id=obs.node_id, team_id=obs.team_id, value=obs.value, active_since=now))
+            continue
+        Alert.objects.filter(pk=alert.pk).update(value=obs.value, updated_at=now)
+        alert.value = obs.value
+        if alert.state == Alert.State.PENDING and now - alert.active_since >= timedelta(seconds=rule.for_seconds):
+            if _transition(alert, Alert.State.PENDING, Alert.State.FIRING, fired_at=now):
+                counts["fired"] += 1
+                counts["mails"] += _notify(alert, "firing", now, silences)
+        elif (alert.state == Alert.State.FIRING and rule.repeat_seconds and alert.notified_firing
+              and alert.last_notified_at and now - alert.last_notified_at >= timedelta(seconds=rule.repeat_seconds)):
+            counts["mails"] += _notify(alert, "firing", now, silences, repeat=True)
+    if new:
+        Alert.objects.bulk_create(new, ignore_conflicts=True)
+        counts["pending"] += len(new)
+        if rule.for_seconds == 0:
+            for alert in Alert.objects.select_related("rule", "pool", "node", "team").filter(
+                    rule=rule, state=Alert.State.PENDING, subject__in=[a.subject for a in new]):
+                if _transition(alert, Alert.State.PENDING, Alert.State.FIRING, fired_at=now):
+                    counts["fired"] += 1
+                    counts["mails"] += _notify(alert, "firing", now, silences)
+    for alert in open_alerts.values():  # condition no longer holds, or no data any more
+        if alert.state == Alert.State.PENDING:
+            Alert.objects.filter(pk=alert.pk, state=Alert.State.PENDING).delete()
+        elif _transition(alert, Alert.State.FIRING, Alert.State.RESOLVED, resolved_at=now):
+            counts["resolved"] += 1
+            if alert.notified_firing:
+                counts["mails"] += _notify(alert, "resolved", now, silences)
+    return counts
+
+
+def _transition(alert: Alert, from_state: str, to_state: str, **fields) -> bool:
+    """Claim the transition: only the evaluation whose UPDATE changed the row acts on it."""
+    changed = Alert.objects.filter(pk=alert.pk, state=from_state).update(state=to_state, **fields)
+    if changed:
+        alert.state = to_state
+        for key, value in fields.items():
+            setattr(alert, key, value)
+        _push(alert)
+    return bool(changed)
+
+
+def _push(alert: Alert) -> None:
+    payload = {"type": "alert.changed", "alert": {"id": alert.pk, "rule": alert.rule.name, "subject": alert.subject_label,
+                                                  "state": alert.state, "value": round(alert.value, 2),
+                                                  "severity": alert.rule.severity}}
+    groups = {}
+    for kind, key in (("pool", alert.pool_id), ("node", alert.node_id), ("team", alert.team_id)):
+        if key is not None:
+            groups[live.group_name(kind, key)] = payload
+    live.send(groups)
+
+
+def _silenced(alert: Alert, silences: list[Silence]) -> bool:
+    return any(s.matches(alert) for s in silences)
+
+
+def _notify(alert: Alert, kind: str, now: datetime, silences: list[Silence], repeat: bool = False) -> int:
+    """Queue one mail about the alert (after commit). Returns 1 if it will go, 0 if silenced or nobody to tell."""
+    if _silenced(alert, silences):
+        log.info("alert %s %s silenced", alert, kind)
+        return 0
+    to = recipients(alert)
+    fields = {"last_notified_at": now, "notifications": alert.notifications + 1}
+    if kind == "firing":
+        fields["notified_firing"] = True
+    Alert.objects.filter(pk=alert.pk).update(**fields)
+    for key, value in fields.items():
+        setattr(alert, key, value)
+    if not to:
+        log.warning("alert %s %s: nobody to mail", alert, kind)
+        return 0
+    message = _message(alert, kind, to, repeat)
+    transaction.on_commit(lambda: _send(message, alert))
+    return 1
+
+
+def _send(message: EmailMultiAlternatives, alert: Alert) -> None:
+    try:
+        message.send()
+    except Exception:  # noqa: BLE001 - a mail server hiccup must not stop the evaluation of other alerts
+        log.exception("could not mail about alert %s", alert)
+
+
+def recipients(alert: Alert) -> list[str]:
+    rule = alert.rule
+    teams: set[int] = set()
+    if alert.team_id is not None:
+        teams.add(alert.team_id)
+    elif alert.pool_id is not None or alert.node_id is not None:
+        held = Allocation.objects.filter(starts_at__lte=timezone.now(), ends_at__gt=timezone.now())
+        held = held.filter(gpu__pool_id=alert.pool_id) if alert.pool_id is not None else held.filter(
+            gpu__node_id=alert.node_id)
+        teams.update(held.values_list("reservation__team_id", flat=True))
+    emails: set[str] = set()
+    if teams and (rule.notify_team_managers or rule.notify_team_members):
+        members = Membership.objects.filter(team_id__in=teams, user__is_active=True).exclude(user__email="")
+        if not rule.notify_team_members:
+            members = members.filter(role=Membership.Role.MANAGER)
+        emails.update(members.values_list("user__email", flat=True))
+    if rule.notify_staff:
+        emails.update(get_user_model().objects.filter(is_staff=True, is_active=True).exclude(email="")
+                      .values_list("email", flat=True))
+    emails.update(rule.extra_email_list())
+    return sorted(emails)
+
+
+def alert_link(alert: Alert) -> str:
+    if alert.pool_id is not None:
+        path = reverse("monitoring:pool", args=[alert.pool.slug])
+    elif alert.node_id is not None:
+        path = reverse("monitoring:node", args=[alert.node_id])
+    elif alert.team_id is not None:
+        path = reverse("team", args=[alert.team.slug])
+    else:
+        path = reverse("dashboard")
+    return settings.PORTAL_BASE_URL + path
+
+
+def _message(alert: Alert, kind: str, to: list[str], repeat: bool) -> EmailMultiAlternatives:
+    rule = alert.rule
+    context = {"alert": alert, "rule": rule, "kind": kind, "repeat": repeat, "link": alert_link(alert),
+               "condition": f"{rule.get_metric_display()} {rule.comparison} {rule.threshold:g}",
+               "value": f"{alert.value:.1f}"}
+    state = "RESOLVED" if kind == "resolved" else "FIRING"
+    subject = f"[{state} {rule.severity}] {rule.name}: {alert.subject_label}"
+    message = EmailMultiAlternatives(subject=subject, body=render_to_string("monitoring/email/alert.txt", context),
+                                     from_email=settings.DEFAULT_FROM_EMAIL, to=to)
+    message.attach_alternative(render_to_string("monitoring/email/alert.html", context), "text/html")
+    return message

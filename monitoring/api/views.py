@@ -1,0 +1,74 @@
+"""Monitoring API: the agents' telemetry ingest, alert rules (staff), alerts (each sees theirs), pool history."""
+from __future__ import annotations
+
+import django_filters
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import mixins, permissions, viewsets
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from common.errors import NotFound, ValidationFailed
+from inventory.api.agent import AgentView
+from monitoring import ingest, selectors
+from monitoring.api.serializers import AlertRuleSerializer, AlertSerializer
+from monitoring.models import Alert, AlertRule
+
+
+class TelemetryView(AgentView):
+    """An agent's batch of samples: {"stream", "batches": [{"seq", "t", "gpus": [...]}]}; answers the ack."""
+
+    @extend_schema(request=dict, responses={200: dict})
+    def post(self, request: Request) -> Response:
+        result = ingest.telemetry_ingest(token=request.auth, payload=request.data)
+        return Response(result.as_dict())
+
+
+class StaffOnly(permissions.IsAdminUser):
+    pass
+
+
+class AlertRuleViewSet(viewsets.ModelViewSet):
+    queryset = AlertRule.objects.select_related("pool")
+    serializer_class = AlertRuleSerializer
+    permission_classes = [StaffOnly]
+
+
+class AlertFilterSet(django_filters.FilterSet):
+    state = django_filters.ChoiceFilter(choices=Alert.State.choices)
+    pool = django_filters.CharFilter(field_name="pool__slug")
+    team = django_filters.CharFilter(field_name="team__slug")
+
+    class Meta:
+        model = Alert
+        fields = ["state", "pool", "team"]
+
+
+class AlertViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Alerts, newest first: staff see all, members those of their teams and the pools their teams use."""
+
+    serializer_class = AlertSerializer
+    filterset_class = AlertFilterSet
+
+    def get_queryset(self):
+        return selectors.alerts_visible_to(self.request.user)
+
+
+class PoolHistoryView(APIView):
+    """GET /api/v1/pools/<slug>/telemetry/?range=15m|1h|24h|7d|30d: per-GPU history (avg and max per point)."""
+
+    @extend_schema(parameters=[OpenApiParameter("range", str, enum=list(selectors.RANGES))], responses={200: dict})
+    def get(self, request: Request, slug: str) -> Response:
+        pool = selectors.pool_for_viewer(request.user, slug)
+        if pool is None:
+            raise NotFound("No such pool, or not one your teams use.", field="pool", rule="not_found")
+        range_key = request.query_params.get("range", "15m")
+        if range_key not in selectors.RANGES:
+            raise ValidationFailed(f"range must be one of {', '.join(selectors.RANGES)}.", field="range",
+                                   rule="invalid_choice")
+        gpus = dict(pool.gpus.values_list("id", "uuid"))
+        history = selectors.pool_history(list(gpus), range_key)
+        return Response({"pool": pool.slug, "range": range_key, "resolution": history.resolution,
+                         "step": history.step, "start": history.start, "end": history.end,
+                         "gpus": [{"gpu": gpu_id, "uuid": gpus.get(gpu_id), **series}
+                                  for gpu_id, series in history.series.items()]})

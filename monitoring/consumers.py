@@ -1,0 +1,57 @@
+"""Live telemetry over WebSockets: /ws/pools/<slug>/, /ws/nodes/<id>/, /ws/teams/<slug>/.
+
+Thin: authenticate (session cookie, or `Authorization: Token …` for scripts), ask the
+selector which group this user may join, join it, then forward what the group gets.
+The one database read is at connect; each message is text serialized once by live.send,
+so there is no per-client work beyond writing it to the socket.
+"""
+from __future__ import annotations
+
+import json
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+
+from monitoring import selectors
+
+# Close codes in the 4000 range are ours: refused before the handshake completes.
+REFUSED = 4403
+
+
+class LiveConsumer(AsyncWebsocketConsumer):
+    kind = ""
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        key = str(self.scope["url_route"]["kwargs"]["key"])
+        group = await database_sync_to_async(selectors.live_group)(user, self.kind, key) if user else None
+        if group is None:
+            await self.close(code=REFUSED)
+            return
+        self.group = group
+        await self.channel_layer.group_add(group, self.channel_name)
+        await self.accept()
+        await self.send(text_data=json.dumps({"type": "hello", "group": group}))
+
+    async def disconnect(self, code: int) -> None:
+        group = getattr(self, "group", None)
+        if group:
+            await self.channel_layer.group_discard(group, self.channel_name)
+
+    async def receive(self, text_data=None, bytes_data=None) -> None:
+        """Clients only listen; anything they send is ignored."""
+
+    async def live_message(self, event: dict) -> None:
+        await self.send(text_data=event["text"])
+
+
+class PoolConsumer(LiveConsumer):
+    kind = "pool"
+
+
+class NodeConsumer(LiveConsumer):
+    kind = "node"
+
+
+class TeamConsumer(LiveConsumer):
+    kind = "team"

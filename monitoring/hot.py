@@ -1,0 +1,78 @@
+"""The latest sample of every GPU, kept hot in the cache (Redis in production, local memory embedded).
+
+One key per GPU (`tm:gpu:<id>`), written with one `set_many` per agent batch and read
+with one `get_many` for a page, a scrape or an alert evaluation: nothing here touches
+the database. A GPU whose agent stopped reporting drops out after LATEST_TTL seconds.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from django.core.cache import cache
+
+LATEST_TTL = 120
+
+
+@dataclass(frozen=True)
+class Latest:
+    ts: float
+    util: int
+    mem_util: int
+    mem_used: int
+    mem_total: int
+    temp: int
+    power: float
+    processes: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def mem_pct(self) -> float:
+        return 100.0 * self.mem_used / self.mem_total if self.mem_total else 0.0
+
+    def as_payload(self) -> dict:
+        return {"t": self.ts, "util": self.util, "mem_util": self.mem_util, "mem_used": self.mem_used,
+                "mem_total": self.mem_total, "temp": self.temp, "power": self.power}
+
+
+def _key(gpu_id: int) -> str:
+    return f"tm:gpu:{gpu_id}"
+
+
+def latest_set(values: dict[int, Latest]) -> None:
+    if values:
+        cache.set_many({_key(gpu_id): tuple(v.__dict__.values()) for gpu_id, v in values.items()}, LATEST_TTL)
+
+
+def latest_get(gpu_ids: Iterable[int]) -> dict[int, Latest]:
+    ids = list(gpu_ids)
+    found = cache.get_many([_key(i) for i in ids])
+    out = {}
+    for gpu_id in ids:
+        raw = found.get(_key(gpu_id))
+        if raw is not None:
+            out[gpu_id] = Latest(*raw)
+    return out
+
+
+# --- counters of the ingest (accepted, and rejected or clamped by reason) -------------------
+
+COUNTER_PREFIX = "tm:count:"
+
+
+def count(reasons: dict[str, int]) -> None:
+    """Add to the shared counters (cache-wide, so every web replica reports the same totals)."""
+    for reason, n in reasons.items():
+        if not n:
+            continue
+        key = COUNTER_PREFIX + reason
+        try:
+            cache.incr(key, n)
+        except ValueError:
+            if not cache.add(key, n, timeout=None):
+                cache.incr(key, n)
+
+
+def counters(reasons: Iterable[str]) -> dict[str, int]:
+    names = list(reasons)
+    found = cache.get_many([COUNTER_PREFIX + r for r in names])
+    return {r: int(found.get(COUNTER_PREFIX + r, 0)) for r in names}

@@ -1,0 +1,270 @@
+"""Telemetry ingest: what one agent request does, from parsing to history, hot cache and live push.
+
+How 10,000 GPUs at 1 Hz fit on a small machine
+----------------------------------------------
+The target is 10,000 samples a second. An ORM `save()` per sample would be 10,000
+transactions a second; here each agent request is one transaction whatever its size:
+
+1. validation is plain Python over dicts (no serializer object per sample) and every bad
+   value is rejected or clamped with a named reason, counted in the cache and logged
+   once per request;
+2. history: one multi-row `INSERT … ON CONFLICT DO NOTHING` (`bulk_create`) of narrow
+   rows (integer ids and epoch seconds, no foreign-key checks) into the raw table. The
+   (gpu, ts) unique index makes a resent batch harmless. Raw rows live an hour; a
+   periodic task turns them into per-minute and per-hour aggregates (rollup.py) which
+   are what the 24-hour and 30-day charts read. We keep raw in the database rather than
+   only in Redis so that rollups are exact SQL aggregates over what was accepted and the
+   embedded mode (SQLite, no Redis) works the same way;
+3. hot values: one `set_many` of the newest sample per GPU into the cache;
+4. live: one message per WebSocket group (pool, node, team) per request, with every GPU
+   of that group the batch carried, sent after commit (live.py).
+
+An agent's GPUs and their pools/teams come from a per-host map cached for
+HOST_MAP_TTL seconds, so steady-state ingest reads nothing from the database.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from django.core.cache import cache
+from django.db import transaction
+from django.utils import timezone
+
+from allocations.models import Allocation
+from common.errors import ApplicationError, ValidationFailed
+from inventory.models import Gpu, HostToken
+from monitoring import hot, live
+from monitoring.models import Sample
+
+log = logging.getLogger(__name__)
+
+HOST_MAP_TTL = 10
+MAX_PROCESSES = 64
+
+# Every reason a sample (or a request) can be rejected or clamped for; /metrics reports each.
+REJECT_REASONS = ("malformed", "unknown_gpu", "negative_memory", "future_timestamp", "too_old",
+                  "temperature_out_of_range", "power_out_of_range", "duplicate", "oversized_batch", "flood")
+CLAMP_REASONS = ("utilization_clamped", "memory_clamped")
+
+
+class PayloadTooLarge(ApplicationError):
+    status = 413
+
+
+class Flooding(ApplicationError):
+    status = 429
+
+
+@dataclass(frozen=True)
+class GpuRef:
+    gpu_id: int
+    uuid: str
+    pool_id: int | None
+    node_id: int
+    team_id: int | None
+
+
+@dataclass
+class IngestResult:
+    accepted: int = 0
+    ack: int | None = None
+    rejected: Counter = field(default_factory=Counter)
+    clamped: Counter = field(default_factory=Counter)
+
+    def as_dict(self) -> dict:
+        return {"accepted": self.accepted, "ack": self.ack, "rejected": dict(self.rejected),
+                "clamped": dict(self.clamped)}
+
+
+def host_gpus(token: HostToken, now=None) -> dict[str, GpuRef]:
+    """uuid → the GPU of this token's host, with its pool, node and the team holding it now (cached)."""
+    key = f"tm:host:{token.pk}"
+    found = cache.get(key)
+    if found is not None:
+        return found
+    now = now or timezone.now()
+    rows = list(Gpu.objects.filter(node__cluster_id=token.cluster_id, node__name=token.host_name)
+                .values_list("id", "uuid", "pool_id", "node_id"))
+    teams = dict(Allocation.objects.filter(gpu_id__in=[r[0] for r in rows], starts_at__lte=now, ends_at__gt=now)
+                 .values_list("gpu_id", "reservation__team_id"))
+    refs = {uuid: GpuRef(gpu_id, uuid, pool_id, node_id, teams.get(gpu_id)) for gpu_id, uuid, pool_id, node_id in rows}
+    cache.set(key, refs, HOST_MAP_TTL)
+    return refs
+
+
+def _number(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise TypeError
+    return value
+
+
+def _check_flood(token: HostToken, samples: int, now: float) -> None:
+    """At most TELEMETRY_MAX_SAMPLES_PER_AGENT_MINUTE samples per agent per clock minute."""
+    key = f"tm:flood:{token.pk}:{int(now // 60)}"
+    if not cache.add(key, samples, timeout=120):
+        try:
+            total = cache.incr(key, samples)
+        except ValueError:
+            total = samples
+    else:
+        total = samples
+    if total > settings.TELEMETRY_MAX_SAMPLES_PER_AGENT_MINUTE:
+        hot.count({"flood": samples})
+        log.warning("telemetry from %s/%s refused: %d samples this minute (limit %d)", token.cluster.slug,
+                    token.host_name, total, settings.TELEMETRY_MAX_SAMPLES_PER_AGENT_MINUTE)
+        raise Flooding(f"More than {settings.TELEMETRY_MAX_SAMPLES_PER_AGENT_MINUTE} samples this minute from "
+                       "this host; slow down.", field="batches", rule="flood")
+
+
+def telemetry_ingest(*, token: HostToken, payload, now: float | None = None) -> IngestResult:
+    """Validate and store one agent request: {"stream": str, "batches": [{"seq", "t", "gpus": [...]}, ...]}.
+
+    Bad samples are dropped or clamped with a counted reason and the rest is kept; only
+    a malformed envelope (400), an oversized request (413) or a flooding agent (429) is
+    refused as a whole. `ack` is the highest seq the portal now holds for this stream:
+    the agent forgets everything up to it and resends the rest after a drop.
+    """
+    now = time.time() if now is None else now
+    if not isinstance(payload, dict) or not isinstance(payload.get("batches"), list):
+        hot.count({"malformed": 1})
+        raise ValidationFailed("Send {\"stream\": ..., \"batches\": [{\"seq\", \"t\", \"gpus\": [...]}]}.",
+                               field="batches", rule="malformed")
+    stream = payload.get("stream")
+    if not isinstance(stream, str) or not 1 <= len(stream) <= 64:
+        hot.count({"malformed": 1})
+        raise ValidationFailed("stream must be a string of 1 to 64 characters.", field="stream", rule="malformed")
+    batches = payload["batches"]
+    size = sum(len(b["gpus"]) if isinstance(b, dict) and isinstance(b.get("gpus"), list) else 1 for b in batches)
+    if size > settings.TELEMETRY_MAX_SAMPLES_PER_REQUEST:
+        hot.count({"oversized_batch": size})
+        log.warning("telemetry from %s/%s refused: %d samples in one request (limit %d)", token.cluster.slug,
+                    token.host_name, size, settings.TELEMETRY_MAX_SAMPLES_PER_REQUEST)
+        raise PayloadTooLarge(f"{size} samples in one request; at most {settings.TELEMETRY_MAX_SAMPLES_PER_REQUEST}.",
+                              field="batches", rule="too_large")
+    _check_flood(token, size, now)
+
+    refs = host_gpus(token)
+    stream_key = f"tm:stream:{token.pk}"
+    last = cache.get(stream_key)
+    last_seq = last[1] if last and last[0] == stream else -1
+    result = IngestResult(ack=last_seq if last_seq >= 0 else None)
+    oldest = now - settings.TELEMETRY_RAW_RETENTION.total_seconds()
+    rows: list[Sample] = []
+    newest: dict[int, tuple[GpuRef, hot.Latest]] = {}
+    max_seq = last_seq
+
+    for batch in batches:
+        try:
+            seq = int(_number(batch["seq"]))
+            ts = float(_number(batch["t"]))
+            samples = batch["gpus"]
+            if not isinstance(samples, list):
+                raise TypeError
+        except (TypeError, KeyError, ValueError, OverflowError):
+            result.rejected["malformed"] += len(batch["gpus"]) if isinstance(batch, dict) and isinstance(
+                batch.get("gpus"), list) else 1
+            continue
+        if seq <= last_seq:
+            result.rejected["duplicate"] += len(samples)
+            continue
+        max_seq = max(max_seq, seq)
+        if ts > now + settings.TELEMETRY_MAX_FUTURE_SECONDS:
+            result.rejected["future_timestamp"] += len(samples)
+            continue
+        if ts < oldest:
+            result.rejected["too_old"] += len(samples)
+            continue
+        second = int(ts)
+        for raw in samples:
+            parsed = _parse_sample(raw, refs, result)
+            if parsed is None:
+                continue
+            ref, latest = parsed
+            rows.append(Sample(gpu_id=ref.gpu_id, pool_id=ref.pool_id, ts=second, util=latest.util,
+                               mem_util=latest.mem_util, mem_used=latest.mem_used, mem_total=latest.mem_total,
+                               temp=latest.temp, power=latest.power))
+            result.accepted += 1
+            previous = newest.get(ref.gpu_id)
+            if previous is None or previous[1].ts <= ts:
+                newest[ref.gpu_id] = (ref, hot.Latest(ts, *list(latest.__dict__.values())[1:]))
+
+    with transaction.atomic():
+        Sample.objects.bulk_create(rows, batch_size=5000, ignore_conflicts=True)
+        if max_seq > last_seq:
+            cache.set(stream_key, (stream, max_seq), timeout=7 * 86400)
+            result.ack = max_seq
+        _mark_late_minutes(rows, now)
+        hot.latest_set({gpu_id: latest for gpu_id, (_, latest) in newest.items()})
+        live.send(_group_payloads(newest))
+
+    hot.count({"accepted": result.accepted, **result.rejected, **result.clamped})
+    if result.rejected or result.clamped:
+        log.warning("telemetry from %s/%s: %d accepted, rejected %s, clamped %s", token.cluster.slug, token.host_name,
+                    result.accepted, dict(result.rejected), dict(result.clamped))
+    return result
+
+
+def _parse_sample(raw, refs: dict[str, GpuRef], result: IngestResult) -> tuple[GpuRef, hot.Latest] | None:
+    """One sample dict → (its GPU, clamped values), or None with the reason counted."""
+    try:
+        ref = refs.get(raw["uuid"])
+        util = _number(raw["utilization_gpu_pct"])
+        mem_util = _number(raw.get("utilization_memory_pct", 0))
+        used = _number(raw["memory_used_mib"])
+        total = _number(raw["memory_total_mib"])
+        temp = _number(raw["temperature_c"])
+        power = _number(raw.get("power_w", 0))
+        processes = raw.get("processes") or []
+        procs = tuple((int(_number(p["pid"])), int(_number(p["used_memory_mib"]))) for p in processes[:MAX_PROCESSES])
+    except (TypeError, KeyError, ValueError, AttributeError, OverflowError):
+        result.rejected["malformed"] += 1
+        return None
+    if ref is None:
+        result.rejected["unknown_gpu"] += 1
+        return None
+    if used < 0 or total <= 0:
+        result.rejected["negative_memory"] += 1
+        return None
+    if not -40 <= temp <= 150:
+        result.rejected["temperature_out_of_range"] += 1
+        return None
+    if not 0 <= power <= 5000:
+        result.rejected["power_out_of_range"] += 1
+        return None
+    if not (0 <= util <= 100 and 0 <= mem_util <= 100):
+        result.clamped["utilization_clamped"] += 1
+        util, mem_util = min(100, max(0, util)), min(100, max(0, mem_util))
+    if used > total:
+        result.clamped["memory_clamped"] += 1
+        used = total
+    return ref, hot.Latest(0.0, round(util), round(mem_util), int(used), int(total), round(temp),
+                           round(float(power), 1), procs)
+
+
+def _mark_late_minutes(rows: list[Sample], now: float) -> None:
+    """Samples for minutes the rollup already did (an agent resending after an outage) mark them dirty."""
+    from monitoring.rollup import mark_dirty
+
+    cutoff = int(now) - 120
+    late = {row.ts - row.ts % 60 for row in rows if row.ts < cutoff}
+    if late:
+        mark_dirty(late)
+
+
+def _group_payloads(newest: dict[int, tuple[GpuRef, hot.Latest]]) -> dict[str, dict]:
+    per_group: dict[str, list] = defaultdict(list)
+    t = 0.0
+    for gpu_id, (ref, latest) in newest.items():
+        item = {"gpu": gpu_id, "uuid": ref.uuid, **latest.as_payload()}
+        t = max(t, latest.ts)
+        per_group[live.group_name("node", ref.node_id)].append(item)
+        if ref.pool_id is not None:
+            per_group[live.group_name("pool", ref.pool_id)].append(item)
+        if ref.team_id is not None:
+            per_group[live.group_name("team", ref.team_id)].append(item)
+    return {group: {"type": "telemetry.samples", "t": t, "samples": items} for group, items in per_group.items()}

@@ -1,0 +1,59 @@
+"""The one way live data leaves the portal: typed JSON messages to WebSocket groups.
+
+Groups are `pool.<id>`, `node.<id>` and `team.<id>`. A message is serialized once here
+and every consumer forwards the same text, so a group of 1,000 browsers costs one
+`json.dumps`, not 1,000. Types (the `type` field of what the browser receives):
+
+- `telemetry.samples`: {"type", "t", "samples": [{"gpu", "uuid", "util", "mem_util",
+  "mem_used", "mem_total", "temp", "power"}, ...]}: the newest sample of each GPU of the
+  group that one agent batch carried (one message per group per batch, never per GPU).
+- `alert.changed`: {"type", "alert": {"id", "rule", "subject", "state", "value", "severity"}}.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import transaction
+
+log = logging.getLogger(__name__)
+
+# The consumers' handler for every live message (LiveConsumer.live_message).
+EVENT = "live.message"
+
+
+def group_name(kind: str, key: int) -> str:
+    return f"{kind}.{key}"
+
+
+def send(groups: dict[str, dict[str, Any]], *, on_commit: bool = True) -> None:
+    """Send each group its payload (a dict with a `type`), after the surrounding transaction commits.
+
+    A dropped message only costs a chart point, so a channel-layer error is logged, never raised.
+    """
+    if not groups:
+        return
+    events = {group: {"type": EVENT, "text": json.dumps(payload, separators=(",", ":"))}
+              for group, payload in groups.items()}
+
+    def push() -> None:
+        layer = get_channel_layer()
+        if layer is None:
+            return
+        try:
+            async_to_sync(_send_all)(layer, events)
+        except Exception:  # noqa: BLE001 - live data is best effort; history is in the database
+            log.exception("could not publish live telemetry to %d groups", len(events))
+
+    if on_commit:
+        transaction.on_commit(push)
+    else:
+        push()
+
+
+async def _send_all(layer, events: dict[str, dict]) -> None:
+    for group, event in events.items():
+        await layer.group_send(group, event)

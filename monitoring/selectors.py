@@ -1,0 +1,197 @@
+"""Reads of telemetry and alerts: who may watch what, history at the right resolution, allocated vs used."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from django.db.models import Avg, F, Max, Q, QuerySet
+from django.utils import timezone
+
+from allocations.models import Allocation
+from allocations.selectors import pools_visible_to, with_occupancy
+from inventory.models import Gpu, GpuPool, Node
+from monitoring import hot, live
+from monitoring.models import Alert, HourRollup, MinuteRollup, Sample
+from portal.models import Team
+from portal.selectors import can_act_for_team, teams_of
+
+# --- who may watch what ------------------------------------------------------------------
+
+
+def pool_for_viewer(user, slug: str) -> GpuPool | None:
+    """The pool, if the user may see it: staff always, members when their team has a quota in it."""
+    if not user.is_authenticated:
+        return None
+    return pools_visible_to(user).filter(slug=slug).first()
+
+
+def node_for_viewer(user, node_id: int) -> Node | None:
+    """The node, if every pool its GPUs belong to is one the user may see (staff: any node)."""
+    if not user.is_authenticated:
+        return None
+    node = Node.objects.select_related("cluster").filter(pk=node_id).first()
+    if node is None or user.is_staff:
+        return node
+    pools = set(node.gpus.exclude(pool=None).values_list("pool_id", flat=True))
+    visible = set(pools_visible_to(user).filter(pk__in=pools).values_list("pk", flat=True))
+    return node if pools and pools == visible else None
+
+
+def team_for_viewer(user, slug: str) -> Team | None:
+    team = Team.objects.filter(slug=slug).first()
+    return team if team is not None and can_act_for_team(user, team) else None
+
+
+def live_group(user, kind: str, key: str) -> str | None:
+    """The WebSocket group the user may join for /ws/<kind>s/<key>/, or None (refused)."""
+    if kind == "pool":
+        obj = pool_for_viewer(user, key)
+    elif kind == "node":
+        obj = node_for_viewer(user, int(key)) if key.isdigit() else None
+    elif kind == "team":
+        obj = team_for_viewer(user, key)
+    else:
+        obj = None
+    return live.group_name(kind, obj.pk) if obj is not None else None
+
+
+# --- history -----------------------------------------------------------------------------
+
+RANGES = {"15m": 15 * 60, "1h": 3600, "24h": 86400, "7d": 7 * 86400, "30d": 30 * 86400}
+MAX_POINTS = 360
+
+
+@dataclass
+class History:
+    resolution: str  # raw, minute or hour
+    step: int  # seconds per point
+    start: int
+    end: int
+    # gpu id → metric → list of (ts, avg, max)
+    series: dict[int, dict[str, list]] = field(default_factory=dict)
+
+
+def _resolution(span: int) -> tuple[str, int]:
+    """The coarsest table that still has the range, and a step giving at most MAX_POINTS points."""
+    if span <= settings.TELEMETRY_RAW_RETENTION.total_seconds():
+        table, base = "raw", 1
+    elif span <= min(2 * 86400, settings.TELEMETRY_MINUTE_RETENTION.total_seconds()):
+        table, base = "minute", 60
+    else:
+        table, base = "hour", 3600
+    step = base
+    while span / step > MAX_POINTS:
+        step += base
+    return table, step
+
+
+def pool_history(gpu_ids: list[int], range_key: str, now: float | None = None) -> History:
+    """Per-GPU history of the last `range_key` (15m, 1h, 24h, 7d, 30d), bucketed to ≤ MAX_POINTS points.
+
+    Reads only the GPUs asked for through the (gpu_id, ts/bucket) unique indexes, so the
+    cost follows the pool's size and the range, not the fleet's: 15 minutes come from raw
+    samples, 24 hours from minute rollups, 30 days from hour rollups.
+    """
+    span = RANGES[range_key]
+    end = int(time.time() if now is None else now)
+    start = end - span
+    table, step = _resolution(span)
+    history = History(resolution=table, step=step, start=start, end=end)
+    if table == "raw":
+        qs = Sample.objects.filter(gpu_id__in=gpu_ids, ts__gte=start, ts__lte=end).annotate(b=F("ts") - F("ts") % step)
+        cols = {m: (Avg(m), Max(m)) for m in ("util", "mem_used", "temp", "power")}
+    else:
+        model = MinuteRollup if table == "minute" else HourRollup
+        qs = model.objects.filter(gpu_id__in=gpu_ids, bucket__gte=start - start % step, bucket__lte=end).annotate(
+            b=F("bucket") - F("bucket") % step)
+        cols = {m: (Avg(f"{m}_avg"), Max(f"{m}_max")) for m in ("util", "mem_used", "temp", "power")}
+    aggregates = {}
+    for metric, (avg, mx) in cols.items():
+        aggregates[f"{metric}__avg"] = avg
+        aggregates[f"{metric}__max"] = mx
+    for row in qs.values("gpu_id", "b").annotate(**aggregates).order_by("gpu_id", "b"):
+        per_gpu = history.series.setdefault(row["gpu_id"], {m: [] for m in cols})
+        for metric in cols:
+            per_gpu[metric].append((row["b"], row[f"{metric}__avg"], row[f"{metric}__max"]))
+    return history
+
+
+# --- allocated vs actually used ----------------------------------------------------------
+
+
+@dataclass
+class GpuUse:
+    gpu_id: int
+    label: str
+    pool: str
+    team: str | None
+    util: int | None  # None: no recent sample
+
+
+@dataclass
+class UseSummary:
+    name: str
+    slug: str
+    capacity: int
+    allocated: int = 0
+    used: int = 0  # allocated and busier than the idle threshold
+    util_sum: float = 0.0
+    reporting: int = 0
+    idle: list[GpuUse] = field(default_factory=list)
+
+    @property
+    def avg_util(self) -> float | None:
+        return round(self.util_sum / self.reporting, 1) if self.reporting else None
+
+    @property
+    def used_pct(self) -> int:
+        return round(100 * self.used / self.allocated) if self.allocated else 0
+
+
+def usage(pools: QuerySet[GpuPool], teams: QuerySet[Team], now=None) -> tuple[list[UseSummary], list[UseSummary]]:
+    """Per pool and per team: GPUs allocated now, how many of those are actually used, and the idle ones.
+
+    Three queries (pools, GPUs with holders, teams) and one cache read, whatever the fleet size.
+    """
+    now = now or timezone.now()
+    idle_at = settings.TELEMETRY_IDLE_UTIL_PCT
+    pool_list = list(with_occupancy(pools, now).order_by("slug"))
+    by_pool = {p.pk: UseSummary(p.name, p.slug, p.gpus_total or 0) for p in pool_list}
+    team_list = list(teams)
+    by_team = {t.pk: UseSummary(t.name, t.slug, 0) for t in team_list}
+    held = dict(Allocation.objects.filter(starts_at__lte=now, ends_at__gt=now)
+                .filter(Q(gpu__pool_id__in=by_pool) | Q(reservation__team_id__in=by_team))
+                .values_list("gpu_id", "reservation__team_id"))
+    gpus = list(Gpu.objects.filter(pk__in=held).values_list("id", "pool_id", "pool__slug", "node__name", "index"))
+    latest = hot.latest_get(gpu_id for gpu_id, *_ in gpus)
+    team_slugs = dict(Team.objects.filter(pk__in=set(held.values())).values_list("pk", "slug"))
+    for gpu_id, pool_id, pool_slug, node_name, index in gpus:
+        team_id = held[gpu_id]
+        sample = latest.get(gpu_id)
+        use = GpuUse(gpu_id, f"{node_name}:{index}", pool_slug or "", team_slugs.get(team_id),
+                     sample.util if sample else None)
+        for summary in (by_pool.get(pool_id), by_team.get(team_id)):
+            if summary is None:
+                continue
+            summary.allocated += 1
+            if sample is not None:
+                summary.reporting += 1
+                summary.util_sum += sample.util
+                if sample.util > idle_at:
+                    summary.used += 1
+                else:
+                    summary.idle.append(use)
+    for t in team_list:
+        by_team[t.pk].capacity = by_team[t.pk].allocated
+    return list(by_pool.values()), list(by_team.values())
+
+
+def alerts_visible_to(user) -> QuerySet[Alert]:
+    """Staff see every alert; members those about their teams or the pools their teams may use."""
+    qs = Alert.objects.select_related("rule", "pool", "node", "team")
+    if user.is_staff:
+        return qs
+    if not user.is_authenticated:
+        return qs.none()
+    return qs.filter(Q(team__in=teams_of(user)) | Q(pool__in=pools_visible_to(user)))

@@ -1,0 +1,67 @@
+"""Pages: a pool's and a node's live charts (Plotly over WebSockets), and the dashboard's usage block."""
+from __future__ import annotations
+
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import render
+
+from allocations.selectors import pools_visible_to
+from monitoring import hot, selectors
+from portal.selectors import teams_of
+
+# Points each chart keeps (1 Hz → the last five minutes); older ones scroll out.
+WINDOW = 300
+
+
+def _chart_context(gpus: list[tuple[int, str]], title: str, ws_path: str) -> dict:
+    ids = [gpu_id for gpu_id, _ in gpus]
+    history = selectors.pool_history(ids, "15m")
+    series = {}
+    for gpu_id in ids:
+        points = history.series.get(gpu_id, {})
+        series[gpu_id] = {m: [[ts, round(avg, 1)] for ts, avg, _ in points.get(m, [])][-WINDOW:]
+                          for m in ("util", "mem_used", "temp", "power")}
+    latest = hot.latest_get(ids)
+    return {
+        "title": title,
+        "ws_path": ws_path,
+        "rows": [(gpu_id, label, latest.get(gpu_id)) for gpu_id, label in gpus],
+        "chart_data": {"window": WINDOW, "gpus": [{"id": gpu_id, "label": label} for gpu_id, label in gpus],
+                       "history": series},
+    }
+
+
+@login_required
+def pool_live(request: HttpRequest, slug: str) -> HttpResponse:
+    pool = selectors.pool_for_viewer(request.user, slug)
+    if pool is None:
+        raise Http404("No such pool, or not one your teams use.")
+    gpus = [(g.pk, f"{g.node.name}:{g.index}") for g in pool.gpus.select_related("node").order_by("node__name", "index")]
+    context = _chart_context(gpus, pool.name, f"/ws/pools/{pool.slug}/")
+    context.update(pool=pool, alerts=selectors.alerts_visible_to(request.user).filter(
+        pool=pool, state__in=["pending", "firing"])[:50])
+    return render(request, "monitoring/pool.html", context)
+
+
+@login_required
+def node_live(request: HttpRequest, node_id: int) -> HttpResponse:
+    node = selectors.node_for_viewer(request.user, node_id)
+    if node is None:
+        raise Http404("No such node, or not one you may watch.")
+    gpus = [(g.pk, f"GPU {g.index}") for g in node.gpus.order_by("index")]
+    context = _chart_context(gpus, f"{node.cluster.slug}/{node.name}", f"/ws/nodes/{node.pk}/")
+    context.update(node=node, alerts=selectors.alerts_visible_to(request.user).filter(
+        node=node, state__in=["pending", "firing"])[:50])
+    return render(request, "monitoring/node.html", context)
+
+
+def dashboard_context(user) -> dict:
+    """What the dashboard shows of telemetry: allocated vs used per pool and team, idle GPUs, open alerts."""
+    pools, teams = selectors.usage(pools_visible_to(user), teams_of(user))
+    return {
+        "usage_pools": pools,
+        "usage_teams": teams,
+        "idle_gpus": [gpu for p in pools for gpu in p.idle],
+        "open_alerts": list(selectors.alerts_visible_to(user).filter(state__in=["pending", "firing"])
+                            .order_by("-state", "-active_since")[:20]),
+    }

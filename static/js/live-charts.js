@@ -1,0 +1,61 @@
+// Live GPU charts: one Plotly chart per metric, one trace per GPU, extended in place from the
+// WebSocket (typed JSON from monitoring/live.py) and bounded to `window` points per trace.
+(function () {
+  "use strict";
+  const root = document.getElementById("live");
+  if (!root || !window.Plotly) return;
+  const data = JSON.parse(document.getElementById("chart-data").textContent);
+  const gpus = data.gpus;
+  const indexOf = new Map(gpus.map((g, i) => [g.id, i]));
+  const charts = Array.from(root.querySelectorAll(".chart"));
+  const status = document.getElementById("live-status");
+
+  for (const el of charts) {
+    const metric = el.dataset.metric;
+    const traces = gpus.map((g) => {
+      const points = (data.history[g.id] || {})[metric] || [];
+      return {x: points.map((p) => new Date(p[0] * 1000)), y: points.map((p) => p[1]), name: g.label,
+              mode: "lines", type: "scatter"};
+    });
+    Plotly.newPlot(el, traces, {title: {text: el.dataset.title}, height: 260, margin: {l: 50, r: 10, t: 40, b: 30},
+                                showlegend: gpus.length <= 16, xaxis: {type: "date"}},
+                   {displaylogo: false, responsive: true});
+  }
+
+  function onSamples(msg) {
+    const rows = msg.samples.filter((s) => indexOf.has(s.gpu));
+    if (!rows.length) return;
+    const idx = rows.map((s) => indexOf.get(s.gpu));
+    for (const el of charts) {
+      const metric = el.dataset.metric;
+      Plotly.extendTraces(el, {x: rows.map((s) => [new Date(s.t * 1000)]), y: rows.map((s) => [s[metric]])},
+                          idx, data.window);
+    }
+    for (const s of rows) {
+      const tr = document.querySelector(`#gpu-table tr[data-gpu="${s.gpu}"]`);
+      if (!tr) continue;
+      tr.querySelector('[data-f="util"]').textContent = s.util;
+      tr.querySelector('[data-f="mem"]').textContent = `${s.mem_used} / ${s.mem_total}`;
+      tr.querySelector('[data-f="temp"]').textContent = s.temp;
+      tr.querySelector('[data-f="power"]').textContent = s.power;
+    }
+  }
+
+  let delay = 1000;
+  function connect() {
+    const scheme = location.protocol === "https:" ? "wss" : "ws";
+    const ws = new WebSocket(`${scheme}://${location.host}${root.dataset.ws}`);
+    ws.onopen = () => { status.textContent = "connected"; delay = 1000; };
+    ws.onmessage = (event) => {
+      const msg = JSON.parse(event.data);
+      if (msg.type === "telemetry.samples") onSamples(msg);
+      else if (msg.type === "alert.changed") status.textContent = `alert ${msg.alert.state}: ${msg.alert.rule} on ${msg.alert.subject}`;
+    };
+    ws.onclose = () => {
+      status.textContent = "disconnected, retrying…";
+      setTimeout(connect, delay);
+      delay = Math.min(delay * 2, 30000);
+    };
+  }
+  connect();
+})();

@@ -1,0 +1,127 @@
+"""The telemetry ingest: good samples land in history, the hot cache and the live groups; bad ones are
+rejected or clamped with a counted reason, and nothing answers 500."""
+from __future__ import annotations
+
+import time
+
+import pytest
+from django.test import override_settings
+
+from monitoring import hot
+from monitoring.models import Sample
+from tests.monitoring.conftest import batch, payload, post, sample
+
+pytestmark = pytest.mark.django_db
+
+
+def test_a_batch_is_stored_kept_hot_and_acknowledged(host):
+    t = time.time()
+    response = post(host, payload(batch([sample(u, util=10 * i) for i, u in enumerate(host.uuids)], t=t, seq=7)))
+    assert response.status_code == 200, response.content
+    assert response.json() == {"accepted": 4, "ack": 7, "rejected": {}, "clamped": {}}
+    assert Sample.objects.count() == 4
+    assert sorted(Sample.objects.values_list("util", flat=True)) == [0, 10, 20, 30]
+    latest = hot.latest_get(g.pk for g in host.gpus)
+    assert latest[host.gpus[3].pk].util == 30 and latest[host.gpus[3].pk].processes == ((4242, 40000),)
+    assert hot.counters(["accepted"]) == {"accepted": 4}
+
+
+def test_a_resent_batch_is_acknowledged_but_not_stored_twice(host):
+    body = payload(batch([sample(host.uuids[0])], seq=1), batch([sample(host.uuids[1])], seq=2))
+    assert post(host, body).json()["ack"] == 2
+    again = post(host, body).json()
+    assert again["ack"] == 2 and again["accepted"] == 0 and again["rejected"] == {"duplicate": 2}
+    assert Sample.objects.count() == 2
+
+
+@pytest.mark.parametrize("bad, reason", [
+    ({"memory_used_mib": -5}, "negative_memory"),
+    ({"memory_total_mib": 0}, "negative_memory"),
+    ({"uuid": "GPU-00000000-0000-0000-0000-000000000000"}, "unknown_gpu"),
+    ({"utilization_gpu_pct": "lots"}, "malformed"),
+    ({"temperature_c": None}, "malformed"),
+    ({"utilization_gpu_pct": True}, "malformed"),
+    ({"temperature_c": 900}, "temperature_out_of_range"),
+    ({"power_w": -1}, "power_out_of_range"),
+])
+def test_a_bad_sample_is_rejected_with_its_reason_and_the_rest_kept(host, bad, reason):
+    response = post(host, payload(batch([sample(host.uuids[0], **bad), sample(host.uuids[1])])))
+    assert response.status_code == 200
+    assert response.json()["accepted"] == 1 and response.json()["rejected"] == {reason: 1}
+    assert hot.counters([reason])[reason] == 1
+    assert list(Sample.objects.values_list("gpu_id", flat=True)) == [host.gpus[1].pk]
+
+
+def test_a_gpu_of_another_host_counts_as_unknown(host, world):
+    other = world.pool.gpus.exclude(node=host.node).first()
+    response = post(host, payload(batch([sample(other.uuid)])))
+    assert response.json()["rejected"] == {"unknown_gpu": 1}
+
+
+@pytest.mark.parametrize("overrides, field, value", [
+    ({"utilization_gpu_pct": 140}, "util", 100),
+    ({"utilization_gpu_pct": -3}, "util", 0),
+    ({"memory_used_mib": 90000}, "mem_used", 81559),
+])
+def test_out_of_range_values_are_clamped_and_counted(host, overrides, field, value):
+    response = post(host, payload(batch([sample(host.uuids[0], **overrides)])))
+    reason = "memory_clamped" if field == "mem_used" else "utilization_clamped"
+    assert response.json()["clamped"] == {reason: 1} and response.json()["accepted"] == 1
+    assert getattr(Sample.objects.get(), field) == value
+    assert hot.counters([reason])[reason] == 1
+
+
+def test_timestamps_far_in_the_future_or_past_retention_are_rejected(host):
+    now = time.time()
+    response = post(host, payload(batch([sample(host.uuids[0])], t=now + 3600),
+                                  batch([sample(host.uuids[1])], t=now - 2 * 86400),
+                                  batch([sample(host.uuids[2])], t=now)))
+    assert response.json()["rejected"] == {"future_timestamp": 1, "too_old": 1}
+    assert Sample.objects.count() == 1
+
+
+@pytest.mark.parametrize("body", [[], {"batches": "x", "stream": "s"}, {"stream": "s"}, {"batches": []},
+                                  {"stream": "s", "batches": [None, {"seq": "a", "t": 1, "gpus": []}]}])
+def test_a_malformed_envelope_is_a_4xx_or_counted_never_a_500(host, body):
+    response = post(host, body)
+    assert response.status_code in (200, 400)
+    if response.status_code == 400:
+        assert response.json()["errors"][0]["rule"] == "malformed"
+    else:
+        assert response.json()["rejected"] == {"malformed": 1}
+    assert hot.counters(["malformed"])["malformed"] >= 1
+
+
+@override_settings(TELEMETRY_MAX_SAMPLES_PER_REQUEST=5)
+def test_an_oversized_request_is_refused_with_413(host):
+    response = post(host, payload(batch([sample(u) for u in host.uuids]), batch([sample(u) for u in host.uuids])))
+    assert response.status_code == 413
+    assert response.json()["errors"][0] == {"field": "batches", "rule": "too_large",
+                                            "message": "8 samples in one request; at most 5."}
+    assert not Sample.objects.exists()
+    assert hot.counters(["oversized_batch"])["oversized_batch"] == 8
+
+
+@override_settings(TELEMETRY_MAX_SAMPLES_PER_AGENT_MINUTE=10)
+def test_a_flooding_agent_is_throttled_and_other_agents_still_served(host, world):
+    from rest_framework.test import APIClient
+
+    from inventory import services
+    from inventory.models import Node
+
+    codes = [post(host, payload(batch([sample(u) for u in host.uuids]))).status_code for _ in range(4)]
+    assert codes[:2] == [200, 200] and codes[-1] == 429
+    assert hot.counters(["flood"])["flood"] >= 4
+    node_b = Node.objects.get(name="node-b")
+    _, key = services.host_token_create(actor=world.staff, cluster=node_b.cluster, host_name="node-b")
+    other = APIClient()
+    other.credentials(HTTP_AUTHORIZATION=f"Host {key}")
+    uuid = node_b.gpus.first().uuid
+    assert other.post("/api/v1/agent/telemetry/", payload(batch([sample(uuid)])), format="json").status_code == 200
+
+
+def test_only_host_tokens_may_send_telemetry(host, api, world):
+    body = payload(batch([sample(host.uuids[0])]))
+    assert api(world.staff).post("/api/v1/agent/telemetry/", body, format="json").status_code in (401, 403)
+    assert api().post("/api/v1/agent/telemetry/", body, format="json").status_code in (401, 403)
+    assert not Sample.objects.exists()
