@@ -32,8 +32,10 @@ State = Reservation.State
 
 
 def _held(now: datetime):
-    """Allocations of live reservations that still matter (they end after now)."""
-    return Allocation.objects.filter(ends_at__gt=now, reservation__state__in=Reservation.LIVE_STATES)
+    """Allocations of live reservations that still matter: they end after now and are not empty
+    (an empty window marks a booking given up before it began)."""
+    return Allocation.objects.filter(ends_at__gt=now, reservation__state__in=Reservation.LIVE_STATES).filter(
+        ends_at__gt=F("starts_at"))
 
 
 def unhealthy_nodes_holding_ids(now: datetime | None = None) -> list[int]:
@@ -70,7 +72,7 @@ def reservation_move_off_node(*, reservation_id: int, node: Node, reason: str, n
     pool = GpuPool.objects.select_for_update().get(pk=pool_id)
     reservation = (Reservation.objects.select_for_update(of=("self",)).select_related("team", "requested_by")
                    .filter(pk=reservation_id, state__in=Reservation.LIVE_STATES).first())
-    if reservation is None or not reservation.allocations.filter(gpu__node=node, ends_at__gt=now).exists():
+    if reservation is None or not _held(now).filter(reservation=reservation, gpu__node=node).exists():
         return "skipped"
     start = max(now, reservation.starts_at)
     # Let go of the current GPUs from `start` on; the part already used stays as history.

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from allocations.models import Allocation, Quota, Reservation, ReservationEvent
+from allocations.models import Allocation, ApplyJob, Quota, Reservation, ReservationEvent
 from common.api import CleanModelSerializer
 from inventory.models import GpuPool
 from portal.models import Team
@@ -81,11 +81,22 @@ class ReservationSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class ApplyJobSerializer(serializers.ModelSerializer):
+    cluster = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+
+    class Meta:
+        model = ApplyJob
+        fields = ["id", "action", "backend", "cluster", "target", "status", "attempts", "created_at", "started_at",
+                  "finished_at", "next_attempt_at", "deadline", "error", "changes"]
+        read_only_fields = fields
+
+
 class ReservationDetailSerializer(ReservationSerializer):
     events = ReservationEventSerializer(many=True)
+    apply_jobs = ApplyJobSerializer(many=True, help_text="Work done on the cluster or host to apply and undo it")
 
     class Meta(ReservationSerializer.Meta):
-        fields = ReservationSerializer.Meta.fields + ["events"]
+        fields = ReservationSerializer.Meta.fields + ["events", "apply_jobs"]
         read_only_fields = fields
 
 

@@ -23,7 +23,7 @@ from allocations.api.serializers import (
     SlotSerializer,
 )
 from allocations.filters import QuotaFilterSet, ReservationFilterSet
-from allocations.models import Allocation, Quota, Reservation, ReservationEvent
+from allocations.models import Allocation, ApplyJob, Quota, Reservation, ReservationEvent
 from common.api import IsStaffOrReadOnly
 from common.errors import NotFound
 from inventory.filters import GpuPoolFilterSet
@@ -32,6 +32,7 @@ from portal.selectors import teams_of
 
 ALLOCATIONS = Prefetch("allocations", queryset=Allocation.objects.select_related("gpu__node"))
 EVENTS = Prefetch("events", queryset=ReservationEvent.objects.select_related("actor"))
+APPLY_JOBS = Prefetch("apply_jobs", queryset=ApplyJob.objects.select_related("cluster"))
 
 
 class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
@@ -41,7 +42,7 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
     def get_queryset(self):
         qs = selectors.reservations_visible_to(self.request.user).prefetch_related(ALLOCATIONS)
         if self.action == "retrieve":
-            qs = qs.prefetch_related(EVENTS)
+            qs = qs.prefetch_related(EVENTS, APPLY_JOBS)
         return qs
 
     def get_serializer_class(self):
@@ -49,7 +50,7 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
 
     def _answer(self, reservation: Reservation, code: int = status.HTTP_200_OK) -> Response:
         # The service already checked who may see it; load only what the answer shows.
-        prefetch_related_objects([reservation], ALLOCATIONS, EVENTS)
+        prefetch_related_objects([reservation], ALLOCATIONS, EVENTS, APPLY_JOBS)
         return Response(ReservationDetailSerializer(reservation).data, status=code)
 
     @extend_schema(request=ReservationCreateInput, responses={201: ReservationDetailSerializer})
