@@ -129,6 +129,7 @@ def reservation_detail(request: HttpRequest, reservation_id: int) -> HttpRespons
         "reservation": reservation,
         "allocations": reservation.allocations.select_related("gpu__node"),
         "events": reservation.events.select_related("actor"),
+        "apply_jobs": reservation.apply_jobs.select_related("cluster"),
         "extend_form": ExtendForm(initial={"ends_at": timezone.localtime(reservation.ends_at + timedelta(hours=1))}),
     })
 
