@@ -1,14 +1,54 @@
+from django import forms
 from django.contrib import admin
 
+from common.errors import ValidationFailed
 from inventory import services
+from inventory.kubernetes import crypto
+from inventory.kubernetes.client import parse_kubeconfig
 from inventory.models import Cluster, Gpu, GpuPool, HostToken, Node
+
+
+class ClusterForm(forms.ModelForm):
+    """The kubeconfig is write-only here too: the stored (encrypted) one is never shown."""
+
+    kubeconfig = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 8, "autocomplete": "off"}), required=False, strip=False,
+        help_text="Paste a kubeconfig (credentials inline) to replace the stored one; leave empty to keep it.",
+    )
+
+    class Meta:
+        model = Cluster
+        fields = ["name", "slug", "kind", "description", "in_cluster"]
+
+    def clean_kubeconfig(self) -> str:
+        text = self.cleaned_data.get("kubeconfig") or ""
+        if text.strip():
+            try:
+                parse_kubeconfig(text)
+            except ValidationFailed as exc:
+                raise forms.ValidationError(exc.message) from exc
+        return text
+
+    def save(self, commit: bool = True) -> Cluster:
+        cluster = super().save(commit=False)
+        if self.cleaned_data.get("kubeconfig", "").strip():
+            cluster.kubeconfig_encrypted = crypto.encrypt(self.cleaned_data["kubeconfig"])
+        if commit:
+            cluster.save()
+        return cluster
 
 
 @admin.register(Cluster)
 class ClusterAdmin(admin.ModelAdmin):
-    list_display = ["slug", "name", "kind", "created_at"]
+    form = ClusterForm
+    list_display = ["slug", "name", "kind", "has_credentials", "last_discovered_at", "created_at"]
     list_filter = ["kind"]
     prepopulated_fields = {"slug": ["name"]}
+    readonly_fields = ["has_credentials", "last_discovered_at", "discovery_error"]
+
+    @admin.display(boolean=True, description="credentials")
+    def has_credentials(self, obj: Cluster) -> bool:
+        return obj.has_credentials
 
 
 @admin.register(Node)

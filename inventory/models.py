@@ -19,12 +19,22 @@ class Cluster(models.Model):
     kind = models.CharField(max_length=16, choices=Kind.choices)
     description = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Kubernetes only: the kubeconfig, Fernet-encrypted (inventory.kubernetes.crypto); never
+    # shown back. Or in_cluster: the portal's own service account (it runs in that cluster).
+    kubeconfig_encrypted = models.TextField(blank=True, editable=False)
+    in_cluster = models.BooleanField(default=False, help_text="Use the portal's in-cluster service account")
+    last_discovered_at = models.DateTimeField(null=True, blank=True, editable=False)
+    discovery_error = models.TextField(blank=True, editable=False, help_text="Why the last discovery failed")
 
     class Meta:
         ordering = ["slug"]
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def has_credentials(self) -> bool:
+        return bool(self.kubeconfig_encrypted) or self.in_cluster
 
 
 class Node(models.Model):
@@ -33,8 +43,12 @@ class Node(models.Model):
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="nodes")
     name = models.CharField(max_length=253)
     healthy = models.BooleanField(default=True)
+    health_reason = models.CharField(max_length=255, blank=True, help_text="Why the node is (un)healthy")
     schedulable = models.BooleanField(default=True)
     labels = models.JSONField(default=dict, blank=True)
+    # Kubernetes nodes: {"capacity": {...}, "allocatable": {...}} of the GPU resources
+    # (nvidia.com/gpu, nvidia.com/gpu.shared, nvidia.com/mig-*, HAMi's gpumem/gpucores).
+    gpu_resources = models.JSONField(default=dict, blank=True)
     cpu_milli = models.PositiveIntegerField(default=0, help_text="CPU capacity in millicores (0 = unknown)")
     memory_mib = models.PositiveIntegerField(default=0, help_text="Memory capacity in MiB (0 = unknown)")
     last_seen_at = models.DateTimeField(null=True, blank=True)

@@ -1,4 +1,5 @@
-"""Writes about the fleet: host tokens, what host agents report, and hosts that fell silent."""
+"""Writes about the fleet: clusters and their credentials, host tokens, what host agents and
+Kubernetes discovery report, and hosts that fell silent."""
 from __future__ import annotations
 
 import hashlib
@@ -12,6 +13,9 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from common.errors import Conflict, PermissionDenied, ValidationFailed
+from inventory.kubernetes import crypto
+from inventory.kubernetes.client import parse_kubeconfig
+from inventory.kubernetes.nodes import DiscoveredNode
 from inventory.models import Cluster, Gpu, GpuPool, HostToken, Node
 from inventory.signals import node_health_changed
 
@@ -62,7 +66,7 @@ class ReportedGpu:
     cuda_version: str
 
 
-def _pool_for_model(cluster: Cluster, model_name: str) -> GpuPool:
+def pool_for_model(cluster: Cluster, model_name: str) -> GpuPool:
     """Unpooled GPUs join a pool per cluster and model, made on first sight; staff can move them later."""
     slug = slugify(f"{cluster.slug}-{model_name}")[:64]
     pool, _ = GpuPool.objects.get_or_create(slug=slug, defaults={"name": f"{cluster.name}: {model_name}"[:128],
@@ -96,7 +100,7 @@ def host_register(*, token: HostToken, gpus: list[ReportedGpu], backend: str, no
     node.gpus.exclude(uuid__in=uuids).update(healthy=False)
     for reported in gpus:
         gpu = known.get(reported.uuid) or Gpu(node=node, uuid=reported.uuid,
-                                              pool=_pool_for_model(token.cluster, reported.name))
+                                              pool=pool_for_model(token.cluster, reported.name))
         gpu.index = reported.index
         gpu.model_name = reported.name
         gpu.memory_mib = reported.memory_mib
@@ -136,3 +140,167 @@ def nodes_mark_silent(*, timeout: timedelta, now: datetime | None = None) -> lis
             transaction.on_commit(lambda node_id=node_id, reason=reason: node_health_changed.send(
                 sender=Node, node_id=node_id, healthy=False, reason=reason))
     return marked
+
+
+# --- clusters and their credentials ----------------------------------------------------------
+
+def _cluster_credentials(cluster: Cluster, *, kubeconfig: str | None, in_cluster: bool | None) -> None:
+    """Check and set the credentials; the kubeconfig is stored encrypted and never read back out here."""
+    if in_cluster is not None:
+        cluster.in_cluster = in_cluster
+    if kubeconfig is not None:
+        if kubeconfig == "":
+            cluster.kubeconfig_encrypted = ""
+        else:
+            parse_kubeconfig(kubeconfig)
+            cluster.kubeconfig_encrypted = crypto.encrypt(kubeconfig)
+    if cluster.kind != Cluster.Kind.KUBERNETES and (cluster.kubeconfig_encrypted or cluster.in_cluster):
+        field = "kubeconfig" if cluster.kubeconfig_encrypted else "in_cluster"
+        raise ValidationFailed("Only Kubernetes clusters take a kubeconfig or in-cluster credentials.",
+                               field=field, rule="not_kubernetes")
+    if cluster.kubeconfig_encrypted and cluster.in_cluster:
+        raise ValidationFailed("Give either a kubeconfig or in_cluster: true, not both.", field="kubeconfig",
+                               rule="exclusive_with_in_cluster")
+
+
+@transaction.atomic
+def cluster_create(*, actor: AbstractBaseUser, name: str, kind: str, slug: str = "", description: str = "",
+                   kubeconfig: str | None = None, in_cluster: bool = False) -> Cluster:
+    if not actor.is_staff:
+        raise PermissionDenied("Only staff can register clusters.", field="cluster", rule="staff_required")
+    slug = slug or slugify(name)[:64]
+    if not slug:
+        raise ValidationFailed("name must contain letters or digits (it makes the slug).", field="name",
+                               rule="invalid")
+    if Cluster.objects.filter(slug=slug).exists():
+        raise ValidationFailed(f"A cluster with slug {slug!r} already exists.", field="slug", rule="unique")
+    cluster = Cluster(name=name, slug=slug, kind=kind, description=description)
+    _cluster_credentials(cluster, kubeconfig=kubeconfig, in_cluster=in_cluster)
+    cluster.save()
+    return cluster
+
+
+@transaction.atomic
+def cluster_update(*, actor: AbstractBaseUser, cluster: Cluster, kubeconfig: str | None = None,
+                   in_cluster: bool | None = None, **fields: object) -> Cluster:
+    """Change a cluster's fields; a kubeconfig given replaces the stored one ("" removes it)."""
+    if not actor.is_staff:
+        raise PermissionDenied("Only staff can change clusters.", field="cluster", rule="staff_required")
+    for name, value in fields.items():
+        if name not in {"name", "slug", "kind", "description"}:
+            raise ValidationFailed(f"{name} cannot be changed.", field=name, rule="read_only")
+        setattr(cluster, name, value)
+    _cluster_credentials(cluster, kubeconfig=kubeconfig, in_cluster=in_cluster)
+    cluster.save()
+    return cluster
+
+
+# --- Kubernetes discovery -----------------------------------------------------------------------
+
+@dataclass
+class DiscoveryReport:
+    cluster: str
+    nodes: int = 0
+    gpus: int = 0
+    changes: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        self.changes = self.changes or []
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.changes)
+
+
+def _send_health_changed(node_id: int, healthy: bool, reason: str) -> None:
+    transaction.on_commit(lambda: node_health_changed.send(sender=Node, node_id=node_id, healthy=healthy,
+                                                           reason=reason))
+
+
+@transaction.atomic
+def cluster_apply_discovery(*, cluster: Cluster, nodes: list[DiscoveredNode],
+                            now: datetime | None = None) -> DiscoveryReport:
+    """Make the cluster's Node/Gpu rows match what its API server listed.
+
+    New nodes and GPUs are created (a GPU joins the pool of its cluster and model, made on
+    first sight; staff may move it later). Nodes that are no longer listed are kept
+    (reservations point at them) but marked unhealthy; GPUs a node no longer reports are
+    marked unhealthy. A node whose health changes sends ``node_health_changed`` after commit.
+    One transaction, with the cluster row locked, so two discoveries never interleave.
+    """
+    now = now or timezone.now()
+    Cluster.objects.select_for_update().filter(pk=cluster.pk).first()
+    report = DiscoveryReport(cluster=cluster.slug)
+    changes = report.changes
+    existing = {node.name: node for node in Node.objects.select_for_update().filter(cluster=cluster)}
+    seen: set[str] = set()
+    for found in nodes:
+        seen.add(found.name)
+        node = existing.get(found.name)
+        created = node is None
+        if created:
+            node = Node(cluster=cluster, name=found.name)
+        was_healthy = node.healthy
+        node.healthy = found.ready
+        node.health_reason = found.health_reason
+        node.schedulable = found.schedulable
+        node.labels = found.labels
+        node.cpu_milli = found.cpu_milli
+        node.memory_mib = found.memory_mib
+        node.gpu_resources = found.gpu_resources
+        node.last_seen_at = now
+        node.save()
+        if created:
+            changes.append(f"new node {found.name} with {len(found.gpus)} GPUs"
+                           + ("" if found.ready else f" ({found.health_reason})"))
+        elif was_healthy != found.ready:
+            changes.append(f"node {found.name} is now {'healthy' if found.ready else 'unhealthy'}: "
+                           f"{found.health_reason}")
+            _send_health_changed(node.pk, found.ready, found.health_reason)
+        report.nodes += 1
+        report.gpus += _discovered_gpus(cluster, node, found, changes)
+    for name, node in existing.items():
+        if name in seen or not node.healthy:
+            continue
+        reason = "Kubernetes node is no longer listed by the API server"
+        node.healthy, node.health_reason = False, reason
+        node.save(update_fields=["healthy", "health_reason"])
+        changes.append(f"node {name} is gone: marked unhealthy")
+        _send_health_changed(node.pk, False, reason)
+    Cluster.objects.filter(pk=cluster.pk).update(last_discovered_at=now, discovery_error="")
+    return report
+
+
+def _discovered_gpus(cluster: Cluster, node: Node, found: DiscoveredNode, changes: list[str]) -> int:
+    uuids = [gpu.uuid for gpu in found.gpus]
+    known = {gpu.uuid: gpu for gpu in node.gpus.all()}
+    elsewhere = set(Gpu.objects.filter(uuid__in=uuids).exclude(node=node).values_list("uuid", flat=True))
+    gone = node.gpus.exclude(uuid__in=uuids).filter(healthy=True)
+    for uuid in gone.values_list("uuid", flat=True):
+        changes.append(f"GPU {uuid} is no longer reported by node {node.name}: marked unhealthy")
+    gone.update(healthy=False)
+    count = 0
+    for reported in found.gpus:
+        if reported.uuid in elsewhere:
+            changes.append(f"GPU {reported.uuid} of node {node.name} is already registered on another node; skipped")
+            continue
+        gpu = known.get(reported.uuid)
+        if gpu is None:
+            gpu = Gpu(node=node, uuid=reported.uuid, pool=pool_for_model(cluster, reported.model_name))
+            changes.append(f"new GPU {reported.uuid} ({reported.model_name}) on node {node.name} "
+                           f"in pool {gpu.pool.slug}")
+        elif not gpu.healthy:
+            changes.append(f"GPU {reported.uuid} on node {node.name} is reported again")
+        fields = {"index": reported.index, "model_name": reported.model_name, "memory_mib": reported.memory_mib,
+                  "mig_capable": reported.mig_capable, "driver_version": reported.driver_version,
+                  "cuda_version": reported.cuda_version, "healthy": True}
+        if gpu.pk is None or any(getattr(gpu, k) != v for k, v in fields.items()):
+            for key, value in fields.items():
+                setattr(gpu, key, value)
+            gpu.save()
+        count += 1
+    return count
+
+
+def cluster_record_discovery_error(*, cluster: Cluster, error: str) -> None:
+    Cluster.objects.filter(pk=cluster.pk).update(discovery_error=error[:2000])

@@ -25,6 +25,11 @@ def _schedule_periodic_tasks(sender: Celery, **_: object) -> None:
         name="mark silent hosts",
     )
     sender.add_periodic_task(
+        settings.CLUSTER_DISCOVERY_SECONDS,
+        sender.signature("inventory.tasks.discover_clusters"),
+        name="discover Kubernetes clusters",
+    )
+    sender.add_periodic_task(
         settings.RECONCILE_SECONDS,
         sender.signature("allocations.tasks.reconcile_clusters"),
         name="reconcile clusters",

@@ -155,6 +155,19 @@ AGENT_HEARTBEAT_SECONDS = env.float("AGENT_HEARTBEAT_SECONDS", default=10.0)
 HOST_SILENCE_TIMEOUT = timedelta(seconds=env.float("HOST_SILENCE_TIMEOUT_SECONDS", default=60.0))
 HOST_SILENCE_CHECK_SECONDS = env.float("HOST_SILENCE_CHECK_SECONDS", default=15.0)
 
+# --- Kubernetes clusters ------------------------------------------------------------------
+# Fernet key(s) that encrypt stored kubeconfigs (comma-separated: the first encrypts, all
+# decrypt, so keys can be rotated). Unset: a key derived from SECRET_KEY — fine for the
+# embedded demo and tests, but then rotating SECRET_KEY makes stored kubeconfigs unreadable;
+# set FIELD_ENCRYPTION_KEY in production (`python -c "from cryptography.fernet import
+# Fernet; print(Fernet.generate_key().decode())"`).
+FIELD_ENCRYPTION_KEYS = env.list("FIELD_ENCRYPTION_KEY", default=[])
+CLUSTER_DISCOVERY_SECONDS = env.float("CLUSTER_DISCOVERY_SECONDS", default=60.0)
+KUBE_REQUEST_TIMEOUT_SECONDS = env.float("KUBE_REQUEST_TIMEOUT_SECONDS", default=10.0)
+# Shared secret the admission webhooks require (Authorization: Bearer, or the last path
+# segment of the webhook URL); empty = no token (protect the route at the ingress instead).
+KUBE_WEBHOOK_TOKEN = env.str("KUBE_WEBHOOK_TOKEN", default="")
+
 # --- reservations ---------------------------------------------------------------------
 # A starts_at up to this far in the past is taken as "now" (clock skew, slow forms).
 RESERVATION_START_GRACE = timedelta(seconds=env.int("RESERVATION_START_GRACE_SECONDS", default=300))

@@ -1,13 +1,48 @@
 from rest_framework import serializers
+from rest_framework.validators import UniqueValidator
 
 from common.api import CleanModelSerializer
+from inventory import services
 from inventory.models import Cluster, Gpu, GpuPool, HostToken, Node
 
 
 class ClusterSerializer(CleanModelSerializer):
+    """Kubernetes credentials are write-only: `kubeconfig` is stored encrypted and never shown back;
+    `has_credentials` says whether one (or in_cluster) is set."""
+
+    slug = serializers.SlugField(max_length=64, required=False, help_text="Default: made from the name",
+                                 validators=[UniqueValidator(queryset=Cluster.objects.all())])
+    kubeconfig = serializers.CharField(write_only=True, required=False, allow_blank=True, trim_whitespace=False,
+                                       style={"base_template": "textarea.html"},
+                                       help_text="kubeconfig YAML (credentials inline); stored encrypted, never "
+                                                 "shown back. \"\" removes it.")
+    has_credentials = serializers.BooleanField(read_only=True)
+
     class Meta:
         model = Cluster
-        fields = ["id", "name", "slug", "kind", "description", "created_at"]
+        fields = ["id", "name", "slug", "kind", "description", "in_cluster", "kubeconfig", "has_credentials",
+                  "last_discovered_at", "discovery_error", "created_at"]
+        read_only_fields = ["last_discovered_at", "discovery_error"]
+
+    def validate(self, attrs):
+        kubeconfig = attrs.pop("kubeconfig", None)
+        attrs = super().validate(attrs)
+        if kubeconfig is not None:
+            attrs["kubeconfig"] = kubeconfig
+        return attrs
+
+    def create(self, validated_data):
+        return services.cluster_create(actor=self.context["request"].user, **validated_data)
+
+    def update(self, instance, validated_data):
+        return services.cluster_update(actor=self.context["request"].user, cluster=instance, **validated_data)
+
+
+class DiscoveryReportSerializer(serializers.Serializer):
+    cluster = serializers.CharField()
+    nodes = serializers.IntegerField(help_text="Nodes listed by the API server")
+    gpus = serializers.IntegerField(help_text="GPUs found on them")
+    changes = serializers.ListField(child=serializers.CharField(), help_text="What changed in the inventory")
 
 
 class NodeSerializer(CleanModelSerializer):

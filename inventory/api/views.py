@@ -5,10 +5,12 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from common.errors import ValidationFailed
 from inventory import services
 
 from inventory.api.serializers import (
     ClusterSerializer,
+    DiscoveryReportSerializer,
     GpuSerializer,
     HostTokenCreatedSerializer,
     HostTokenSerializer,
@@ -23,10 +25,33 @@ class StaffOnly(permissions.IsAdminUser):
 
 
 class ClusterViewSet(viewsets.ModelViewSet):
+    """Staff register clusters; a Kubernetes one with `kubeconfig` (write-only, stored encrypted) or
+    `in_cluster: true`, and discover its nodes and GPUs now with `POST …/discover/`."""
+
     queryset = Cluster.objects.all()
     serializer_class = ClusterSerializer
     filterset_class = ClusterFilterSet
     permission_classes = [StaffOnly]
+
+    @extend_schema(request=None, responses=DiscoveryReportSerializer)
+    @action(detail=True, methods=["post"])
+    def discover(self, request: Request, pk: str) -> Response:
+        """List the cluster's nodes now and update the inventory; 502/503 naming the cluster's error."""
+        from inventory.kubernetes.client import ClusterError, as_application_error
+        from inventory.kubernetes.discovery import discover_cluster
+
+        cluster = self.get_object()
+        if cluster.kind != Cluster.Kind.KUBERNETES:
+            raise ValidationFailed("Only Kubernetes clusters are discovered; hosts register through their agent.",
+                                   field="cluster", rule="not_kubernetes")
+        if not cluster.has_credentials:
+            raise ValidationFailed("The cluster has no kubeconfig (or in_cluster) to connect with.",
+                                   field="kubeconfig", rule="required")
+        try:
+            report = discover_cluster(cluster)
+        except ClusterError as exc:
+            raise as_application_error(cluster.name, exc) from exc
+        return Response(DiscoveryReportSerializer(report).data)
 
 
 class NodeViewSet(viewsets.ModelViewSet):
