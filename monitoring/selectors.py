@@ -60,6 +60,7 @@ def live_group(user, kind: str, key: str) -> str | None:
 
 RANGES = {"15m": 15 * 60, "1h": 3600, "24h": 86400, "7d": 7 * 86400, "30d": 30 * 86400}
 MAX_POINTS = 360
+NICE_STEPS = (1, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
 
 
 @dataclass
@@ -80,9 +81,7 @@ def _resolution(span: int) -> tuple[str, int]:
         table, base = "minute", 60
     else:
         table, base = "hour", 3600
-    step = base
-    while span / step > MAX_POINTS:
-        step += base
+    step = next(s for s in NICE_STEPS if s >= base and span / s <= MAX_POINTS)
     return table, step
 
 

@@ -1,0 +1,107 @@
+"""Live WebSockets: who may join which group (session or token), and that a batch reaches the group once."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.testing.websocket import WebsocketCommunicator
+from django.test import Client
+from rest_framework.authtoken.models import Token
+
+from inventory.models import Node
+from portal.asgi import application
+from tests.monitoring.conftest import batch, payload, post, sample
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _session_headers(user) -> list[tuple[bytes, bytes]]:
+    client = Client()
+    client.force_login(user)
+    cookie = client.cookies["sessionid"].value
+    return [(b"cookie", f"sessionid={cookie}".encode()), (b"origin", b"http://testserver")]
+
+
+def _token_headers(user) -> list[tuple[bytes, bytes]]:
+    token, _ = Token.objects.get_or_create(user=user)
+    return [(b"authorization", f"Token {token.key}".encode())]
+
+
+async def _connect(path: str, headers) -> tuple[bool, WebsocketCommunicator]:
+    communicator = WebsocketCommunicator(application, path, headers=headers)
+    connected, _ = await communicator.connect(timeout=5)
+    if connected:
+        hello = json.loads(await communicator.receive_from(timeout=5))
+        assert hello["type"] == "hello"
+    return connected, communicator
+
+
+def _can_join(path: str, headers) -> bool:
+    async def run():
+        connected, communicator = await _connect(path, headers)
+        await communicator.disconnect()
+        return connected
+
+    return async_to_sync(run)()
+
+
+def test_a_member_joins_their_pools_by_session_and_is_refused_elsewhere(world):
+    headers = _session_headers(world.member)
+    assert _can_join("/ws/pools/a100/", headers)
+    assert not _can_join("/ws/pools/l4/", headers)  # no quota of team ml there
+    assert _can_join("/ws/teams/ml/", headers)
+    assert not _can_join("/ws/teams/infra/", headers)
+    assert _can_join(f"/ws/nodes/{Node.objects.get(name='node-a').pk}/", headers)
+    assert not _can_join(f"/ws/nodes/{Node.objects.get(name='node-c').pk}/", headers)
+    assert not _can_join("/ws/pools/nope/", headers)
+
+
+def test_staff_may_watch_everything(world):
+    headers = _token_headers(world.staff)
+    assert _can_join("/ws/pools/l4/", headers) and _can_join("/ws/teams/ml/", headers)
+
+
+def test_scripts_authenticate_with_a_token_and_a_wrong_token_or_none_is_refused(world):
+    assert _can_join("/ws/pools/a100/", _token_headers(world.member))
+    assert not _can_join("/ws/pools/l4/", _token_headers(world.member))
+    assert not _can_join("/ws/pools/a100/", [(b"authorization", b"Token not-a-real-token")])
+    assert not _can_join("/ws/pools/a100/", [(b"origin", b"http://testserver")])  # anonymous browser
+    # A browser from a foreign origin is refused even with a valid session.
+    foreign = [h for h in _session_headers(world.member) if h[0] != b"origin"] + [(b"origin", b"http://evil.test")]
+    assert not _can_join("/ws/pools/a100/", foreign)
+
+
+def test_one_agent_batch_reaches_the_pool_group_as_one_typed_message(world, host):
+    async def listen(communicator):
+        return json.loads(await communicator.receive_from(timeout=5))
+
+    as_member, as_staff, as_outsider = (_token_headers(u) for u in (world.member, world.staff, world.outsider))
+
+    async def run():
+        ok_member, member = await _connect("/ws/pools/a100/", as_member)
+        ok_node, node = await _connect(f"/ws/nodes/{host.node.pk}/", as_staff)
+        ok_other, other = await _connect("/ws/pools/l4/", as_outsider)
+        assert ok_member and ok_node and ok_other
+        t = time.time()
+        from asgiref.sync import sync_to_async
+
+        response = await sync_to_async(post)(host, payload(batch([sample(u, util=i) for i, u in enumerate(host.uuids)],
+                                                                 t=t)))
+        assert response.status_code == 200
+        got = await listen(member)
+        got_node = await listen(node)
+        nothing_for_other = await other.receive_nothing(timeout=0.5)
+        nothing_more = await member.receive_nothing(timeout=0.3)
+        for c in (member, node, other):
+            await c.disconnect()
+        return got, got_node, nothing_for_other, nothing_more
+
+    got, got_node, nothing_for_other, nothing_more = async_to_sync(run)()
+    assert got["type"] == "telemetry.samples" and got["t"] == pytest.approx(time.time(), abs=10)
+    assert sorted(s["util"] for s in got["samples"]) == [0, 1, 2, 3]
+    assert {s["uuid"] for s in got["samples"]} == set(host.uuids)
+    assert set(got["samples"][0]) == {"gpu", "uuid", "t", "util", "mem_util", "mem_used", "mem_total", "temp", "power"}
+    assert got_node["samples"] == got["samples"]
+    assert nothing_for_other and nothing_more  # l4 watchers get nothing of a100; one message per batch
