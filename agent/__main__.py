@@ -106,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heartbeat", type=float, default=10.0, help="seconds between heartbeats")
     parser.add_argument("--lease-file", default=DEFAULT_FILE,
                         help="where this host's GPU leases are kept for job launchers (see agent.leases)")
+    parser.add_argument("--telemetry-interval", type=float, default=1.0,
+                        help="seconds between GPU samples sent to the portal (0: no telemetry)")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s agent: %(message)s")
@@ -117,6 +119,10 @@ def main(argv: list[str] | None = None) -> int:
                   leases=LeaseStore(args.lease_file))
     signal.signal(signal.SIGTERM, lambda *_: agent.stop.set())
     signal.signal(signal.SIGINT, lambda *_: agent.stop.set())
+    if args.telemetry_interval > 0:
+        from agent import telemetry
+
+        telemetry.start(agent.client, backend, agent.stop, lambda: agent.registered, args.telemetry_interval)
     try:
         return agent.run()
     finally:

@@ -11,7 +11,7 @@ import re
 import uuid
 from dataclasses import dataclass
 
-from agent.gpus import GpuInfo, GpuSample
+from agent.gpus import GpuInfo, GpuProcess, GpuSample
 
 
 @dataclass(frozen=True)
@@ -56,13 +56,16 @@ def parse_spec(spec: str) -> list[Model]:
 class SimulatedBackend:
     name = "simulated"
 
-    def __init__(self, spec: str, host: str, seed: int | None = None) -> None:
+    def __init__(self, spec: str, host: str, seed: int | None = None, uuids: list[str] | None = None) -> None:
         self.models = parse_spec(spec)
         self.host = host
         self.rng = random.Random(seed if seed is not None else host)
-        # Stable per host and index, so a restarted agent reports the same GPUs.
-        self.uuids = [f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{host}.simulated/{i}')}" for i in range(len(self.models))]
+        # Stable per host and index, so a restarted agent reports the same GPUs (the demo passes its own).
+        self.uuids = uuids or [f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{host}.simulated/{i}')}"
+                               for i in range(len(self.models))]
         self.util = [self.rng.uniform(0, 60) for _ in self.models]
+        # A quarter of the cards sit idle (nothing running), so "allocated but idle" has something to show.
+        self.idle = [self.rng.random() < 0.25 for _ in self.models]
 
     def inventory(self) -> list[GpuInfo]:
         return [GpuInfo(uuid=self.uuids[i], index=i, name=m.name, memory_mib=m.memory_mib, mig_mode=False,
@@ -73,7 +76,9 @@ class SimulatedBackend:
         samples = []
         for i, model in enumerate(self.models):
             self.util[i] = min(100.0, max(0.0, self.util[i] + self.rng.gauss(0, 8)))
-            util = self.util[i]
+            if self.rng.random() < 0.002:  # now and then a job starts or ends
+                self.idle[i] = not self.idle[i]
+            util = 0.0 if self.idle[i] else self.util[i]
             samples.append(GpuSample(
                 uuid=self.uuids[i],
                 utilization_gpu_pct=round(util),
@@ -82,6 +87,8 @@ class SimulatedBackend:
                 memory_total_mib=model.memory_mib,
                 temperature_c=round(32 + util * 0.45),
                 power_w=round(model.max_power_w * (0.12 + 0.8 * util / 100), 1),
+                processes=[] if self.idle[i] else [GpuProcess(
+                    pid=10000 + 97 * i, used_memory_mib=round(model.memory_mib * min(0.95, util / 100 + 0.02)))],
             ))
         return samples
 
