@@ -20,7 +20,7 @@ def test_an_agent_registers_heartbeats_stops_on_revocation_and_its_host_goes_sil
     staff = UserFactory(username="root", is_staff=True)
     token, key = services.host_token_create(actor=staff, cluster=ClusterFactory(slug="lab"), host_name="sim-01")
     log = open(tmp_path / "agent.log", "wb")
-    process = subprocess.Popen([sys.executable, "-m", "agent", "--portal", live_server.url, "--token", key,
+    process = subprocess.Popen([sys.executable, "-m", "agent", "--portal", live_server.url, f"--token={key}",
                                 "--simulate", "4xH100", "--hostname", "sim-01", "--lease-file", str(tmp_path / "leases.json")],
                                cwd=BASE_DIR, stdout=log, stderr=subprocess.STDOUT)
     try:

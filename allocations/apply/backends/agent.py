@@ -81,6 +81,10 @@ class AgentBackend:
             drift = _describe(node.name, missing, extra)
             if teams is None:
                 report.changes.append(f"{drift}; the agent gets the right set on its next poll")
+            elif not node.healthy and not missing:
+                # A silent host cannot confirm that it dropped leases; it drops them on its first poll
+                # when it comes back, and nobody can run on it meanwhile. Waiting would only block.
+                continue
             elif not node.healthy:
                 waiting.append(f"{drift}, and the host is not reporting")
             else:
