@@ -59,7 +59,11 @@ class Agent:
         """Tell the portal which leases this host holds and take the ones it should hold."""
         reported = self.leases.held_keys()
         answer = self.client.leases(held=reported)
-        held = self.leases.replace(answer.get("leases", []))
+        try:
+            held = self.leases.replace(answer.get("leases", []))
+        except OSError as error:  # the portal keeps waiting for a confirmation; say why here
+            log.error("cannot write the lease file %s: %s", self.leases.path, error)
+            return
         if held != reported:
             self.client.leases(held=held)  # confirm at once, so an apply does not wait a whole interval
             log.info("now holding %d GPU lease(s): %s", len(held), ", ".join(held) or "none")

@@ -17,7 +17,19 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-DEFAULT_FILE = os.environ.get("GPUPOOL_LEASE_FILE", "/run/gpupool/leases.json")
+
+
+def _default_file() -> str:
+    """/run/gpupool for the system service (root); the user's state folder otherwise."""
+    if os.environ.get("GPUPOOL_LEASE_FILE"):
+        return os.environ["GPUPOOL_LEASE_FILE"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        return "/run/gpupool/leases.json"
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(state, "gpupool", "leases.json")
+
+
+DEFAULT_FILE = _default_file()
 
 
 def _ends(lease: dict) -> datetime:
