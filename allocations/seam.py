@@ -9,6 +9,7 @@ no Django here.
 """
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
@@ -24,6 +25,8 @@ from allocations.placement import (
     PlacementRequest,
     place,
 )
+
+log = logging.getLogger(__name__)
 
 # A node whose CPU or memory capacity is unknown (0 in inventory) must not look starved to
 # the policies that weigh CPU and memory, so it gets this much instead.
@@ -60,8 +63,14 @@ class Unplaceable(Exception):
 
 
 def policy_name(name: str | None) -> str:
-    """The engine policy for a pool's `placement_policy` (empty or unknown names get the default)."""
-    return name if name in POLICY_NAMES else DEFAULT_POLICY
+    """The engine policy for a pool's `placement_policy` (empty or unknown names get the default).
+
+    The API only accepts known names; this guards rows written some other way (admin, SQL)."""
+    if name in POLICY_NAMES:
+        return name
+    if name:
+        log.warning("unknown placement policy %r; using %s", name, DEFAULT_POLICY)
+    return DEFAULT_POLICY
 
 
 def choose_whole_gpus(gpus: Sequence[PoolGpu], count: int, *, start: datetime, end: datetime,

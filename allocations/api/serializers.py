@@ -4,6 +4,7 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from allocations.models import Allocation, ApplyJob, Quota, Reservation, ReservationEvent
+from allocations.placement import DEFAULT_POLICY, POLICY_NAMES
 from common.api import CleanModelSerializer
 from inventory.models import GpuPool
 from portal.models import Team
@@ -12,6 +13,10 @@ MAX_GPUS_PER_REQUEST = 1024
 
 
 class PoolSerializer(CleanModelSerializer):
+    placement_policy = serializers.ChoiceField(
+        choices=sorted(POLICY_NAMES), default=DEFAULT_POLICY,
+        help_text=f"How reservations are placed; {DEFAULT_POLICY} (the default) packs to keep large requests placeable",
+    )
     gpus_total = serializers.IntegerField(read_only=True, default=0)
     gpus_healthy = serializers.IntegerField(read_only=True, default=0)
     gpus_allocated = serializers.IntegerField(read_only=True, default=0)

@@ -67,3 +67,15 @@ def test_unknown_policy_names_get_the_default():
     assert policy_name("first_fit") == "first_fit"
     assert policy_name("") == "portal"
     assert policy_name("no-such-policy") == "portal"
+
+
+def test_staff_choose_a_pools_policy_by_name_and_typos_are_refused(world, api):
+    staff = api(world.staff)
+    created = staff.post("/api/v1/pools/", {"slug": "h100", "name": "H100"}, format="json")
+    assert created.status_code == 201, created.content
+    assert created.json()["placement_policy"] == "portal"
+    changed = staff.patch("/api/v1/pools/h100/", {"placement_policy": "best_fit"}, format="json")
+    assert changed.status_code == 200 and changed.json()["placement_policy"] == "best_fit"
+    refused = staff.patch("/api/v1/pools/h100/", {"placement_policy": "bestfit"}, format="json")
+    assert refused.status_code == 400
+    assert refused.json()["errors"][0]["field"] == "placement_policy"
