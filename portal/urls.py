@@ -6,6 +6,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
 from allocations.api.views import PoolViewSet, QuotaViewSet, ReservationViewSet
+from allocations.webhooks import urlpatterns as kube_webhooks
 from allocations.api.agent import LeasesView
 from inventory.api.agent import HeartbeatView, RegisterView
 from monitoring.api.views import AlertRuleViewSet, AlertViewSet, PoolHistoryView, TelemetryView
@@ -55,4 +56,6 @@ urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("metrics", metrics.metrics, name="metrics"),
+    # Kubernetes admission webhooks (called by API servers; CSRF-exempt, token-checked): see allocations/webhooks.py
+    path("webhooks/kubernetes/", include(kube_webhooks)),
 ]
