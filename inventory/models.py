@@ -78,7 +78,11 @@ class GpuPool(models.Model):
     sharing_config = models.JSONField(
         default=dict, blank=True, help_text="The mode's parameters, e.g. {\"replicas\": 4} or {\"mig_layout\": ...}"
     )
-    placement_policy = models.CharField(max_length=32, default="first_fit")
+    placement_policy = models.CharField(
+        max_length=32, default="portal",
+        help_text="Placement engine policy: portal (default), fgd, best_fit, first_fit, spread, packing, dot_product, "
+                  "clustering or random",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
