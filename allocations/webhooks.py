@@ -31,7 +31,7 @@ from typing import Any
 
 from django.conf import settings
 from django.http import HttpRequest, JsonResponse
-from django.urls import path
+from django.urls import re_path
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
@@ -236,11 +236,10 @@ def validate_pods(request: HttpRequest, cluster: str | None = None, token: str |
     return _handle(request, cluster, token, _validate)
 
 
+# The trailing slash is optional: kube-apiserver drops it from a webhook URL's path (and
+# follows Django's APPEND_SLASH redirect as a GET, which would be refused).
+_TAIL = r"(?:/(?P<cluster>[-a-zA-Z0-9_]+))?(?:/(?P<token>[^/]+))?/?$"
 urlpatterns = [
-    path("mutate-pods/", mutate_pods, name="kube-mutate-pods"),
-    path("mutate-pods/<slug:cluster>/", mutate_pods, name="kube-mutate-pods"),
-    path("mutate-pods/<slug:cluster>/<str:token>/", mutate_pods, name="kube-mutate-pods"),
-    path("validate-pods/", validate_pods, name="kube-validate-pods"),
-    path("validate-pods/<slug:cluster>/", validate_pods, name="kube-validate-pods"),
-    path("validate-pods/<slug:cluster>/<str:token>/", validate_pods, name="kube-validate-pods"),
+    re_path(r"^mutate-pods" + _TAIL, mutate_pods, name="kube-mutate-pods"),
+    re_path(r"^validate-pods" + _TAIL, validate_pods, name="kube-validate-pods"),
 ]

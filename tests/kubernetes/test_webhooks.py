@@ -205,6 +205,7 @@ def test_the_webhook_token_is_required_when_set(holding, settings):
     assert post(MUTATE, body, HTTP_AUTHORIZATION="Bearer wrong").status_code == 401
     assert response_of(post(MUTATE, body, HTTP_AUTHORIZATION="Bearer s3cret-token"))["allowed"] is True
     assert response_of(post(f"{VALIDATE}{slug}/s3cret-token/", body))["allowed"] is True
+    assert response_of(post(f"{VALIDATE}{slug}/s3cret-token", body))["allowed"] is True  # no trailing slash
 
 
 def test_bad_requests_are_4xx_json(db):
@@ -225,8 +226,8 @@ def test_kube_webhook_config_prints_configurations_the_api_server_accepts(contro
     documents = list(yaml.safe_load_all(out.getvalue()))
     assert [d["kind"] for d in documents] == ["MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"]
     mutating, validating = documents[0]["webhooks"][0], documents[1]["webhooks"][0]
-    assert mutating["clientConfig"]["url"] == "https://portal.example/webhooks/kubernetes/mutate-pods/east/"
-    assert validating["clientConfig"]["url"] == "https://portal.example/webhooks/kubernetes/validate-pods/east/"
+    assert mutating["clientConfig"]["url"] == "https://portal.example/webhooks/kubernetes/mutate-pods/east"
+    assert validating["clientConfig"]["url"] == "https://portal.example/webhooks/kubernetes/validate-pods/east"
     for hook in (mutating, validating):
         assert hook["sideEffects"] == "None" and hook["admissionReviewVersions"] == ["v1"]
         assert hook["failurePolicy"] == "Fail"
@@ -242,7 +243,7 @@ def test_kube_webhook_config_prints_configurations_the_api_server_accepts(contro
     out = io.StringIO()
     call_command("kube_webhook_config", "--url", "https://portal.example", "--ca-file",
                  str(control_plane.dir / "pki" / "ca.crt"), "--cluster", "east", "--token-in-path", stdout=out)
-    assert "/webhooks/kubernetes/mutate-pods/east/tok/" in out.getvalue()
+    assert "/webhooks/kubernetes/mutate-pods/east/tok\n" in out.getvalue()
     with pytest.raises(CommandError, match="https"):
         call_command("kube_webhook_config", "--url", "http://portal.example/", "--ca-file",
                      str(control_plane.dir / "pki" / "ca.crt"))

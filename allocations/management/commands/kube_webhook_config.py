@@ -34,7 +34,7 @@ def webhook_configurations(*, url: str, ca_bundle: bytes, cluster: str = "", tok
             parts.append(cluster)
             if token:
                 parts.append(token)
-        return "/".join(parts) + "/"
+        return "/".join(parts)  # no trailing slash: the API server would drop it anyway
 
     common = {
         "clientConfig": {"url": "", "caBundle": base64.b64encode(ca_bundle).decode()},

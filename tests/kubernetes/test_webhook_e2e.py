@@ -1,0 +1,131 @@
+"""End to end: kube-apiserver itself calls the portal's webhooks over TLS when a team pod is created.
+
+The portal runs as a real gunicorn process over HTTPS (a certificate for 127.0.0.1 signed by
+the control plane's CA) on this test's PostgreSQL database; the webhook configurations come
+from ``kube_webhook_config``, narrowed to this test's namespace so nothing else in the
+session is affected, and are deleted at the end.
+"""
+from __future__ import annotations
+
+import io
+import json
+import socket
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
+import pytest
+import yaml
+from django.core.management import call_command
+from django.utils import timezone
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from allocations.apply.backends.kubernetes import KubernetesBackend
+from allocations.apply.selectors import cluster_desired
+from allocations.models import Allocation, Reservation
+from tests.conftest import BASE_DIR
+from tests.factories import PoolFactory, QuotaFactory, TeamFactory, add_node
+from tests.kubernetes.conftest import unique
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def https_portal(worker_env, control_plane, tmp_path):
+    """gunicorn serving the portal over HTTPS on 127.0.0.1, trusted through the control plane's CA."""
+    pki = control_plane.dir / "pki"
+    key, csr, cert, ext = (tmp_path / n for n in ("portal.key", "portal.csr", "portal.crt", "san.ext"))
+    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    subprocess.run(["openssl", "req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", csr,
+                    "-subj", "/CN=gpupool-portal"], check=True, capture_output=True)
+    subprocess.run(["openssl", "x509", "-req", "-in", csr, "-CA", pki / "ca.crt", "-CAkey", pki / "ca.key",
+                    "-CAcreateserial", "-out", cert, "-days", "1", "-extfile", ext], check=True, capture_output=True)
+    port = _free_port()
+    log_path = tmp_path / "gunicorn.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "portal.wsgi", "--workers", "1", "--bind", f"127.0.0.1:{port}",
+             "--certfile", str(cert), "--keyfile", str(key), "--access-logfile", "-"],
+            env=worker_env, cwd=BASE_DIR, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                break
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                pytest.fail("the portal did not start over HTTPS:\n" + log_path.read_text()[-3000:])
+            time.sleep(0.2)
+    yield f"https://127.0.0.1:{port}/"
+    process.terminate()
+    try:
+        process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def test_the_api_server_calls_the_portal_to_pin_and_to_refuse_pods(https_portal, control_plane, kube_api,
+                                                                     kube_cluster):
+    core = k8s.CoreV1Api(kube_api)
+    admission = k8s.AdmissionregistrationV1Api(kube_api)
+    team = TeamFactory(slug=unique("e2e"))
+    pool = PoolFactory(slug=unique("e2e-pool"))
+    node = add_node(pool, unique("node-e2e"), 4, cluster=kube_cluster)
+    QuotaFactory(team=team, pool=pool, max_gpus=4)
+    now = timezone.now()
+    reservation = Reservation.objects.create(team=team, pool=pool, gpus=2, starts_at=now - timedelta(minutes=1),
+                                             ends_at=now + timedelta(hours=1), state=Reservation.State.ACTIVE)
+    for gpu in node.gpus.order_by("index")[:2]:
+        Allocation.objects.create(reservation=reservation, gpu=gpu, starts_at=reservation.starts_at,
+                                  ends_at=reservation.ends_at)
+    KubernetesBackend(kube_cluster).sync(cluster_desired(kube_cluster), teams=[team.slug])
+    namespace = f"gpupool-{team.slug}"
+
+    out = io.StringIO()
+    call_command("kube_webhook_config", "--url", https_portal, "--ca-file", str(control_plane.dir / "pki" / "ca.crt"),
+                 "--cluster", kube_cluster.slug, stdout=out)
+    documents = list(yaml.safe_load_all(out.getvalue()))
+    name = unique("gpupool-e2e")
+    for document in documents:
+        document["metadata"]["name"] = name
+        # Only this test's namespace: the rest of the session must not depend on this portal process.
+        document["webhooks"][0]["namespaceSelector"] = {"matchLabels": {"gpupool.io/team": team.slug}}
+    admission.create_mutating_webhook_configuration(documents[0])
+    admission.create_validating_webhook_configuration(documents[1])
+    try:
+        def pod(gpus: int) -> dict:
+            return {"apiVersion": "v1", "kind": "Pod", "metadata": {"generateName": "train-"},
+                    "spec": {"automountServiceAccountToken": False, "containers": [
+                        {"name": "main", "image": "busybox",
+                         "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}}
+
+        # The API server picks up new webhook configurations within a moment; retry until it calls us.
+        deadline = time.monotonic() + 30
+        while True:
+            created = core.create_namespaced_pod(namespace, pod(1), dry_run="All")
+            if created.spec.affinity is not None or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        terms = created.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution \
+            .node_selector_terms
+        assert terms[0].match_expressions[0].key == "kubernetes.io/hostname"
+        assert terms[0].match_expressions[0].values == [node.name]
+        assert created.metadata.annotations["gpupool.io/reservations"] == str(reservation.pk)
+
+        with pytest.raises(ApiException) as refused:
+            core.create_namespaced_pod(namespace, pod(3), dry_run="All")
+        message = json.loads(refused.value.body)["message"]
+        assert refused.value.status == 403
+        assert message.startswith('admission webhook "gpu-requests.gpupool.io" denied the request')
+        assert f"team {team.slug} holds 2 nvidia.com/gpu" in message and "asks for 3" in message
+    finally:
+        admission.delete_mutating_webhook_configuration(name)
+        admission.delete_validating_webhook_configuration(name)
