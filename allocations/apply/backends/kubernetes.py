@@ -12,6 +12,10 @@
   team is no longer in ``desired`` (namespaces are never deleted: the team's workloads and
   secrets live there) and removes the portal's labels from nodes that left a shared pool.
 
+A quota binds pods only once the cluster's quota controller has copied its limits into
+``status.hard``; sync waits for that (up to ``quota_wait_seconds``) and raises
+:class:`BackendPending` if it does not happen, so "applied" means "enforced".
+
 Each object is read first and applied only when a field the portal owns differs, so a
 second sync with the same ``desired`` sends nothing and reports no change. Writes are
 server-side apply with field manager ``gpupool-portal`` and ``force`` (the portal's
