@@ -8,6 +8,7 @@ through the API themselves (:func:`make_gpu_node`).
 from __future__ import annotations
 
 import subprocess
+import time
 import uuid
 import warnings
 from dataclasses import dataclass
@@ -79,10 +80,21 @@ def core(kube_api) -> k8s.CoreV1Api:
 
 
 @pytest.fixture
-def kube_cluster(db, control_plane) -> Cluster:
-    """A registered Kubernetes cluster row holding the control plane's kubeconfig (encrypted)."""
+def kube_cluster(db, control_plane, core) -> Cluster:
+    """A registered Kubernetes cluster row holding the control plane's kubeconfig (encrypted).
+
+    The control plane is shared by the session, so every test that takes this fixture starts
+    with no Nodes: discovery then sees only the nodes the test makes. (Namespaces stay; tests
+    use unique team names.)
+    """
     from inventory.kubernetes import crypto
 
+    core.delete_collection_node()
+    deadline = time.monotonic() + 10
+    while core.list_node().items:
+        if time.monotonic() > deadline:
+            pytest.fail("the control plane's nodes were not deleted within 10 s")
+        time.sleep(0.05)
     return ClusterFactory(slug=f"k8s-{uuid.uuid4().hex[:6]}", kind=Cluster.Kind.KUBERNETES,
                           kubeconfig_encrypted=crypto.encrypt(control_plane.kubeconfig))
 
