@@ -8,6 +8,7 @@ restarted portal or agent converges by itself.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import random
@@ -15,10 +16,12 @@ import signal
 import socket
 import sys
 import threading
+from pathlib import Path
 
 from agent import __version__
 from agent.gpus import GpuBackend
-from agent.leases import DEFAULT_FILE, LeaseStore
+from agent import lease_channel
+from agent.leases import DEFAULT_DIR, LeaseStore
 from agent.portal_client import PortalClient, PortalError, PortalUnreachable
 
 log = logging.getLogger("agent")
@@ -46,6 +49,10 @@ class Agent:
         self.stop = threading.Event()
         self.registered = False
         self.leases = leases
+        self.lease_lock = threading.Lock()
+        self.lease_channel_open = threading.Event()  # set by the lease channel while its WebSocket is up
+        self._last_held: list[str] | None = None
+        self._inventory = None
 
     def register(self) -> None:
         gpus = [gpu.as_dict() for gpu in self.backend.inventory()]
@@ -55,18 +62,46 @@ class Agent:
         self.registered = True
         log.info("registered %s as node %s with %d GPUs", self.hostname, answer.get("node"), len(gpus))
 
-    def sync_leases(self) -> None:
-        """Tell the portal which leases this host holds and take the ones it should hold."""
-        reported = self.leases.held_keys()
-        answer = self.client.leases(held=reported)
+    def take_leases(self, leases: list[dict]) -> dict:
+        """Hold `leases` (refusing any for a GPU this host does not have); returns the report for the portal."""
+        with self.lease_lock:
+            own = {gpu.uuid for gpu in self.gpus()}
+            failed = {lease["key"]: f"GPU {lease['gpu_uuid']} is not on host {self.hostname}"
+                      for lease in leases if lease.get("gpu_uuid") not in own}
+            try:
+                held, problems = self.leases.replace([lease for lease in leases if lease["key"] not in failed])
+            except OSError as error:  # the portal keeps waiting for a confirmation; say why here
+                log.error("cannot write the leases in %s: %s", self.leases.dir, error)
+                return {"held": self.leases.held_keys(), "failed": failed, "unleased_in_use": []}
+            failed.update(problems)
+            if held != self._last_held:
+                log.info("now holding %d GPU lease(s): %s", len(held), ", ".join(held) or "none")
+                self._last_held = held
+            for key, problem in failed.items():
+                log.error("lease %s refused: %s", key, problem)
+            return {"held": held, "failed": failed, "unleased_in_use": self.unleased_in_use()}
+
+    def gpus(self):
+        if self._inventory is None:
+            self._inventory = self.backend.inventory()
+        return self._inventory
+
+    def unleased_in_use(self) -> list[str]:
+        """GPUs running processes that no lease covers (someone bypassed the portal)."""
+        leased = {lease["gpu_uuid"] for lease in self.leases.read()}
         try:
-            held = self.leases.replace(answer.get("leases", []))
-        except OSError as error:  # the portal keeps waiting for a confirmation; say why here
-            log.error("cannot write the lease file %s: %s", self.leases.path, error)
-            return
-        if held != reported:
-            self.client.leases(held=held)  # confirm at once, so an apply does not wait a whole interval
-            log.info("now holding %d GPU lease(s): %s", len(held), ", ".join(held) or "none")
+            return sorted(s.uuid for s in self.backend.sample() if s.processes and s.uuid not in leased)
+        except Exception as error:  # a sampling hiccup must not stop the lease exchange
+            log.warning("could not read GPU processes: %s", error)
+            return []
+
+    def sync_leases(self) -> None:
+        """HTTP fallback of the lease channel: say what this host holds, take what it should hold."""
+        report = {"held": self.leases.held_keys(), "failed": {}, "unleased_in_use": self.unleased_in_use()}
+        answer = self.client.leases(**report)
+        taken = self.take_leases(answer.get("leases", []))
+        if taken["held"] != report["held"] or taken["failed"]:
+            self.client.leases(**taken)  # confirm at once, so an apply does not wait a whole interval
 
     def run(self) -> int:
         failures = 0
@@ -76,8 +111,8 @@ class Agent:
                     self.register()
                 else:
                     self.client.heartbeat()
-                if self.leases is not None:
-                    self.sync_leases()
+                if self.leases is not None and not self.lease_channel_open.is_set():
+                    self.sync_leases()  # the WebSocket is down (or off): poll instead
                 failures = 0
                 wait = self.heartbeat
             except PortalError as error:
@@ -108,8 +143,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--simulate", metavar="SPEC", help="SIMULATED GPUs instead of NVML, e.g. 8xH100")
     parser.add_argument("--hostname", default=socket.gethostname())
     parser.add_argument("--heartbeat", type=float, default=10.0, help="seconds between heartbeats")
-    parser.add_argument("--lease-file", default=DEFAULT_FILE,
+    parser.add_argument("--state-dir", default=DEFAULT_DIR,
                         help="where this host's GPU leases are kept for job launchers (see agent.leases)")
+    parser.add_argument("--user-map", metavar="FILE",
+                        help="JSON {portal user: local account}: as root, hand leased device nodes to that account")
+    parser.add_argument("--device-dir", default="/dev", help=argparse.SUPPRESS)  # tests point it elsewhere
+    parser.add_argument("--no-lease-channel", action="store_true",
+                        help="poll leases over HTTP only (no WebSocket)")
     parser.add_argument("--telemetry-interval", type=float, default=1.0,
                         help="seconds between GPU samples sent to the portal (0: no telemetry)")
     parser.add_argument("--log-level", default="INFO")
@@ -119,10 +159,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--token (or GPUPOOL_AGENT_TOKEN) is required")
 
     backend = make_backend(args.simulate, args.hostname)
+    user_map = json.loads(Path(args.user_map).read_text()) if args.user_map else {}
     agent = Agent(PortalClient(args.portal, args.token), backend, args.hostname, heartbeat=args.heartbeat,
-                  leases=LeaseStore(args.lease_file))
+                  leases=LeaseStore(args.state_dir, user_map=user_map, device_dir=args.device_dir))
     signal.signal(signal.SIGTERM, lambda *_: agent.stop.set())
     signal.signal(signal.SIGINT, lambda *_: agent.stop.set())
+    if not args.no_lease_channel:
+        channel = lease_channel.LeaseChannel(args.portal, args.token, agent.take_leases, agent.stop)
+        channel.connected = agent.lease_channel_open
+        lease_channel.start(channel)
     if args.telemetry_interval > 0:
         from agent import telemetry
 

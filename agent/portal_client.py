@@ -49,5 +49,7 @@ class PortalClient:
     def heartbeat(self) -> dict[str, Any]:
         return self._post("/api/v1/agent/heartbeat/", {})
 
-    def leases(self, *, held: list[str]) -> dict[str, Any]:
-        return self._post("/api/v1/agent/leases/", {"held": held})
+    def leases(self, *, held: list[str], failed: dict[str, str] | None = None,
+               unleased_in_use: list[str] | None = None) -> dict[str, Any]:
+        return self._post("/api/v1/agent/leases/", {"held": held, "failed": failed or {},
+                                                    "unleased_in_use": unleased_in_use or []})

@@ -173,6 +173,9 @@ class HostLeaseReport(models.Model):
 
     node = models.OneToOneField("inventory.Node", on_delete=models.CASCADE, related_name="lease_report")
     held = models.JSONField(default=list, help_text="Lease keys '<reservation id>:<GPU UUID>' the agent holds")
+    failed = models.JSONField(default=dict, blank=True, help_text="Leases the agent could not apply: {key: why}")
+    unleased_in_use = models.JSONField(default=list, blank=True,
+                                       help_text="UUIDs of GPUs running processes that no lease covers")
     reported_at = models.DateTimeField()
 
     def __str__(self) -> str:

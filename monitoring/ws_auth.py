@@ -54,6 +54,7 @@ class BrowserOriginOrTokenValidator:
         self.validated = AllowedHostsOriginValidator(inner)
 
     async def __call__(self, scope, receive, send):
-        if _header(scope, b"origin") is None and (_header(scope, b"authorization") or "").startswith("Token "):
+        # Host agents (`Host <key>`) are scripts too.
+        if _header(scope, b"origin") is None and (_header(scope, b"authorization") or "").startswith(("Token ", "Host ")):
             return await self.inner(scope, receive, send)
         return await self.validated(scope, receive, send)

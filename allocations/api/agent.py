@@ -1,6 +1,8 @@
 """The lease exchange with host agents: `POST /api/v1/agent/leases/` (`Authorization: Host <key>`)."""
 from __future__ import annotations
 
+import re
+
 from django.conf import settings
 from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions, serializers
@@ -12,11 +14,25 @@ from inventory.api.agent import AgentView
 from inventory.models import Node
 
 
+LEASE_KEY = r"^[0-9]{1,12}:(GPU|MIG)-[0-9A-Za-z-]{8,60}$"
+
+
 class LeasesInput(serializers.Serializer):
     held = serializers.ListField(
-        child=serializers.RegexField(r"^[0-9]{1,12}:(GPU|MIG)-[0-9A-Za-z-]{8,60}$", max_length=80),
+        child=serializers.RegexField(LEASE_KEY, max_length=80),
         max_length=1024, help_text="Lease keys '<reservation id>:<GPU UUID>' the agent enforces now",
     )
+    failed = serializers.DictField(child=serializers.CharField(max_length=500), default=dict,
+                                   help_text="Leases the agent could not apply: {key: why}")
+    unleased_in_use = serializers.ListField(child=serializers.RegexField(r"^(GPU|MIG)-[0-9A-Za-z-]{8,60}$"),
+                                            max_length=1024, default=list,
+                                            help_text="GPUs running processes that no lease covers")
+
+    def validate_failed(self, value: dict) -> dict:
+        bad = [key for key in value if not re.match(LEASE_KEY, key)]
+        if bad:
+            raise serializers.ValidationError(f"not lease keys: {', '.join(bad[:5])}")
+        return value
 
 
 class LeasesView(AgentView):
@@ -30,5 +46,5 @@ class LeasesView(AgentView):
         node = Node.objects.filter(cluster=token.cluster, name=token.host_name).first()
         if node is None:
             raise exceptions.NotFound("This host has not registered yet: call /api/v1/agent/register/ first.")
-        host_lease_report(node=node, held=data.validated_data["held"])
+        host_lease_report(node=node, **data.validated_data)
         return Response({"leases": host_leases(node), "poll_seconds": settings.AGENT_HEARTBEAT_SECONDS})

@@ -1,4 +1,5 @@
-"""Applying on bare metal for real: two `python -m agent` processes, the portal, and a Celery worker with beat.
+"""Applying on bare metal for real: two `python -m agent` processes, the portal under uvicorn (their
+WebSocket lease channels), and a Celery worker with beat, on PostgreSQL and Redis.
 
 A reservation becomes active only once its host's agent holds the GPU leases; when that
 agent dies, beat marks the host silent, failover moves the reservation to the other
@@ -20,33 +21,33 @@ from allocations.services import ReservationRequest, reservation_create
 from inventory import services as inventory_services
 from inventory.models import GpuPool, Node
 from tests.conftest import BASE_DIR, wait_for
+from tests.monitoring.conftest import asgi_server  # noqa: F401  (the fixture: uvicorn with the Redis layer)
 from tests.factories import ClusterFactory, MembershipFactory, QuotaFactory, TeamFactory, UserFactory
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 
-def leases_in(path) -> list[str]:
+def leases_in(state_dir) -> list[str]:
     try:
-        return sorted(lease["gpu_uuid"] for lease in json.loads(path.read_text())["leases"])
+        return sorted(lease["gpu_uuid"] for lease in json.loads((state_dir / "leases.json").read_text())["leases"])
     except (OSError, ValueError):
         return []
 
 
-def test_leases_follow_the_reservation_across_a_host_failure(live_server, settings, worker_env, tmp_path,
-                                                             request):
-    settings.AGENT_HEARTBEAT_SECONDS = 0.3
-    worker_env.update(HOST_SILENCE_TIMEOUT_SECONDS="3", HOST_SILENCE_CHECK_SECONDS="1",
-                      APPLY_RETRY_BASE_SECONDS="0.3", APPLY_RETRY_CAP_SECONDS="1")
+def test_leases_follow_the_reservation_across_a_host_failure(worker_env, tmp_path, request):
+    worker_env.update(HOST_SILENCE_TIMEOUT_SECONDS="3", HOST_SILENCE_CHECK_SECONDS="1", AGENT_HEARTBEAT_SECONDS="0.5")
     celery = request.getfixturevalue("celery_worker_process")
+    portal = request.getfixturevalue("asgi_server")
     staff = UserFactory(username="root", is_staff=True)
     cluster = ClusterFactory(slug="lab")
     agents, lease_files = {}, {}
     for host in ("sim-01", "sim-02"):
         _, key = inventory_services.host_token_create(actor=staff, cluster=cluster, host_name=host)
-        lease_files[host] = tmp_path / f"{host}-leases.json"
+        lease_files[host] = tmp_path / f"{host}-state"
         agents[host] = subprocess.Popen(
-            [sys.executable, "-m", "agent", "--portal", live_server.url, f"--token={key}", "--simulate", "2xH100",
-             "--hostname", host, "--heartbeat", "0.3", "--lease-file", str(lease_files[host])],
+            [sys.executable, "-m", "agent", "--portal", portal, f"--token={key}", "--simulate", "2xH100",
+             "--hostname", host, "--heartbeat", "0.5", "--telemetry-interval", "0",
+             "--state-dir", str(lease_files[host])],
             cwd=BASE_DIR, stdout=open(tmp_path / f"{host}.log", "wb"), stderr=subprocess.STDOUT,
         )
     try:
@@ -65,9 +66,11 @@ def test_leases_follow_the_reservation_across_a_host_failure(live_server, settin
         wait_for(lambda: Reservation.objects.get(pk=reservation.pk).state == "active", timeout=30,
                  message="active once the host's agent confirms its leases")
         assert leases_in(lease_files[first]) == uuids and leases_in(lease_files[other]) == []
-        launcher = subprocess.run([sys.executable, "-m", "agent.leases", "--team", "ml", "--file",
+        launcher = subprocess.run([sys.executable, "-m", "agent.leases", "--team", "ml", "--state-dir",
                                    str(lease_files[first])], cwd=BASE_DIR, capture_output=True, text=True)
         assert launcher.stdout.strip() == f"CUDA_VISIBLE_DEVICES={','.join(uuids)}"
+        env_file = (lease_files[first] / f"reservation-{reservation.pk}.env").read_text()
+        assert f"CUDA_VISIBLE_DEVICES={','.join(uuids)}\n" in env_file and "GPUPOOL_USER=member\n" in env_file
 
         agents[first].send_signal(signal.SIGKILL)  # the host dies without a word
         agents[first].wait(timeout=10)
@@ -90,9 +93,12 @@ def test_leases_follow_the_reservation_across_a_host_failure(live_server, settin
         wait_for(lambda: Reservation.objects.get(pk=reservation.pk).state == "released", timeout=30,
                  message="released once the agent dropped the leases")
         assert leases_in(lease_files[other]) == []
+        assert not list(lease_files[other].glob("reservation-*.env"))
     finally:
         for process in agents.values():
             if process.poll() is None:
                 process.terminate()
                 process.wait(timeout=10)
     assert "Traceback" not in celery.log_path.read_text()
+    for host in agents:  # the leases came over the WebSocket lease channel, not the HTTP fallback
+        assert "lease channel open" in (tmp_path / f"{host}.log").read_text()

@@ -21,7 +21,8 @@ def test_an_agent_registers_heartbeats_stops_on_revocation_and_its_host_goes_sil
     token, key = services.host_token_create(actor=staff, cluster=ClusterFactory(slug="lab"), host_name="sim-01")
     log = open(tmp_path / "agent.log", "wb")
     process = subprocess.Popen([sys.executable, "-m", "agent", "--portal", live_server.url, f"--token={key}",
-                                "--simulate", "4xH100", "--hostname", "sim-01", "--lease-file", str(tmp_path / "leases.json")],
+                                "--simulate", "4xH100", "--hostname", "sim-01", "--state-dir", str(tmp_path / "state"),
+                                "--no-lease-channel"],
                                cwd=BASE_DIR, stdout=log, stderr=subprocess.STDOUT)
     try:
         node = wait_for(lambda: Node.objects.filter(name="sim-01").first(), message="registration")

@@ -1,29 +1,37 @@
 """Bare-metal hosts: a reservation is enforced as leases of GPU UUIDs held by the host's agent.
 
-Agents call the portal, never the other way round (hosts sit behind firewalls), so
-applying is a pull: the agent polls `POST /api/v1/agent/leases/` with the lease keys it
-holds and gets back the ones it should hold (:func:`host_leases`), writes them where
-the host's job launcher reads them, and says so on its next poll (:class:`HostLeaseReport`).
-:meth:`AgentBackend.sync` therefore checks the agent's last report against what should
-exist: an apply is done when the host confirms, and until then it raises
-:class:`BackendPending`, which the apply job retries with backoff up to its deadline.
+Agents open the connections, never the portal (hosts sit behind firewalls): each agent
+keeps a WebSocket (`/ws/agent/`, :mod:`allocations.consumers`) on which the portal
+pushes the host's leases (:func:`host_leases`) when they change, and polls
+`POST /api/v1/agent/leases/` as a fallback. The agent writes the leases where the host's
+job launchers read them and answers what it holds, what it could not apply and which
+GPUs run processes without a lease (:class:`HostLeaseReport`).
+:meth:`AgentBackend.sync` pushes what should exist and checks the agent's last answer:
+an apply is done when the host confirms; until then it raises :class:`BackendPending`,
+which the apply job retries with backoff up to its deadline, and an answer from the
+agent wakes the waiting jobs at once (:func:`host_lease_report`). A lease the host
+refuses (a GPU it does not have) fails the apply with the host's reason.
 
 A host that never ran an agent (added by hand) cannot enforce anything: the lease is kept
 in the portal only, and the job's target says so.
 """
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from collections.abc import Collection
 from datetime import datetime
 
+from django.db import transaction
 from django.utils import timezone
 
-from allocations.apply.backends.base import BackendPending, SyncReport
+from allocations.apply.backends.base import BackendPending, BackendRejected, SyncReport
 from allocations.apply.desired import ClusterDesired
 from allocations.apply.selectors import ENFORCED_STATES
-from allocations.models import Allocation, HostLeaseReport, Reservation
+from allocations.models import Allocation, ApplyJob, HostLeaseReport, Reservation
 from inventory.models import Cluster, Node
+
+log = logging.getLogger(__name__)
 
 
 def lease_key(reservation_id: int, gpu_uuid: str) -> str:
@@ -36,20 +44,53 @@ def host_leases(node: Node, *, now: datetime | None = None) -> list[dict]:
     allocations = (
         Allocation.objects.filter(gpu__node=node, reservation__state__in=ENFORCED_STATES,
                                   starts_at__lte=now, ends_at__gt=now)
-        .select_related("gpu", "reservation__team").order_by("reservation_id", "gpu__index")
+        .select_related("gpu", "reservation__team", "reservation__requested_by")
+        .order_by("reservation_id", "gpu__index")
     )
     return [
         {"key": lease_key(a.reservation_id, a.gpu.uuid), "reservation": a.reservation_id,
-         "team": a.reservation.team.slug, "gpu_uuid": a.gpu.uuid, "gpu_index": a.gpu.index,
-         "ends_at": a.ends_at.isoformat()}
+         "team": a.reservation.team.slug,
+         "user": a.reservation.requested_by.username if a.reservation.requested_by else "",
+         "gpu_uuid": a.gpu.uuid, "gpu_index": a.gpu.index, "ends_at": a.ends_at.isoformat()}
         for a in allocations
     ]
 
 
-def host_lease_report(*, node: Node, held: list[str], now: datetime | None = None) -> None:
-    """Record the lease keys the agent says it holds."""
-    HostLeaseReport.objects.update_or_create(node=node, defaults={"held": sorted(set(held)),
-                                                                  "reported_at": now or timezone.now()})
+def agent_group(node_id: int) -> str:
+    """The channel-layer group of one host's lease channel."""
+    return f"agent.node.{node_id}"
+
+
+def push_leases(node_ids: Collection[int]) -> None:
+    """Tell the hosts' open lease channels that their leases changed (they fetch and send them)."""
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
+
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    for node_id in node_ids:
+        try:
+            async_to_sync(layer.group_send)(agent_group(node_id), {"type": "leases.changed"})
+        except Exception:  # the HTTP poll is the fallback; a push that fails costs only latency
+            log.warning("could not push leases to node %s", node_id, exc_info=True)
+
+
+def host_lease_report(*, node: Node, held: list[str], failed: dict[str, str] | None = None,
+                      unleased_in_use: list[str] | None = None, now: datetime | None = None) -> None:
+    """Record what the agent says it holds, and wake the apply jobs waiting for this host."""
+    now = now or timezone.now()
+    report, _ = HostLeaseReport.objects.update_or_create(node=node, defaults={
+        "held": sorted(set(held)), "failed": dict(failed or {}), "unleased_in_use": sorted(set(unleased_in_use or [])),
+        "reported_at": now,
+    })
+    waiting = list(ApplyJob.objects.filter(cluster_id=node.cluster_id, backend="agent",
+                                           status=ApplyJob.Status.RETRYING).values_list("pk", flat=True))
+    if waiting:
+        ApplyJob.objects.filter(pk__in=waiting, status=ApplyJob.Status.RETRYING).update(next_attempt_at=now)
+        from allocations import tasks
+
+        transaction.on_commit(lambda: [tasks.run_apply_job.delay(pk) for pk in waiting])
 
 
 class AgentBackend:
@@ -65,12 +106,15 @@ class AgentBackend:
                 for grant in team.grants:
                     wanted[grant.node_name].add(lease_key(grant.reservation_id, grant.gpu_uuid))
         nodes = Node.objects.filter(cluster=self.cluster).select_related("lease_report").order_by("name")
-        held = {node.name: set(getattr(node, "lease_report", None).held) if hasattr(node, "lease_report") else set()
-                for node in nodes}
+        reports = {node.name: _report_of(node) for node in nodes}
+        held = {name: set(r.held) if r else set() for name, r in reports.items()}
         relevant = self._relevant_reservations(teams, held)
         report = SyncReport(target=f"agents of {self.cluster.slug}" + (f" (teams {', '.join(teams)})" if teams else ""))
-        waiting = []
+        waiting, refused, push = [], [], []
         for node in nodes:
+            if teams is None and reports[node.name] and reports[node.name].unleased_in_use:
+                report.changes.append(f"host {node.name}: GPU(s) {', '.join(reports[node.name].unleased_in_use)} "
+                                      "run processes without a lease")
             have = {key for key in held[node.name] if relevant is None or int(key.split(":", 1)[0]) in relevant}
             want = wanted.get(node.name, set())
             missing, extra = sorted(want - have), sorted(have - want)
@@ -78,9 +122,12 @@ class AgentBackend:
                 continue
             if node.last_seen_at is None:
                 continue  # no agent on this host: nothing can be enforced or confirmed there
+            failed = reports[node.name].failed if reports[node.name] else {}
+            refused.extend(f"host {node.name} refused lease {key}: {failed[key]}" for key in missing if key in failed)
+            push.append(node.pk)
             drift = _describe(node.name, missing, extra)
             if teams is None:
-                report.changes.append(f"{drift}; the agent gets the right set on its next poll")
+                report.changes.append(f"{drift}; the right set was sent to its agent again")
             elif not node.healthy and not missing:
                 # A silent host cannot confirm that it dropped leases; it drops them on its first poll
                 # when it comes back, and nobody can run on it meanwhile. Waiting would only block.
@@ -89,6 +136,9 @@ class AgentBackend:
                 waiting.append(f"{drift}, and the host is not reporting")
             else:
                 waiting.append(drift)
+        push_leases(push)
+        if refused:
+            raise BackendRejected("; ".join(refused))
         if waiting:
             raise BackendPending("waiting for host agents to confirm: " + "; ".join(waiting))
         return report
@@ -100,6 +150,13 @@ class AgentBackend:
             return None
         ids = {int(key.split(":", 1)[0]) for keys in held.values() for key in keys}
         return set(Reservation.objects.filter(pk__in=ids, team__slug__in=list(teams)).values_list("pk", flat=True))
+
+
+def _report_of(node: Node) -> HostLeaseReport | None:
+    try:
+        return node.lease_report
+    except HostLeaseReport.DoesNotExist:
+        return None
 
 
 def _describe(host: str, missing: list[str], extra: list[str]) -> str:

@@ -1,0 +1,76 @@
+"""The lease channel of host agents: `/ws/agent/` with `Authorization: Host <key>`.
+
+The portal sends `{"type": "leases", "leases": [...]}` on connect and whenever the host's
+leases change (a `leases.changed` event on the host's group, sent by the agent backend);
+the agent answers `{"type": "held", "held": [keys], "failed": {key: why},
+"unleased_in_use": [uuids]}`. A bad message gets `{"type": "error", ...}`; a wrong or
+revoked token closes the connection (4401).
+"""
+from __future__ import annotations
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from allocations.api.agent import LeasesInput
+from allocations.apply.backends.agent import agent_group, host_lease_report, host_leases
+
+def _header(scope, name: bytes) -> str:
+    for key, value in scope.get("headers", []):
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return ""
+
+
+@database_sync_to_async
+def _node_for(key: str):
+    from inventory import services
+    from inventory.models import Node
+
+    token = services.host_token_for_key(key)
+    if token is None:
+        return None
+    return Node.objects.filter(cluster=token.cluster, name=token.host_name).first()
+
+
+class AgentLeaseConsumer(AsyncJsonWebsocketConsumer):
+    node = None
+
+    async def connect(self) -> None:
+        parts = _header(self.scope, b"authorization").split()
+        if len(parts) == 2 and parts[0] == "Host":
+            self.node = await _node_for(parts[1])
+        if self.node is None:
+            await self.close(code=4401)  # unknown or revoked token, or a host that never registered
+            return
+        await self.channel_layer.group_add(agent_group(self.node.pk), self.channel_name)
+        await self.accept()
+        await self.send_leases()
+
+    async def disconnect(self, code: int) -> None:
+        if self.node is not None:
+            await self.channel_layer.group_discard(agent_group(self.node.pk), self.channel_name)
+
+    async def receive_json(self, content, **kwargs) -> None:
+        if not isinstance(content, dict) or content.get("type") != "held":
+            await self.send_json({"type": "error", "field": "type", "message": "expected a 'held' message"})
+            return
+        data = LeasesInput(data=content)  # the same rules as the HTTP fallback
+        if not data.is_valid():
+            field, problems = next(iter(data.errors.items()))
+            await self.send_json({"type": "error", "field": field, "message": str(problems)})
+            return
+        await database_sync_to_async(host_lease_report)(node=self.node, **data.validated_data)
+
+    async def leases_changed(self, event) -> None:
+        await self.send_leases()
+
+    async def send_leases(self) -> None:
+        leases = await database_sync_to_async(host_leases)(self.node)
+        await self.send_json({"type": "leases", "leases": leases})
+
+    @classmethod
+    async def decode_json(cls, text_data):
+        try:
+            return await super().decode_json(text_data)
+        except ValueError:
+            return None

@@ -1,0 +1,90 @@
+"""The agents' lease channel (`/ws/agent/`): leases on connect and on change, answers recorded, bad input."""
+from __future__ import annotations
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.testing import WebsocketCommunicator
+from django.utils import timezone
+
+from allocations import services
+from allocations.apply import jobs
+from allocations.apply.backends.agent import push_leases
+from allocations.models import ApplyJob, HostLeaseReport, Reservation
+from inventory import services as inventory_services
+from inventory.models import Node
+from portal.asgi import application
+from tests.allocations.test_reservation_lifecycle import reserve
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def host(world):
+    node = Node.objects.get(name="node-a")
+    Node.objects.filter(pk=node.pk).update(last_seen_at=timezone.now())
+    _, key = inventory_services.host_token_create(actor=world.staff, cluster=node.cluster, host_name="node-a")
+    return node, key
+
+
+def channel(key: str) -> WebsocketCommunicator:
+    return WebsocketCommunicator(application, "/ws/agent/", headers=[(b"authorization", f"Host {key}".encode())])
+
+
+def test_leases_arrive_on_connect_and_on_change_and_the_answer_activates(world, api, host):
+    node, key = host
+    r = reserve(api(world.member), gpus=2)
+    services.reservation_activate(reservation_id=r["id"])
+    job = ApplyJob.objects.get(reservation_id=r["id"])
+
+    async def scenario():
+        ws = channel(key)
+        connected, _ = await ws.connect()
+        assert connected
+        first = await ws.receive_json_from(timeout=5)  # what the host should hold now (an applying reservation)
+        keys = sorted(lease["key"] for lease in first["leases"])
+        assert first["type"] == "leases" and len(keys) == 2
+        assert all(lease["user"] == "member" and lease["team"] == "ml" for lease in first["leases"])
+        # The apply job pushes them again and waits for the answer.
+        assert await database_sync(jobs.job_run)(job_id=job.pk) == "retrying"
+        pushed = await ws.receive_json_from(timeout=5)
+        assert sorted(lease["key"] for lease in pushed["leases"]) == keys
+        await ws.send_json_to({"type": "held", "held": keys, "failed": {}, "unleased_in_use": []})
+        await ws.send_json_to({"type": "held", "held": ["nonsense"]})
+        error = await ws.receive_json_from(timeout=5)
+        assert error["type"] == "error" and error["field"] == "held"
+        await ws.disconnect()
+        return keys
+
+    from channels.db import database_sync_to_async as database_sync
+
+    keys = async_to_sync(scenario)()
+    assert sorted(HostLeaseReport.objects.get(node=node).held) == keys
+    job.refresh_from_db()
+    assert job.next_attempt_at <= timezone.now()  # the answer woke the waiting job
+    assert jobs.job_run(job_id=job.pk) == "succeeded"
+    assert Reservation.objects.get(pk=r["id"]).state == "active"
+
+
+def test_a_refused_lease_fails_the_apply_with_the_hosts_reason(world, api, host):
+    node, _ = host
+    r = reserve(api(world.member), gpus=1)
+    services.reservation_activate(reservation_id=r["id"])
+    job = ApplyJob.objects.get(reservation_id=r["id"])
+    uuid = Reservation.objects.get(pk=r["id"]).allocations.get().gpu.uuid
+    from allocations.apply.backends.agent import host_lease_report
+
+    host_lease_report(node=node, held=[], failed={f"{r['id']}:{uuid}": f"GPU {uuid} is not on host node-a"})
+    assert jobs.job_run(job_id=job.pk) == "failed"
+    reservation = Reservation.objects.get(pk=r["id"])
+    assert reservation.state == "failed" and f"host node-a refused lease {r['id']}:{uuid}" in reservation.reason
+
+
+def test_a_wrong_token_is_closed_and_a_push_without_listeners_is_harmless(world, host):
+    async def scenario():
+        ws = channel("not-a-key")
+        connected, code = await ws.connect()
+        return connected, code
+
+    connected, code = async_to_sync(scenario)()
+    assert not connected and code == 4401
+    push_leases([host[0].pk])  # nobody listening: nothing happens, nothing raised
