@@ -189,15 +189,20 @@ def machine_info(root: Path) -> dict:
         info["memory_gb"] = round(int(mem.split()[1]) / 1024 / 1024, 1)
     except (OSError, StopIteration):
         pass
-    try:
-        head = subprocess.run(["git", "-C", str(root), "log", "-1", "--format=%h %s"], capture_output=True,
-                              text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "agent", "allocations",
-                                "inventory", "portal"], capture_output=True, text=True, timeout=10).stdout
-        info["git_head"] = head
-        info["uncommitted_in_code_under_test"] = sorted(line[3:] for line in dirty.splitlines())
-    except (OSError, subprocess.SubprocessError):
-        pass
+    info["code"] = str(root)
+    if (root / ".git").exists():
+        try:
+            head = subprocess.run(["git", "-C", str(root), "log", "-1", "--format=%h %s"], capture_output=True,
+                                  text=True, timeout=10).stdout.strip()
+            dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "agent", "allocations",
+                                    "inventory", "portal"], capture_output=True, text=True, timeout=10).stdout
+            info["git_head"] = head
+            info["uncommitted_in_code_under_test"] = sorted(line[3:] for line in dirty.splitlines())
+        except (OSError, subprocess.SubprocessError):
+            pass
+    elif (root / "REVISION").exists():  # an export (`git archive`) of one commit, which says which
+        info["git_head"] = (root / "REVISION").read_text().strip()
+        info["uncommitted_in_code_under_test"] = []
     return info
 
 
