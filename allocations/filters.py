@@ -1,6 +1,6 @@
 import django_filters
 
-from allocations.models import Quota, Reservation
+from allocations.models import ApplyJob, Quota, Reservation
 
 
 class ReservationFilterSet(django_filters.FilterSet):
@@ -22,3 +22,14 @@ class QuotaFilterSet(django_filters.FilterSet):
     class Meta:
         model = Quota
         fields = ["team", "pool"]
+
+
+class ApplyJobFilterSet(django_filters.FilterSet):
+    cluster = django_filters.CharFilter(field_name="cluster__slug")
+    action = django_filters.ChoiceFilter(choices=ApplyJob.Action.choices)
+    status = django_filters.MultipleChoiceFilter(choices=ApplyJob.Status.choices)
+    reservation = django_filters.NumberFilter(field_name="reservation_id")
+
+    class Meta:
+        model = ApplyJob
+        fields = ["cluster", "action", "status", "reservation"]

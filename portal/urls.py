@@ -5,7 +5,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
-from allocations.api.views import PoolViewSet, QuotaViewSet, ReservationViewSet
+from allocations.api.views import ApplyJobViewSet, PoolViewSet, QuotaViewSet, ReservationViewSet
 from allocations.webhooks import urlpatterns as kube_webhooks
 from allocations.api.agent import LeasesView
 from inventory.api.agent import HeartbeatView, RegisterView
@@ -18,6 +18,7 @@ router = DefaultRouter()
 router.register("reservations", ReservationViewSet, basename="reservation")
 router.register("pools", PoolViewSet, basename="pool")
 router.register("quotas", QuotaViewSet, basename="quota")
+router.register("apply-jobs", ApplyJobViewSet, basename="apply-job")
 router.register("teams", TeamViewSet, basename="team")
 router.register("clusters", ClusterViewSet, basename="cluster")
 router.register("nodes", NodeViewSet, basename="node")

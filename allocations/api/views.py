@@ -6,13 +6,14 @@ from datetime import timedelta
 from django.db.models import Prefetch, prefetch_related_objects
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
-from rest_framework import mixins, status, viewsets
+from rest_framework import mixins, permissions, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from allocations import selectors, services
 from allocations.api.serializers import (
+    ApplyJobSerializer,
     AvailabilityQuery,
     PoolSerializer,
     QuotaSerializer,
@@ -22,7 +23,7 @@ from allocations.api.serializers import (
     ReservationSerializer,
     SlotSerializer,
 )
-from allocations.filters import QuotaFilterSet, ReservationFilterSet
+from allocations.filters import ApplyJobFilterSet, QuotaFilterSet, ReservationFilterSet
 from allocations.models import Allocation, ApplyJob, Quota, Reservation, ReservationEvent
 from common.api import IsStaffOrReadOnly
 from common.errors import NotFound
@@ -130,3 +131,13 @@ class QuotaViewSet(viewsets.ModelViewSet):
     def _set(self, data: dict) -> Quota:
         return services.quota_set(actor=self.request.user, team=data["team"], pool=data["pool"],
                                   max_gpus=data["max_gpus"], gpu_hours_per_month=data.get("gpu_hours_per_month"))
+
+
+class ApplyJobViewSet(viewsets.ReadOnlyModelViewSet):
+    """Staff: every apply, undo and reconcile job, newest first (failed reconciles show drift a cluster refused
+    to repair). Members see the jobs of their reservations on the reservation itself."""
+
+    serializer_class = ApplyJobSerializer
+    filterset_class = ApplyJobFilterSet
+    permission_classes = [permissions.IsAdminUser]
+    queryset = ApplyJob.objects.select_related("cluster").order_by("-created_at", "-id")

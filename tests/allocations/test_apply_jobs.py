@@ -268,3 +268,13 @@ def test_a_silent_host_announces_itself_and_the_sweep_moves_its_work(world, api,
     assert sweep_reservations()["failover"] == 1
     assert not Reservation.objects.get(pk=running.pk).allocations.filter(
         gpu__node=node, ends_at__gt=timezone.now()).exists()
+
+
+def test_staff_list_every_job_and_filter_reconciles_members_may_not(world, api, scripted):
+    scripted(BackendRejected("namespaces is forbidden: User cannot create resource"))
+    reservation, job = activated(api(world.member))
+    jobs.job_run(job_id=job.pk)
+    listed = api(world.staff).get("/api/v1/apply-jobs/?status=failed&action=apply").json()
+    assert listed["count"] == 1 and "forbidden" in listed["results"][0]["error"]
+    assert api(world.staff).get("/api/v1/apply-jobs/?action=reconcile&status=queued").json()["count"] == 1
+    assert api(world.member).get("/api/v1/apply-jobs/").status_code == 403
