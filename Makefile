@@ -8,7 +8,7 @@ PORT ?= 8000
 TEST_DATABASE_URL ?= postgres://gpupool:gpupool@127.0.0.1:5432/gpupool
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/14
 
-.PHONY: run test venv dev-venv services benchmark-api clean
+.PHONY: run test venv dev-venv services benchmark-api benchmark-apply clean
 
 $(VENV)/.runtime: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,15 @@ benchmark-api: $(VENV)/.dev services
 	PGPASSWORD=gpupool createdb -h 127.0.0.1 -U gpupool gpupool_bench 2>/dev/null || true
 	DATABASE_URL=$(BENCH_DATABASE_URL) REDIS_URL=redis://127.0.0.1:6379/13 SECRET_KEY=bench-only \
 		$(PY) -m benchmarks.api --serve --concurrency 32 --seconds 30 --json benchmarks/results/api.json
+
+# Reservation → active / release → clean on a real Kubernetes control plane and through a simulated-host
+# agent, plus the agent's memory and CPU. --fresh-db drops and recreates this database (and empties this Redis db).
+APPLY_BENCH_DATABASE_URL ?= postgres://gpupool:gpupool@127.0.0.1:5432/gpupool_applybench
+APPLY_BENCH_REDIS_URL ?= redis://127.0.0.1:6379/10
+
+benchmark-apply: $(VENV)/.dev services
+	DATABASE_URL=$(APPLY_BENCH_DATABASE_URL) REDIS_URL=$(APPLY_BENCH_REDIS_URL) SECRET_KEY=bench-only \
+		$(PY) -m benchmarks.apply --fresh-db --json benchmarks/results/apply.json
 
 clean:
 	rm -rf $(VENV) var staticfiles .pytest_cache
