@@ -523,6 +523,11 @@ def agent_phase(stack: Stack, *, staff, member, run: str, args) -> tuple[dict, d
     where = ["--state-dir", str(state)] if "--state-dir" in usage else ["--lease-file", str(state / "leases.json")]
     argv = [sys.executable, "-m", "agent", "--portal", base, "--token", key, "--simulate", f"{args.agent_gpus}xH100",
             "--hostname", host, *where, "--log-level", "WARNING"]
+    if args.agent_http_poll:
+        if "--no-lease-channel" not in usage:
+            raise SystemExit("--agent-http-poll: this agent has no --no-lease-channel option")
+        argv.append("--no-lease-channel")
+        path = "http-poll (agent run with --no-lease-channel)"
     agent = stack.spawn("agent", argv)
     node, _ = wait_for(lambda: Node.objects.filter(cluster=cluster, name=host, last_seen_at__isnull=False,
                                                    gpus__isnull=False).distinct().first(), 60, 0.1)
@@ -596,6 +601,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="drop and recreate DATABASE_URL's database (name must contain 'bench'), empty REDIS_URL's")
     parser.add_argument("--skip-kubernetes", action="store_true")
     parser.add_argument("--skip-agent", action="store_true")
+    parser.add_argument("--agent-http-poll", action="store_true",
+                        help="run the agent with --no-lease-channel: measure the HTTP polling fallback")
     args = parser.parse_args(argv)
 
     if not os.environ.get("DATABASE_URL", "").startswith("postgres") or not os.environ.get("REDIS_URL"):
