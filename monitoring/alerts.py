@@ -57,7 +57,7 @@ class Fleet:
                                                  "index"))
         self.holder = dict(Allocation.objects.filter(starts_at__lte=now, ends_at__gt=now)
                            .values_list("gpu_id", "reservation__team_id"))
-        self.latest = hot.latest_get(g[0] for g in self.gpus)
+        self.latest = hot.latest_get((g[0], g[2]) for g in self.gpus)
         self._names: dict[str, dict[int, str]] = {}
 
     def names(self, model) -> dict[int, str]:

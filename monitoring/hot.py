@@ -1,8 +1,8 @@
 """The latest sample of every GPU, kept hot in the cache (Redis in production, local memory embedded).
 
-One key per GPU (`tm:gpu:<id>`), written with one `set_many` per agent batch and read
-with one `get_many` for a page, a scrape or an alert evaluation: nothing here touches
-the database. A GPU whose agent stopped reporting drops out after LATEST_TTL seconds.
+One key per node (`tm:node:<id>` → {gpu id: values}), written with one `set` per agent
+batch (an agent reports all its GPUs at once) and read with one `get_many` for a page, a
+scrape or an alert evaluation: nothing here touches the database. A GPU whose agent stopped reporting drops out after LATEST_TTL seconds.
 """
 from __future__ import annotations
 
@@ -34,21 +34,23 @@ class Latest:
                 "mem_total": self.mem_total, "temp": self.temp, "power": self.power}
 
 
-def _key(gpu_id: int) -> str:
-    return f"tm:gpu:{gpu_id}"
+def _key(node_id: int) -> str:
+    return f"tm:node:{node_id}"
 
 
-def latest_set(values: dict[int, Latest]) -> None:
+def latest_set(node_id: int, values: dict[int, Latest]) -> None:
+    """The newest sample of each GPU of one node: one key per node, as one agent batch carries them all."""
     if values:
-        cache.set_many({_key(gpu_id): tuple(v.__dict__.values()) for gpu_id, v in values.items()}, LATEST_TTL)
+        cache.set(_key(node_id), {gpu_id: tuple(v.__dict__.values()) for gpu_id, v in values.items()}, LATEST_TTL)
 
 
-def latest_get(gpu_ids: Iterable[int]) -> dict[int, Latest]:
-    ids = list(gpu_ids)
-    found = cache.get_many([_key(i) for i in ids])
+def latest_get(gpus: Iterable[tuple[int, int]]) -> dict[int, Latest]:
+    """(gpu id, node id) pairs → the latest sample of each GPU that has one (one cache read for them all)."""
+    pairs = list(gpus)
+    found = cache.get_many({_key(node_id) for _, node_id in pairs})
     out = {}
-    for gpu_id in ids:
-        raw = found.get(_key(gpu_id))
+    for gpu_id, node_id in pairs:
+        raw = found.get(_key(node_id), {}).get(gpu_id)
         if raw is not None:
             out[gpu_id] = Latest(*raw)
     return out

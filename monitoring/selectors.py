@@ -162,10 +162,11 @@ def usage(pools: QuerySet[GpuPool], teams: QuerySet[Team], now=None) -> tuple[li
     held = dict(Allocation.objects.filter(starts_at__lte=now, ends_at__gt=now)
                 .filter(Q(gpu__pool_id__in=by_pool) | Q(reservation__team_id__in=by_team))
                 .values_list("gpu_id", "reservation__team_id"))
-    gpus = list(Gpu.objects.filter(pk__in=held).values_list("id", "pool_id", "pool__slug", "node__name", "index"))
-    latest = hot.latest_get(gpu_id for gpu_id, *_ in gpus)
+    gpus = list(Gpu.objects.filter(pk__in=held).values_list("id", "pool_id", "pool__slug", "node__name", "index",
+                                                            "node_id"))
+    latest = hot.latest_get((g[0], g[5]) for g in gpus)
     team_slugs = dict(Team.objects.filter(pk__in=set(held.values())).values_list("pk", "slug"))
-    for gpu_id, pool_id, pool_slug, node_name, index in gpus:
+    for gpu_id, pool_id, pool_slug, node_name, index, _ in gpus:
         team_id = held[gpu_id]
         sample = latest.get(gpu_id)
         use = GpuUse(gpu_id, f"{node_name}:{index}", pool_slug or "", team_slugs.get(team_id),

@@ -13,20 +13,21 @@ from portal.selectors import teams_of
 WINDOW = 300
 
 
-def _chart_context(gpus: list[tuple[int, str]], title: str, ws_path: str) -> dict:
-    ids = [gpu_id for gpu_id, _ in gpus]
+def _chart_context(gpus: list[tuple[int, str, int]], title: str, ws_path: str) -> dict:
+    """gpus: (id, label, node id) of each GPU to chart."""
+    ids = [gpu_id for gpu_id, _, _ in gpus]
     history = selectors.pool_history(ids, "15m")
     series = {}
     for gpu_id in ids:
         points = history.series.get(gpu_id, {})
         series[gpu_id] = {m: [[ts, round(avg, 1)] for ts, avg, _ in points.get(m, [])][-WINDOW:]
                           for m in ("util", "mem_used", "temp", "power")}
-    latest = hot.latest_get(ids)
+    latest = hot.latest_get((gpu_id, node_id) for gpu_id, _, node_id in gpus)
     return {
         "title": title,
         "ws_path": ws_path,
-        "rows": [(gpu_id, label, latest.get(gpu_id)) for gpu_id, label in gpus],
-        "chart_data": {"window": WINDOW, "gpus": [{"id": gpu_id, "label": label} for gpu_id, label in gpus],
+        "rows": [(gpu_id, label, latest.get(gpu_id)) for gpu_id, label, _ in gpus],
+        "chart_data": {"window": WINDOW, "gpus": [{"id": gpu_id, "label": label} for gpu_id, label, _ in gpus],
                        "history": series},
     }
 
@@ -36,7 +37,8 @@ def pool_live(request: HttpRequest, slug: str) -> HttpResponse:
     pool = selectors.pool_for_viewer(request.user, slug)
     if pool is None:
         raise Http404("No such pool, or not one your teams use.")
-    gpus = [(g.pk, f"{g.node.name}:{g.index}") for g in pool.gpus.select_related("node").order_by("node__name", "index")]
+    gpus = [(g.pk, f"{g.node.name}:{g.index}", g.node_id)
+            for g in pool.gpus.select_related("node").order_by("node__name", "index")]
     context = _chart_context(gpus, pool.name, f"/ws/pools/{pool.slug}/")
     context.update(pool=pool, alerts=selectors.alerts_visible_to(request.user).filter(
         pool=pool, state__in=["pending", "firing"])[:50])
@@ -48,7 +50,7 @@ def node_live(request: HttpRequest, node_id: int) -> HttpResponse:
     node = selectors.node_for_viewer(request.user, node_id)
     if node is None:
         raise Http404("No such node, or not one you may watch.")
-    gpus = [(g.pk, f"GPU {g.index}") for g in node.gpus.order_by("index")]
+    gpus = [(g.pk, f"GPU {g.index}", node.pk) for g in node.gpus.order_by("index")]
     context = _chart_context(gpus, f"{node.cluster.slug}/{node.name}", f"/ws/nodes/{node.pk}/")
     context.update(node=node, alerts=selectors.alerts_visible_to(request.user).filter(
         node=node, state__in=["pending", "firing"])[:50])

@@ -34,3 +34,13 @@ def _schedule_periodic_tasks(sender: Celery, **_: object) -> None:
         sender.signature("allocations.tasks.reconcile_clusters"),
         name="reconcile clusters",
     )
+    sender.add_periodic_task(
+        settings.TELEMETRY_ROLLUP_SECONDS,
+        sender.signature("monitoring.tasks.rollup_telemetry"),
+        name="roll up and prune telemetry",
+    )
+    sender.add_periodic_task(
+        settings.ALERT_EVALUATE_SECONDS,
+        sender.signature("monitoring.tasks.evaluate_alerts"),
+        name="evaluate alert rules",
+    )

@@ -14,7 +14,7 @@ written for dcgm-exporter port by renaming the metric:
 | gpupool_dcgm_fi_dev_gpu_temp          | DCGM_FI_DEV_GPU_TEMP     | °C   |
 | gpupool_dcgm_fi_dev_power_usage       | DCGM_FI_DEV_POWER_USAGE  | W    |
 
-They come from the hot cache (one get_many for the fleet) and one inventory query, never
+They come from the hot cache (one get_many of the per-node keys) and one inventory query, never
 a query per GPU; a GPU without a sample in the last two minutes is left out, as the
 exporter leaves out a GPU it cannot read. Pool and team gauges: capacity, allocated,
 used (allocated and above the idle threshold). Ingest counters: samples accepted and
@@ -82,12 +82,13 @@ class TelemetryCollector:
         from portal.models import Team
 
         now = timezone.now()
-        gpus = list(Gpu.objects.values_list("id", "index", "uuid", "model_name", "node__name", "pool__slug"))
-        latest = hot.latest_get(g[0] for g in gpus)
+        gpus = list(Gpu.objects.values_list("id", "index", "uuid", "model_name", "node__name", "pool__slug",
+                                            "node_id"))
+        latest = hot.latest_get((g[0], g[6]) for g in gpus)
         labels = ["gpu", "UUID", "modelName", "Hostname", "pool"]
         families = [(GaugeMetricFamily(f"gpupool_dcgm_fi_dev_{name}", doc, labels=labels), read)
                     for name, doc, read in DCGM_FIELDS]
-        for gpu_id, index, uuid, model, host, pool in gpus:
+        for gpu_id, index, uuid, model, host, pool, _ in gpus:
             sample = latest.get(gpu_id)
             if sample is None:
                 continue
@@ -101,7 +102,7 @@ class TelemetryCollector:
         idle_at = settings.TELEMETRY_IDLE_UTIL_PCT
         pools: dict[str, list[int]] = {}
         teams: dict[str, list[int]] = {slug: [0, 0] for slug in Team.objects.values_list("slug", flat=True)}
-        for gpu_id, _, _, _, _, pool in gpus:
+        for gpu_id, _, _, _, _, pool, _ in gpus:
             if pool is None:
                 continue
             row = pools.setdefault(pool, [0, 0, 0])

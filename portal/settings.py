@@ -123,8 +123,12 @@ if EMBEDDED:
     CELERY_BROKER_URL = "memory://"
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+    # redis-py 8 reads with a 5 s socket timeout by default, the same as channels-redis'
+    # blocking BZPOPMIN: an idle WebSocket's receive loop would die with TimeoutError after
+    # 5 quiet seconds. Give reads room above the 5 s block.
     CHANNEL_LAYERS = {
-        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}
+        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
+                    "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}]}}
     }
     CELERY_BROKER_URL = REDIS_URL
 
@@ -146,8 +150,6 @@ APPLY_RETRY_BASE_SECONDS = env.float("APPLY_RETRY_BASE_SECONDS", default=2.0)
 APPLY_RETRY_CAP_SECONDS = env.float("APPLY_RETRY_CAP_SECONDS", default=60.0)
 # How often beat compares each cluster with the database and repairs drift.
 RECONCILE_SECONDS = env.float("RECONCILE_SECONDS", default=30.0)
-# Links in emails point here.
-PORTAL_BASE_URL = env.str("PORTAL_BASE_URL", default="http://127.0.0.1:8000").rstrip("/")
 
 # --- host agents ------------------------------------------------------------------------
 AGENT_HEARTBEAT_SECONDS = env.float("AGENT_HEARTBEAT_SECONDS", default=10.0)
@@ -167,6 +169,22 @@ KUBE_REQUEST_TIMEOUT_SECONDS = env.float("KUBE_REQUEST_TIMEOUT_SECONDS", default
 # Shared secret the admission webhooks require (Authorization: Bearer, or the last path
 # segment of the webhook URL); empty = no token (protect the route at the ingress instead).
 KUBE_WEBHOOK_TOKEN = env.str("KUBE_WEBHOOK_TOKEN", default="")
+
+# --- telemetry and alerts (monitoring) ------------------------------------------------------
+# History: raw 1 Hz samples, then 1-minute and 1-hour aggregates, each kept this long.
+TELEMETRY_RAW_RETENTION = timedelta(minutes=env.int("TELEMETRY_RAW_RETENTION_MINUTES", default=60))
+TELEMETRY_MINUTE_RETENTION = timedelta(days=env.int("TELEMETRY_MINUTE_RETENTION_DAYS", default=7))
+TELEMETRY_HOUR_RETENTION = timedelta(days=env.int("TELEMETRY_HOUR_RETENTION_DAYS", default=400))
+TELEMETRY_ROLLUP_SECONDS = env.float("TELEMETRY_ROLLUP_SECONDS", default=60.0)
+# Ingest limits: a bigger request is refused (413), a faster agent throttled (429).
+TELEMETRY_MAX_SAMPLES_PER_REQUEST = env.int("TELEMETRY_MAX_SAMPLES_PER_REQUEST", default=20000)
+TELEMETRY_MAX_SAMPLES_PER_AGENT_MINUTE = env.int("TELEMETRY_MAX_SAMPLES_PER_AGENT_MINUTE", default=60000)
+TELEMETRY_MAX_FUTURE_SECONDS = env.float("TELEMETRY_MAX_FUTURE_SECONDS", default=30.0)
+# A GPU at or below this utilization counts as idle ("allocated but idle").
+TELEMETRY_IDLE_UTIL_PCT = env.float("TELEMETRY_IDLE_UTIL_PCT", default=1.0)
+ALERT_EVALUATE_SECONDS = env.float("ALERT_EVALUATE_SECONDS", default=15.0)
+# Links in alert mails point here.
+PORTAL_BASE_URL = env.str("PORTAL_BASE_URL", default="http://127.0.0.1:8000").rstrip("/")
 
 # --- reservations ---------------------------------------------------------------------
 # A starts_at up to this far in the past is taken as "now" (clock skew, slow forms).

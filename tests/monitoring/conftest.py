@@ -43,3 +43,45 @@ def host(world):
 
 def post(host, body) -> object:
     return host.client.post("/api/v1/agent/telemetry/", body, format="json")
+
+
+@pytest.fixture
+def asgi_server(worker_env, tmp_path):
+    """The real ASGI app under uvicorn (2 workers, Redis channel layer) on this test's database; yields its URL."""
+    import socket
+    import subprocess
+    import sys
+
+    import httpx
+
+    from tests.conftest import BASE_DIR
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log_path = tmp_path / "uvicorn.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "portal.asgi:application", "--host", "127.0.0.1", "--port", str(port),
+             "--workers", "2", "--lifespan", "off", "--log-level", "warning"],
+            env=worker_env, cwd=BASE_DIR, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail("uvicorn did not start:\n" + log_path.read_text()[-3000:])
+        time.sleep(0.2)
+    process.log_path = log_path
+    yield url
+    process.terminate()
+    try:
+        process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

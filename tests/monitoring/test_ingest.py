@@ -21,7 +21,7 @@ def test_a_batch_is_stored_kept_hot_and_acknowledged(host):
     assert response.json() == {"accepted": 4, "ack": 7, "rejected": {}, "clamped": {}}
     assert Sample.objects.count() == 4
     assert sorted(Sample.objects.values_list("util", flat=True)) == [0, 10, 20, 30]
-    latest = hot.latest_get(g.pk for g in host.gpus)
+    latest = hot.latest_get((g.pk, g.node_id) for g in host.gpus)
     assert latest[host.gpus[3].pk].util == 30 and latest[host.gpus[3].pk].processes == ((4242, 40000),)
     assert hot.counters(["accepted"]) == {"accepted": 4}
 

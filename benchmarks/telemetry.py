@@ -1,0 +1,301 @@
+"""Telemetry benchmark: `python -m benchmarks.telemetry --gpus N --clients M --seconds S --json FILE`.
+
+Drives N simulated GPUs at 1 Hz through the real ingest path (HTTP POST
+/api/v1/agent/telemetry/ with per-host tokens, as `python -m agent` sends them) and M
+WebSocket clients (DRF tokens, each watching one pool at /ws/pools/<slug>/) against a
+portal it starts under uvicorn, and prints samples/s ingested and sample-to-client
+latency p50/p95/p99: from the moment an agent stamps a batch (`t`, just before its POST)
+to the moment a client has the message carrying it. Everything runs on one machine, so
+the load generator competes with the portal, PostgreSQL and Redis for the same cores;
+`--gpus-per-agent` sets how many GPUs one agent request carries.
+
+Modes: `redis` (PostgreSQL from DATABASE_URL, Redis channel layer and cache from
+REDIS_URL: production's path) and `embedded` (SQLite, in-memory channel layer and
+local-memory cache in one process). The JSON has samples_per_s, latency_ms_p50/p95/p99,
+gpus, clients, mode, and the details (ingest request latency, messages, errors).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PREFIX = "bench-tm"
+
+
+# --- fixtures (run in a subprocess with the mode's environment) ----------------------------
+
+def prepare(gpus: int, per_agent: int, pools: int) -> dict:
+    """Create the benchmark fleet (idempotently): hosts of `per_agent` GPUs, `pools` pools, a staff token."""
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+    import django
+
+    django.setup()
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+    from django.db import transaction
+    from rest_framework.authtoken.models import Token
+
+    from inventory import services
+    from inventory.models import Cluster, Gpu, GpuPool, HostToken, Node
+    from monitoring.models import Sample
+
+    call_command("migrate", verbosity=0)
+    User = get_user_model()
+    with transaction.atomic():
+        staff, _ = User.objects.get_or_create(username=f"{PREFIX}-staff", defaults={"is_staff": True})
+        Cluster.objects.filter(slug=PREFIX).delete()
+        Sample.objects.all().delete()
+        cluster = Cluster.objects.create(name=PREFIX, slug=PREFIX, kind=Cluster.Kind.BAREMETAL)
+        pool_objs = [GpuPool.objects.get_or_create(slug=f"{PREFIX}-{j}", defaults={"name": f"{PREFIX} {j}"})[0]
+                     for j in range(pools)]
+        agents = []
+        for i in range((gpus + per_agent - 1) // per_agent):
+            count = min(per_agent, gpus - i * per_agent)
+            node = Node.objects.create(cluster=cluster, name=f"host-{i:05d}", last_seen_at=None)
+            pool = pool_objs[i % pools]
+            rows = Gpu.objects.bulk_create(
+                Gpu(node=node, pool=pool, index=k, uuid=f"GPU-bench-{i:05d}-{k:04d}-0000", model_name="NVIDIA H100",
+                    memory_mib=81559) for k in range(count))
+            HostToken.objects.filter(cluster=cluster, host_name=node.name).delete()
+            _, key = services.host_token_create(actor=staff, cluster=cluster, host_name=node.name)
+            agents.append({"key": key, "uuids": [g.uuid for g in rows], "pool": pool.slug})
+        token, _ = Token.objects.get_or_create(user=staff)
+    return {"agents": agents, "pools": [p.slug for p in pool_objs], "token": token.key}
+
+
+# --- load --------------------------------------------------------------------------------
+
+def _percentile(values: list[float], p: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))], 1)
+
+
+async def _agent(session, base: str, agent: dict, stop: float, stats: dict, rng: random.Random) -> None:
+    """One host: every second, one batch of all its GPUs, POSTed like `python -m agent` does."""
+    headers = {"Authorization": f"Host {agent['key']}"}
+    stream = f"bench-{rng.getrandbits(48):x}"
+    util = [rng.uniform(0, 100) for _ in agent["uuids"]]
+    seq = 0
+    await asyncio.sleep(rng.random())  # spread the hosts over the second
+    next_at = time.monotonic()
+    while time.time() < stop:
+        seq += 1
+        gpus = []
+        for k, uuid in enumerate(agent["uuids"]):
+            util[k] = min(100.0, max(0.0, util[k] + rng.gauss(0, 8)))
+            u = round(util[k])
+            gpus.append({"uuid": uuid, "utilization_gpu_pct": u, "utilization_memory_pct": u // 2,
+                         "memory_used_mib": 800 * u, "memory_total_mib": 81559, "temperature_c": 35 + u // 2,
+                         "power_w": 100.0 + 6 * u, "processes": [{"pid": 1000 + k, "used_memory_mib": 800 * u}]})
+        t = time.time()
+        body = {"stream": stream, "batches": [{"seq": seq, "t": t, "gpus": gpus}]}
+        try:
+            async with session.post(f"{base}/api/v1/agent/telemetry/", json=body, headers=headers) as response:
+                answer = await response.json(content_type=None)
+                elapsed = (time.time() - t) * 1000
+                if response.status == 200:
+                    if stats["measuring"]:
+                        stats["accepted"] += answer["accepted"]
+                        stats["ingest_ms"].append(elapsed)
+                else:
+                    stats["http_errors"][response.status] = stats["http_errors"].get(response.status, 0) + 1
+        except Exception as error:  # noqa: BLE001 - count and go on, as an agent would
+            stats["errors"][type(error).__name__] = stats["errors"].get(type(error).__name__, 0) + 1
+        next_at += 1.0
+        await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+
+
+async def _client(session, base: str, pool: str, token: str, stop: float, stats: dict) -> None:
+    """One dashboard: a WebSocket on a pool; records each telemetry message's age on arrival."""
+    url = base.replace("http", "ws", 1) + f"/ws/pools/{pool}/"
+    try:
+        async with session.ws_connect(url, headers={"Authorization": f"Token {token}"}, heartbeat=None,
+                                      max_msg_size=0) as ws:
+            stats["connected"] += 1
+            while time.time() < stop:
+                try:
+                    msg = await asyncio.wait_for(ws.receive(), timeout=max(0.1, stop - time.time()))
+                except asyncio.TimeoutError:
+                    break
+                now = time.time()
+                if msg.type != 1:  # TEXT
+                    break
+                head = msg.data[:80]
+                if not head.startswith('{"type":"telemetry.samples"'):
+                    continue
+                t = float(head.split('"t":', 1)[1].split(",", 1)[0])
+                if stats["measuring"]:
+                    stats["latency_ms"].append((now - t) * 1000)
+                    stats["messages"] += 1
+    except Exception as error:  # noqa: BLE001
+        stats["errors"][f"ws:{type(error).__name__}"] = stats["errors"].get(f"ws:{type(error).__name__}", 0) + 1
+
+
+async def _run_load(base: str, fleet: dict, clients: int, seconds: float, warmup: float) -> dict:
+    import aiohttp
+
+    stats = {"accepted": 0, "ingest_ms": [], "latency_ms": [], "messages": 0, "connected": 0, "errors": {},
+             "http_errors": {}, "measuring": False}
+    stop = time.time() + warmup + seconds + 2
+    rng = random.Random(1)
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        pools = fleet["pools"]
+        watchers = [asyncio.create_task(_client(session, base, pools[i % len(pools)], fleet["token"], stop, stats))
+                    for i in range(clients)]
+        deadline = time.time() + 60
+        while stats["connected"] < clients and time.time() < deadline:
+            await asyncio.sleep(0.2)
+        agents = [asyncio.create_task(_agent(session, base, a, stop, stats, random.Random(i)))
+                  for i, a in enumerate(fleet["agents"])]
+        await asyncio.sleep(warmup)
+        stats["measuring"] = True
+        started = time.time()
+        await asyncio.sleep(seconds)
+        stats["measuring"] = False
+        measured = time.time() - started
+        await asyncio.gather(*agents, *watchers, return_exceptions=True)
+    stats["measured_s"] = measured
+    return stats
+
+
+# --- the server ----------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(mode: str, var_dir: str) -> dict:
+    env = dict(os.environ, PORTAL_VAR_DIR=var_dir, PYTHONUNBUFFERED="1", LOG_LEVEL="WARNING",
+               TELEMETRY_MAX_SAMPLES_PER_AGENT_MINUTE="1000000")
+    if mode == "embedded":
+        env.pop("REDIS_URL", None)
+        env.pop("DATABASE_URL", None)
+    else:
+        for name in ("DATABASE_URL", "REDIS_URL", "SECRET_KEY"):
+            if not env.get(name):
+                sys.exit(f"redis mode needs {name} (see `make benchmark-telemetry`)")
+    return env
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.telemetry", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gpus", type=int, default=1000)
+    parser.add_argument("--clients", type=int, default=100)
+    parser.add_argument("--seconds", type=float, default=30)
+    parser.add_argument("--json", metavar="FILE")
+    parser.add_argument("--mode", choices=["redis", "embedded"],
+                        default="redis" if os.environ.get("REDIS_URL") else "embedded")
+    parser.add_argument("--gpus-per-agent", type=int, default=100)
+    parser.add_argument("--pools", type=int, default=0, help="pools to spread the GPUs over (default: one per agent)")
+    parser.add_argument("--workers", type=int, default=0, help="uvicorn workers (default: 2 redis, 1 embedded)")
+    parser.add_argument("--warmup", type=float, default=5)
+    parser.add_argument("--prepare", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    agents = (args.gpus + args.gpus_per_agent - 1) // args.gpus_per_agent
+    pools = args.pools or agents
+
+    if args.prepare:  # child: build the fleet in this environment's database
+        print(json.dumps(prepare(args.gpus, args.gpus_per_agent, pools)))
+        return 0
+
+    var_dir = tempfile.mkdtemp(prefix="bench-telemetry-")
+    env = _env(args.mode, var_dir)
+    if args.mode == "redis":
+        import redis
+
+        redis.Redis.from_url(env["REDIS_URL"]).flushdb()
+    setup = subprocess.run([sys.executable, "-m", "benchmarks.telemetry", "--prepare", "--gpus", str(args.gpus),
+                            "--gpus-per-agent", str(args.gpus_per_agent), "--pools", str(pools)],
+                           env=env, cwd=ROOT, capture_output=True, text=True, check=False)
+    if setup.returncode != 0:
+        sys.exit("preparing the fleet failed:\n" + setup.stderr[-3000:])
+    fleet = json.loads(setup.stdout.strip().splitlines()[-1])
+    workers = args.workers or (2 if args.mode == "redis" else 1)
+    port = _free_port()
+    log_path = Path(var_dir) / "server.log"
+    with open(log_path, "wb") as log:
+        server = subprocess.Popen([sys.executable, "-m", "uvicorn", "portal.asgi:application", "--host", "127.0.0.1",
+                                   "--port", str(port), "--workers", str(workers), "--lifespan", "off",
+                                   "--log-level", "warning", "--no-access-log", "--ws-max-queue", "256"],
+                                  env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        import urllib.request
+
+        deadline = time.time() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}/healthz", timeout=1).read()
+                break
+            except OSError:
+                if server.poll() is not None or time.time() > deadline:
+                    sys.exit("the server did not start:\n" + log_path.read_text()[-3000:])
+                time.sleep(0.3)
+        print(f"{args.mode}: {args.gpus} GPUs in {agents} agents over {pools} pools, {args.clients} WebSocket "
+              f"clients, {workers} uvicorn worker(s); {args.warmup:g} s warm-up, {args.seconds:g} s measured",
+              flush=True)
+        stats = asyncio.run(_run_load(base, fleet, args.clients, args.seconds, args.warmup))
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+    result = {
+        "mode": args.mode,
+        "gpus": args.gpus,
+        "clients": args.clients,
+        "seconds": args.seconds,
+        "agents": agents,
+        "gpus_per_agent": args.gpus_per_agent,
+        "pools": pools,
+        "workers": workers,
+        "target_samples_per_s": args.gpus,
+        "samples_per_s": round(stats["accepted"] / stats["measured_s"], 1),
+        "latency_ms_p50": _percentile(stats["latency_ms"], 50),
+        "latency_ms_p95": _percentile(stats["latency_ms"], 95),
+        "latency_ms_p99": _percentile(stats["latency_ms"], 99),
+        "latency_ms_max": round(max(stats["latency_ms"]), 1) if stats["latency_ms"] else None,
+        "ingest_ms_p50": _percentile(stats["ingest_ms"], 50),
+        "ingest_ms_p95": _percentile(stats["ingest_ms"], 95),
+        "ingest_ms_p99": _percentile(stats["ingest_ms"], 99),
+        "clients_connected": stats["connected"],
+        "messages_received": stats["messages"],
+        "messages_expected": round(args.clients * stats["measured_s"] * agents / pools),
+        "http_errors": stats["http_errors"],
+        "errors": stats["errors"],
+        "cpu_count": os.cpu_count(),
+    }
+    if stats["latency_ms"]:
+        result["latency_ms_mean"] = round(statistics.fmean(stats["latency_ms"]), 1)
+    print(json.dumps(result, indent=2))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    tail = [line for line in log_path.read_text(errors="replace").splitlines()
+            if "Traceback" in line or "Error" in line][-5:]
+    if tail:
+        print("server log (last errors):\n  " + "\n  ".join(tail), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

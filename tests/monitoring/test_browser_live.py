@@ -1,0 +1,46 @@
+"""In headless Chromium: the pool page's Plotly charts grow as an agent's samples stream in over the WebSocket."""
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+from django.test import Client
+
+from inventory import services
+from inventory.models import Node
+from tests.browser.conftest import page  # noqa: F401  (the Chromium fixture)
+from tests.monitoring.conftest import batch, payload, sample
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+POINTS = "([id, i]) => document.getElementById(id).data[i].x.length"
+
+
+def test_the_pool_charts_extend_in_place_as_samples_arrive(world, asgi_server, page):  # noqa: F811
+    node = Node.objects.get(name="node-a")
+    _, key = services.host_token_create(actor=world.staff, cluster=node.cluster, host_name=node.name)
+    uuids = list(node.gpus.order_by("index").values_list("uuid", flat=True))
+    agent = httpx.Client(base_url=asgi_server, headers={"Authorization": f"Host {key}"})
+
+    # The server process hashes passwords its own way (the suite uses a fast hasher): sign in by session cookie.
+    client = Client()
+    client.force_login(world.member)
+    page.context.add_cookies([{"name": "sessionid", "value": client.cookies["sessionid"].value, "url": asgi_server}])
+    page.goto(f"{asgi_server}/pools/a100/")
+    page.wait_for_function("document.getElementById('live-status').textContent === 'connected'")
+    assert page.evaluate(POINTS, ["chart-util", 0]) == 0  # no history yet
+    loaded_at = page.evaluate("performance.timeOrigin")
+
+    t = time.time()
+    for i in range(5):
+        body = payload(batch([sample(u, util=10 + 10 * i + g) for g, u in enumerate(uuids)], t=t + i))
+        assert agent.post("/api/v1/agent/telemetry/", json=body).status_code == 200
+        page.wait_for_function(f"document.getElementById('chart-util').data[0].x.length >= {i + 1}")
+
+    assert page.evaluate(POINTS, ["chart-util", 0]) == 5
+    assert page.evaluate(POINTS, ["chart-temp", 3]) == 5
+    assert page.evaluate(POINTS, ["chart-util", 5]) == 0  # node-b's GPUs sent nothing
+    assert page.evaluate("document.getElementById('chart-util').data[0].y") == [10, 20, 30, 40, 50]
+    assert page.locator('#gpu-table tr[data-gpu] [data-f="util"]').first.inner_text() == "50"
+    assert page.evaluate("performance.timeOrigin") == loaded_at  # extended in place, never reloaded
