@@ -49,5 +49,15 @@ benchmark-apply: $(VENV)/.dev services
 	DATABASE_URL=$(APPLY_BENCH_DATABASE_URL) REDIS_URL=$(APPLY_BENCH_REDIS_URL) SECRET_KEY=bench-only \
 		$(PY) -m benchmarks.apply --fresh-db --json benchmarks/results/apply.json
 
+# Telemetry at the issue's targets: 10,000 GPUs at 1 Hz and 1,000 WebSocket dashboards, Redis
+# mode (PostgreSQL + Redis, 2 uvicorn workers), then the embedded mode (SQLite, in-process).
+benchmark-telemetry: $(VENV)/.dev services
+	PGPASSWORD=gpupool createdb -h 127.0.0.1 -U gpupool gpupool_bench 2>/dev/null || true
+	DATABASE_URL=$(BENCH_DATABASE_URL) REDIS_URL=redis://127.0.0.1:6379/13 SECRET_KEY=bench-only \
+		nice $(PY) -m benchmarks.telemetry --mode redis --gpus 10000 --clients 1000 --seconds 30 \
+		--json benchmarks/results/telemetry-redis.json
+	nice $(PY) -m benchmarks.telemetry --mode embedded --gpus 10000 --clients 1000 --seconds 30 \
+		--json benchmarks/results/telemetry-embedded.json
+
 clean:
 	rm -rf $(VENV) var staticfiles .pytest_cache
