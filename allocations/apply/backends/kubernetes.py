@@ -87,6 +87,7 @@ class KubernetesBackend:
         self.quota_wait_seconds = quota_wait_seconds
         # Every manifest sent in the last sync (tests validate them against the schema).
         self.sent: list[dict] = []
+        self._prefetched: dict[tuple[str, str, str], dict] = {}
 
     # --- the contract ---------------------------------------------------------------------------
 
@@ -101,6 +102,9 @@ class KubernetesBackend:
         try:
             with connect(self.cluster) as api:
                 core = k8s.CoreV1Api(api)
+                # Reconcile reads every managed namespace and quota in two LISTs instead of two
+                # GETs per team; an object missing from them is still read on its own.
+                self._prefetched = self._prefetch(core) if reconcile else {}
                 for team in team_list:
                     self._sync_team(core, team, desired, report)
                 if reconcile:
@@ -191,9 +195,23 @@ class KubernetesBackend:
             raise ClusterError("the API server sent an answer that is not JSON", kind="server",
                                retryable=True) from exc
 
+    def _prefetch(self, core: k8s.CoreV1Api) -> dict[tuple[str, str, str], dict]:
+        selector = f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}"
+        found: dict[tuple[str, str, str], dict] = {}
+        for kind, listing in (("Namespace", core.list_namespace),
+                              ("ResourceQuota", core.list_resource_quota_for_all_namespaces)):
+            for item in self._json(call(listing, label_selector=selector, _preload_content=False)).get("items") or []:
+                metadata = item.get("metadata") or {}
+                found[(kind, metadata.get("namespace", ""), metadata.get("name", ""))] = item
+        return found
+
     def _read(self, core: k8s.CoreV1Api, manifest: dict) -> dict | None:
         kind = _KINDS[manifest["kind"]]
         metadata = manifest["metadata"]
+        # Taken once: a second read of the same object (waiting for the quota) asks the API server.
+        cached = self._prefetched.pop((manifest["kind"], metadata.get("namespace", ""), metadata["name"]), None)
+        if cached is not None:
+            return cached
         args = (metadata["name"], metadata["namespace"]) if kind.namespaced else (metadata["name"],)
         try:
             return self._json(call(getattr(core, kind.read), *args, _preload_content=False))
