@@ -33,6 +33,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -206,6 +207,15 @@ def machine_info(root: Path) -> dict:
     return info
 
 
+def db_connections() -> int:
+    """Open PostgreSQL connections to this database (all processes)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
+        return int(cursor.fetchone()[0])
+
+
 def settings_used() -> dict:
     from django.conf import settings
     from django.db import connection
@@ -252,6 +262,11 @@ class Stack:
         raise SystemExit("the Celery worker did not answer a ping within 60 s")
 
     def portal(self, server: str, port: int) -> str:
+        import socket
+
+        with socket.socket() as probe:  # another portal answering on the port would be measured instead
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                raise SystemExit(f"port {port} is in use; pick another with --port")
         if server == "uvicorn":
             argv = [sys.executable, "-m", "uvicorn", "portal.asgi:application", "--host", "127.0.0.1",
                     "--port", str(port), "--log-level", "warning", "--no-access-log"]
@@ -558,11 +573,12 @@ def agent_phase(stack: Stack, *, staff, member, run: str, args) -> tuple[dict, d
         raise SystemExit("agent: the reservation held during the footprint window did not become active")
     clk_tck = os.sysconf("SC_CLK_TCK")
     print(f"  measuring the agent process for {args.agent_seconds:g} s ...", flush=True)
-    first, rss = proc_snapshot(agent.pid), []
+    first, rss, connections = proc_snapshot(agent.pid), [], [db_connections()]
     end = first.at + args.agent_seconds
     while time.monotonic() < end:
         time.sleep(min(1.0, max(0.0, end - time.monotonic())))
         rss.append(proc_snapshot(agent.pid).rss_kb)
+        connections.append(db_connections())
     quiet = footprint(first, proc_snapshot(agent.pid), gpus=args.agent_gpus, clk_tck=clk_tck, rss_samples_kb=rss)
     quiet["while"] = (f"idle but holding {args.gpus} GPU lease(s), telemetry every 1 s, heartbeat "
                       f"{settings.AGENT_HEARTBEAT_SECONDS:g} s")
@@ -577,7 +593,10 @@ def agent_phase(stack: Stack, *, staff, member, run: str, args) -> tuple[dict, d
         raise SystemExit(f"the agent exited during the run ({agent.returncode}); see {stack.workdir / 'agent.log'}")
 
     block = phase_summary(samples, TARGETS_MS["agent"])
-    block.update({"server": server, "lease_path": path, "portal": base, "host": host,
+    connections.append(db_connections())
+    block.update({"db_connections": {"window_start": connections[0], "window_max": max(connections),
+                                     "window_end": connections[-2], "after_run": connections[-1]},
+                  "server": server, "lease_path": path, "portal": base, "host": host,
                   "simulated_gpus": args.agent_gpus, "gpus_per_reservation": args.gpus,
                   "agent_heartbeat_seconds": settings.AGENT_HEARTBEAT_SECONDS,
                   "clean_means": "the host's lease report (HostLeaseReport.held, what the agent says it holds) "
@@ -625,6 +644,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Processes and logs in {workdir}", flush=True)
     stack = Stack(workdir)
     failed = False
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the `finally` below: stop what we started
     try:
         stack.worker()
         staff, member = accounts(run)
