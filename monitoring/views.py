@@ -16,7 +16,7 @@ WINDOW = 300
 def _chart_context(gpus: list[tuple[int, str, int]], title: str, ws_path: str) -> dict:
     """gpus: (id, label, node id) of each GPU to chart."""
     ids = [gpu_id for gpu_id, _, _ in gpus]
-    history = selectors.pool_history(ids, "15m")
+    history = selectors.pool_history(ids, "5m")  # 1-second points, as the live ones
     series = {}
     for gpu_id in ids:
         points = history.series.get(gpu_id, {})

@@ -55,7 +55,7 @@ class AlertViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
 
 
 class PoolHistoryView(APIView):
-    """GET /api/v1/pools/<slug>/telemetry/?range=15m|1h|24h|7d|30d: per-GPU history (avg and max per point)."""
+    """GET /api/v1/pools/<slug>/telemetry/?range=5m|15m|1h|24h|7d|30d: per-GPU history (avg and max per point)."""
 
     @extend_schema(parameters=[OpenApiParameter("range", str, enum=list(selectors.RANGES))], responses={200: dict})
     def get(self, request: Request, slug: str) -> Response:

@@ -27,13 +27,17 @@ class Command(BaseCommand):
         parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
         parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
         parser.add_argument("--no-demo", action="store_true", help="Do not load demo data into an empty database")
+        parser.add_argument("--no-agents", action="store_true",
+                            help="Do not start the simulated host agents that feed the demo's live charts")
 
-    def handle(self, *args, host: str, port: int, no_demo: bool, **options) -> None:
+    def handle(self, *args, host: str, port: int, no_demo: bool, no_agents: bool = False, **options) -> None:
         if not settings.EMBEDDED:
             raise CommandError("runembedded is the embedded mode; unset REDIS_URL, or run the Procfile processes.")
         call_command("migrate", interactive=False, verbosity=0)
         self._demo(no_demo)
         self._start_celery()
+        if not no_agents:
+            self._start_demo_agents(host, port)
         self.stdout.write(self.style.SUCCESS(f"GPU Pool Portal on http://{host}:{port}/  (Ctrl-C stops)"))
 
         import uvicorn
@@ -50,6 +54,17 @@ class Command(BaseCommand):
             self.stdout.write("Demo accounts (user password), also in " + str(credentials) + ":")
             for line in credentials.read_text().splitlines():
                 self.stdout.write("  " + line)
+
+    def _start_demo_agents(self, host: str, port: int) -> None:
+        """Simulated agents (monitoring/demo_agents.py) on threads: they retry until the server below is up."""
+        from monitoring.demo_agents import start_demo_agents
+
+        # Three agents post every second; keep their requests out of the access log.
+        logging.getLogger("uvicorn.access").addFilter(lambda record: "/api/v1/agent/" not in record.getMessage())
+        address = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+        agents = start_demo_agents(f"http://{address}:{port}")
+        if agents:
+            self.stdout.write(f"{len(agents)} simulated host agent(s) stream live telemetry (SIMULATED GPUs)")
 
     def _start_celery(self) -> None:
         from celery.beat import EmbeddedService

@@ -1,0 +1,32 @@
+"""The embedded demo's simulated agents register the demo hosts and stream telemetry for the demo's GPUs."""
+from __future__ import annotations
+
+import pytest
+
+from inventory.models import Gpu, HostToken, Node
+from monitoring.demo_agents import start_demo_agents
+from monitoring.models import Sample
+from portal.demo import load_demo
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_demo_agents_feed_the_demo_gpus(live_server):
+    load_demo(admin_password="demo-admin-password")
+    gpus = set(Gpu.objects.values_list("id", flat=True))
+    agents = start_demo_agents(live_server.url)
+    try:
+        assert len(agents) == 3
+        wait_for(lambda: set(Sample.objects.values_list("gpu_id", flat=True)) == gpus, timeout=30,
+                 message="samples of every demo GPU")
+    finally:
+        for agent in agents:
+            agent.stop.set()
+    assert Gpu.objects.count() == 20 and Gpu.objects.filter(healthy=True).count() == 20  # no stray GPUs
+    assert all(n.labels.get("gpupool.io/agent-backend") == "simulated" for n in Node.objects.all())
+    # Started again (a restart of the demo): one live token per host, the old ones revoked.
+    more = start_demo_agents(live_server.url)
+    for agent in more:
+        agent.stop.set()
+    assert HostToken.objects.filter(revoked_at=None).count() == 3
