@@ -96,3 +96,15 @@ def test_the_dashboard_shows_allocated_vs_used_idle_gpus_and_alerts(world, host)
     assert "a100 node-a:1 (ml, 0 %)" in idle and "node-a:3" not in idle  # 3 is idle but nobody holds it
     alerts = html.split('id="alerts"')[1].split("</section>")[0]
     assert "firing" in alerts and "Busy" in alerts and "node-a GPU 0" in alerts
+
+
+def test_the_grafana_dashboard_queries_only_metrics_the_portal_exports(world, host):
+    import re
+    from pathlib import Path
+
+    post(host, payload(batch([sample(u) for u in host.uuids])))
+    exported = {name.removesuffix("_total") for name in _scrape()}
+    dashboard = json.loads((Path(__file__).resolve().parents[2] / "monitoring/grafana/gpupool.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    used = {m for e in exprs for m in re.findall(r"gpupool_[a-z_]+", e)}
+    assert used and {m.removesuffix("_total") for m in used} <= exported
