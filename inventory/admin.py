@@ -29,6 +29,15 @@ class ClusterForm(forms.ModelForm):
                 raise forms.ValidationError(exc.message) from exc
         return text
 
+    def clean(self) -> dict:
+        data = super().clean()
+        if data.get("kind") != Cluster.Kind.KUBERNETES:
+            if (data.get("kubeconfig") or "").strip():
+                self.add_error("kubeconfig", "Only Kubernetes clusters take a kubeconfig.")
+            if data.get("in_cluster"):
+                self.add_error("in_cluster", "Only Kubernetes clusters take in-cluster credentials.")
+        return data
+
     def save(self, commit: bool = True) -> Cluster:
         cluster = super().save(commit=False)
         if self.cleaned_data.get("kubeconfig", "").strip():

@@ -125,3 +125,27 @@ def test_replacing_and_removing_the_kubeconfig(staff, api, control_plane):
 @pytest.fixture
 def member_user(db):
     return UserFactory(username="cluster-member")
+
+
+def test_the_admin_form_takes_a_kubeconfig_write_only(staff, control_plane):
+    from django.test import Client
+
+    browser = Client()
+    browser.force_login(staff)
+    name = unique("admin")
+    form = {"name": name, "slug": name, "kind": "kubernetes", "description": "", "kubeconfig": control_plane.kubeconfig}
+    response = browser.post("/admin/inventory/cluster/add/", form)
+    assert response.status_code == 302, response.content.decode()[:2000]
+    cluster = Cluster.objects.get(slug=name)
+    assert crypto.decrypt(cluster.kubeconfig_encrypted) == control_plane.kubeconfig
+    page = browser.get(f"/admin/inventory/cluster/{cluster.pk}/change/").content.decode()
+    assert control_plane.token not in page
+    # Saving without pasting one keeps the stored kubeconfig.
+    browser.post(f"/admin/inventory/cluster/{cluster.pk}/change/", {**form, "kubeconfig": ""})
+    cluster.refresh_from_db()
+    assert crypto.decrypt(cluster.kubeconfig_encrypted) == control_plane.kubeconfig
+    bad = browser.post("/admin/inventory/cluster/add/", {**form, "name": "m2", "slug": "m2", "kind": "baremetal"})
+    assert bad.status_code == 200 and "Only Kubernetes clusters take a kubeconfig." in bad.content.decode()
+    broken = browser.post("/admin/inventory/cluster/add/", {**form, "name": "m3", "slug": "m3",
+                                                            "kubeconfig": "current-context: x"})
+    assert broken.status_code == 200 and "kubeconfig:" in broken.content.decode()
