@@ -173,8 +173,10 @@ def parse_node(node: dict[str, Any], *, cluster_key: str) -> DiscoveredNode:
     hami = _hami_devices(annotations.get(HAMI_REGISTER_ANNOTATION))
     count = _gpu_count(labels, capacity, hami)
     given = [u.strip() for u in str(annotations.get(UUIDS_ANNOTATION, "")).split(",") if u.strip()]
-    if len(given) != count:
-        given = [d["id"] for d in hami] if len(hami) == count else []
+    if len(given) != count or len(set(given)) != count:
+        given = [str(d["id"]) for d in hami] if len(hami) == count else []
+    if len(set(given)) != len(given) or not all(given):
+        given = []  # a list that names a card twice identifies nothing: fall back to made-up ids
     memory = _int_label(labels, "nvidia.com/gpu.memory")
     if memory is None and hami:
         memory = int(hami[0].get("devmem") or 0)

@@ -122,6 +122,10 @@ def test_parse_node_counts_cards_without_gfd_count():
                            "conditions": [{"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown"}]}}
     parsed = parse_node(replicas, cluster_key="c")
     assert len(parsed.gpus) == 2
+    twice = {"metadata": {"name": "t", "labels": {"nvidia.com/gpu.count": "2"},
+                          "annotations": {"gpupool.io/gpu-uuids": "GPU-same,GPU-same"}}, "status": {}}
+    assert [g.uuid for g in parse_node(twice, cluster_key="c").gpus] == [
+        synthetic_gpu_id("c", "t", 0), synthetic_gpu_id("c", "t", 1)]
     assert parsed.health_reason == "Kubernetes node Ready=Unknown: NodeStatusUnknown"
 
 
