@@ -18,6 +18,7 @@ task fits the 190 that every 810-milli task leaves, but there are twenty 810s fo
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -101,8 +102,13 @@ class WorkloadProfile:
         """A neutral profile for a portal without history: whole GPUs of 1-8, halves and quarters.
 
         Ratios: 12 cores and 48 GiB per GPU, a common server balance. Callers with real
-        reservation history should use :meth:`from_demands` instead.
+        reservation history should use :meth:`from_demands` instead. Built once and shared,
+        so its shape tables and remnant table are computed once per process, not per decision.
         """
+        return _default_profile()
+
+    @classmethod
+    def _build_default(cls) -> WorkloadProfile:
         mix = [(1, 1000, 40), (2, 1000, 10), (4, 1000, 6), (8, 1000, 4), (1, 500, 25), (1, 250, 15)]
         demands: list[Demand] = []
         for num, milli, count in mix:
@@ -127,3 +133,8 @@ class WorkloadProfile:
         if self._waste is None:
             self._waste = remnant_waste_table(self.filler_sizes)
         return self._waste
+
+
+@functools.cache
+def _default_profile() -> WorkloadProfile:
+    return WorkloadProfile._build_default()
