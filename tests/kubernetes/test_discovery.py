@@ -165,6 +165,12 @@ def test_discover_endpoint_names_the_cluster_error(db, control_plane, api):
         discover_cluster(refused)
     assert not caught.value.retryable
 
+    inside = services.cluster_create(actor=staff, name=unique("inside"), kind="kubernetes", in_cluster=True)
+    response = api(staff).post(f"/api/v1/clusters/{inside.pk}/discover/")
+    assert response.status_code == 502  # the tests do not run in a pod: no service account here
+    assert response.json()["errors"][0]["rule"] == "cluster_credentials"
+    assert "in-cluster" in response.json()["detail"]
+
     bare = Cluster.objects.create(name=unique("bare"), slug=unique("bare"), kind="kubernetes")
     response = api(staff).post(f"/api/v1/clusters/{bare.pk}/discover/")
     assert response.status_code == 400 and response.json()["errors"][0]["field"] == "kubeconfig"
