@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 from datetime import timedelta
 
 import pytest
@@ -138,6 +139,7 @@ def test_the_api_server_enforces_the_quota_as_soon_as_sync_returns(kube_cluster,
             break
         except ApiException as exc:
             assert "serviceaccount" in exc.body.lower(), exc.body
+            time.sleep(0.2)
     else:
         pytest.fail("a pod within the quota was never admitted")
 
@@ -261,6 +263,7 @@ def test_rbac_forbidden_is_rejected(db, control_plane, kube_api):
             if secret.type == "kubernetes.io/service-account-token" and secret.data and secret.data.get("token"):
                 import base64
                 token = base64.b64decode(secret.data["token"]).decode()
+        time.sleep(0.1)
     assert token, "no service account token was issued"
     cluster = ClusterFactory(slug=unique("rbac"), kind="kubernetes",
                              kubeconfig_encrypted=crypto.encrypt(control_plane.kubeconfig_with(token=token)))
