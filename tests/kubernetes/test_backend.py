@@ -225,6 +225,16 @@ def test_time_slicing_config_map_and_node_labels_and_their_removal(kube_cluster,
     assert any(ts_node in c for c in report.changes)
     validate_all(backend)
 
+    # No shared or multi-profile MIG pool left: reconcile empties the portal's ConfigMaps (they stay).
+    backend.sync(desired_for(kube_cluster, pools=[]), teams=None)
+    assert set(core.read_namespaced_config_map(m.DEVICE_PLUGIN_CONFIGMAP, m.SYSTEM_NAMESPACE).data) == {"default"}
+    parted = yaml.safe_load(core.read_namespaced_config_map(m.MIG_PARTED_CONFIGMAP, m.SYSTEM_NAMESPACE)
+                            .data["config.yaml"])
+    assert parted == {"version": "v1", "mig-configs": {}}
+    assert "nvidia.com/mig.config" not in core.read_node(mig_node).metadata.labels
+    validate_all(backend)
+    assert backend.sync(desired_for(kube_cluster, pools=[]), teams=None).changes == []
+
 
 def test_errors_map_to_retry_or_reject(db, control_plane):
     staff = UserFactory(username="backend-staff", is_staff=True)

@@ -172,10 +172,15 @@ class KubernetesBackend:
         wanted = m.node_labels(desired.pools)
         if shared or mig_parted:
             self._ensure(core, m.system_namespace_manifest(self.system_namespace), report)
-        if shared:
-            self._ensure(core, m.device_plugin_configmap_manifest(desired.pools, self.system_namespace), report)
+        if shared or reconcile:
+            # With no shared pool left, reconcile still empties an existing ConfigMap (never creates one).
+            self._ensure(core, m.device_plugin_configmap_manifest(desired.pools, self.system_namespace), report,
+                         create=bool(shared))
         if mig_parted:
             self._ensure(core, mig_parted, report)
+        elif reconcile:
+            self._ensure(core, m.mig_parted_configmap_manifest([], self.system_namespace, empty=True), report,
+                         create=False)
         for node, labels in sorted(wanted.items()):
             self._ensure(core, m.node_manifest(node, labels), report, create=False)
         if reconcile:
@@ -237,7 +242,8 @@ class KubernetesBackend:
         what = self._name(manifest)
         if live is None:
             if not create:
-                log.warning("%s not found on cluster %s; not created", what, getattr(self.cluster, "slug", "?"))
+                if manifest["kind"] == "Node":  # a pool lists a node the API server does not know
+                    log.warning("%s not found on cluster %s; not created", what, getattr(self.cluster, "slug", "?"))
                 return None
             self._apply(core, manifest)
             report.changes.append(f"created {what}{self._summary(manifest)}")

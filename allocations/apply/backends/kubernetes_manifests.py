@@ -180,15 +180,17 @@ def mig_config_name(pool: PoolDesired) -> str:
     return label_value(f"gpupool-{pool.pool_slug}")
 
 
-def mig_parted_configmap_manifest(pools: Iterable[PoolDesired], namespace: str = SYSTEM_NAMESPACE) -> dict | None:
-    """mig-parted layouts for mig pools that list several profiles (None when no pool needs one)."""
+def mig_parted_configmap_manifest(pools: Iterable[PoolDesired], namespace: str = SYSTEM_NAMESPACE, *,
+                                  empty: bool = False) -> dict | None:
+    """mig-parted layouts for mig pools that list several profiles (None when no pool needs one,
+    unless `empty`: then a ConfigMap with no layouts, to clear one the portal wrote before)."""
     configs = {}
     for pool in pools:
         profiles = pool.sharing_config.get("profiles") or {}
         if pool.sharing_mode == "mig" and not pool.sharing_config.get("mig_layout") and len(profiles) > 1:
             configs[mig_config_name(pool)] = [{"devices": "all", "mig-enabled": True,
                                                "mig-devices": {k: int(v) for k, v in sorted(profiles.items())}}]
-    if not configs:
+    if not configs and not empty:
         return None
     document = yaml.safe_dump({"version": "v1", "mig-configs": configs}, sort_keys=True)
     return {"apiVersion": "v1", "kind": "ConfigMap",
