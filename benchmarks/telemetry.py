@@ -144,7 +144,8 @@ async def _client(session, base: str, pool: str, token: str, stop: float, stats:
         stats["errors"][f"ws:{type(error).__name__}"] = stats["errors"].get(f"ws:{type(error).__name__}", 0) + 1
 
 
-async def _run_load(base: str, fleet: dict, clients: int, seconds: float, warmup: float) -> dict:
+async def _run_load(http_base: str, ws_base: str, fleet: dict, clients: int, seconds: float, warmup: float,
+                    server_pids: dict[str, int]) -> dict:
     import aiohttp
 
     stats = {"accepted": 0, "ingest_ms": [], "latency_ms": [], "messages": 0, "connected": 0, "errors": {},
@@ -155,25 +156,54 @@ async def _run_load(base: str, fleet: dict, clients: int, seconds: float, warmup
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         pools = fleet["pools"]
-        watchers = [asyncio.create_task(_client(session, base, pools[i % len(pools)], fleet["token"], stop, stats))
+        watchers = [asyncio.create_task(_client(session, ws_base, pools[i % len(pools)], fleet["token"], stop, stats))
                     for i in range(clients)]
         deadline = time.time() + 60
         while stats["connected"] < clients and time.time() < deadline:
             await asyncio.sleep(0.2)
-        agents = [asyncio.create_task(_agent(session, base, a, stop, stats, random.Random(i)))
+        agents = [asyncio.create_task(_agent(session, http_base, a, stop, stats, random.Random(i)))
                   for i, a in enumerate(fleet["agents"])]
         await asyncio.sleep(warmup)
         stats["measuring"] = True
-        started = time.time()
+        started, own0 = time.time(), time.process_time()
+        cpu0 = {name: _cpu_seconds([pid]) for name, pid in server_pids.items()}
         await asyncio.sleep(seconds)
         stats["measuring"] = False
         measured = time.time() - started
+        stats["server_cpu_by"] = {name: _cpu_seconds([pid]) - cpu0[name] for name, pid in server_pids.items()}
+        stats["server_cpu_s"] = sum(stats["server_cpu_by"].values())
+        stats["load_generator_cpu_s"] = time.process_time() - own0
+        stats["loadavg"] = os.getloadavg()
         await asyncio.gather(*agents, *watchers, return_exceptions=True)
     stats["measured_s"] = measured
     return stats
 
 
 # --- the server ----------------------------------------------------------------------------
+
+def _cpu_seconds(roots: list[int]) -> float:
+    """User + system CPU seconds of these processes and their children (Linux /proc)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    stats = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / ticks)
+    wanted, total = set(roots), 0.0
+    changed = True
+    while changed:
+        changed = False
+        for pid, (ppid, _) in stats.items():
+            if ppid in wanted and pid not in wanted:
+                wanted.add(pid)
+                changed = True
+    for pid in wanted:
+        total += stats.get(pid, (0, 0.0))[1]
+    return total
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -204,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
                         default="redis" if os.environ.get("REDIS_URL") else "embedded")
     parser.add_argument("--gpus-per-agent", type=int, default=100)
     parser.add_argument("--pools", type=int, default=0, help="pools to spread the GPUs over (default: one per agent)")
-    parser.add_argument("--workers", type=int, default=0, help="uvicorn workers (default: 2 redis, 1 embedded)")
+    parser.add_argument("--workers", type=int, default=0,
+                        help="processes per server (default: redis 2 gunicorn + 2 uvicorn, embedded 1 uvicorn)")
     parser.add_argument("--warmup", type=float, default=5)
     parser.add_argument("--prepare", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -228,36 +259,55 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit("preparing the fleet failed:\n" + setup.stderr[-3000:])
     fleet = json.loads(setup.stdout.strip().splitlines()[-1])
     workers = args.workers or (2 if args.mode == "redis" else 1)
-    port = _free_port()
-    log_path = Path(var_dir) / "server.log"
-    with open(log_path, "wb") as log:
-        server = subprocess.Popen([sys.executable, "-m", "uvicorn", "portal.asgi:application", "--host", "127.0.0.1",
-                                   "--port", str(port), "--workers", str(workers), "--lifespan", "off",
-                                   "--log-level", "warning", "--no-access-log", "--ws-max-queue", "256"],
-                                  env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
+    servers, logs = [], []
+    ws_port = _free_port()
+    ws_base = f"http://127.0.0.1:{ws_port}"
+    # As in production (Procfile): WebSockets from uvicorn; in redis mode the HTTP ingest from
+    # gunicorn's sync workers (one DB connection each), in embedded mode everything from one process.
+    commands = [("uvicorn", ws_port, [sys.executable, "-m", "uvicorn", "portal.asgi:application", "--host",
+                                      "127.0.0.1", "--port", str(ws_port), "--workers", str(workers),
+                                      "--lifespan", "off", "--log-level", "warning", "--no-access-log"])]
+    http_base = ws_base
+    if args.mode == "redis":
+        http_port = _free_port()
+        http_base = f"http://127.0.0.1:{http_port}"
+        commands.append(("gunicorn", http_port, [sys.executable, "-m", "gunicorn", "portal.wsgi", "--workers",
+                                                 str(workers), "--bind", f"127.0.0.1:{http_port}",
+                                                 "--log-level", "warning"]))
+    for name, port, command in commands:
+        log_path = Path(var_dir) / f"{name}.log"
+        logs.append(log_path)
+        # The WebSocket server touches the database only at connect: no idle connections kept.
+        server_env = dict(env, DB_CONN_MAX_AGE="0") if name == "uvicorn" else env
+        with open(log_path, "wb") as log:
+            servers.append(subprocess.Popen(command, env=server_env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT))
     try:
         import urllib.request
 
         deadline = time.time() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{base}/healthz", timeout=1).read()
-                break
-            except OSError:
-                if server.poll() is not None or time.time() > deadline:
-                    sys.exit("the server did not start:\n" + log_path.read_text()[-3000:])
-                time.sleep(0.3)
+        for base in {ws_base, http_base}:
+            while True:
+                try:
+                    urllib.request.urlopen(f"{base}/healthz", timeout=1).read()
+                    break
+                except OSError:
+                    if any(s.poll() is not None for s in servers) or time.time() > deadline:
+                        sys.exit("a server did not start:\n" + "".join(p.read_text()[-2000:] for p in logs))
+                    time.sleep(0.3)
         print(f"{args.mode}: {args.gpus} GPUs in {agents} agents over {pools} pools, {args.clients} WebSocket "
-              f"clients, {workers} uvicorn worker(s); {args.warmup:g} s warm-up, {args.seconds:g} s measured",
+              f"clients, {' + '.join(f'{workers} {c[0]}' for c in commands)} worker(s); {args.warmup:g} s warm-up, "
+              f"{args.seconds:g} s measured",
               flush=True)
-        stats = asyncio.run(_run_load(base, fleet, args.clients, args.seconds, args.warmup))
+        stats = asyncio.run(_run_load(http_base, ws_base, fleet, args.clients, args.seconds, args.warmup,
+                                      {c[0]: s.pid for c, s in zip(commands, servers)}))
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        for server in servers:
+            server.terminate()
+        for server in servers:
+            try:
+                server.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                server.kill()
 
     result = {
         "mode": args.mode,
@@ -267,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         "agents": agents,
         "gpus_per_agent": args.gpus_per_agent,
         "pools": pools,
-        "workers": workers,
+        "servers": {name: workers for name, _, _ in commands},
         "target_samples_per_s": args.gpus,
         "samples_per_s": round(stats["accepted"] / stats["measured_s"], 1),
         "latency_ms_p50": _percentile(stats["latency_ms"], 50),
@@ -283,6 +333,12 @@ def main(argv: list[str] | None = None) -> int:
         "http_errors": stats["http_errors"],
         "errors": stats["errors"],
         "cpu_count": os.cpu_count(),
+        # How busy the portal's processes were (cores), and the load generator beside them.
+        "server_cores_used": round(stats["server_cpu_s"] / stats["measured_s"], 2),
+        "server_cores_by_process": {k: round(v / stats["measured_s"], 2) for k, v in stats["server_cpu_by"].items()},
+        "load_generator_cores_used": round(stats["load_generator_cpu_s"] / stats["measured_s"], 2),
+        "server_cpu_ms_per_1000_samples": round(1000 * stats["server_cpu_s"] / max(1, stats["accepted"]) * 1000, 1),
+        "machine_loadavg_1m_at_end": round(stats["loadavg"][0], 2),
     }
     if stats["latency_ms"]:
         result["latency_ms_mean"] = round(statistics.fmean(stats["latency_ms"]), 1)
@@ -290,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    tail = [line for line in log_path.read_text(errors="replace").splitlines()
+    tail = [line for log_path in logs for line in log_path.read_text(errors="replace").splitlines()
             if "Traceback" in line or "Error" in line][-5:]
     if tail:
         print("server log (last errors):\n  " + "\n  ".join(tail), file=sys.stderr)

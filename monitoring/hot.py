@@ -6,12 +6,17 @@ scrape or an alert evaluation: nothing here touches the database. A GPU whose ag
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from django.core.cache import cache
 
+# A sample older than this is "no data" (the GPU's agent stopped reporting).
 LATEST_TTL = 120
+# Keys live longer than that (they share one write with the agent's stream position);
+# readers drop stale values by their timestamp.
+STORE_TTL = 7 * 86400
 
 
 @dataclass(frozen=True)
@@ -38,20 +43,24 @@ def _key(node_id: int) -> str:
     return f"tm:node:{node_id}"
 
 
+def latest_entries(node_id: int, values: dict[int, Latest]) -> dict:
+    """The cache entry holding the newest sample of each GPU of one node (one agent batch carries them all)."""
+    return {_key(node_id): {gpu_id: tuple(v.__dict__.values()) for gpu_id, v in values.items()}} if values else {}
+
+
 def latest_set(node_id: int, values: dict[int, Latest]) -> None:
-    """The newest sample of each GPU of one node: one key per node, as one agent batch carries them all."""
-    if values:
-        cache.set(_key(node_id), {gpu_id: tuple(v.__dict__.values()) for gpu_id, v in values.items()}, LATEST_TTL)
+    cache.set_many(latest_entries(node_id, values), STORE_TTL)
 
 
 def latest_get(gpus: Iterable[tuple[int, int]]) -> dict[int, Latest]:
     """(gpu id, node id) pairs → the latest sample of each GPU that has one (one cache read for them all)."""
     pairs = list(gpus)
     found = cache.get_many({_key(node_id) for _, node_id in pairs})
+    fresh_after = time.time() - LATEST_TTL
     out = {}
     for gpu_id, node_id in pairs:
         raw = found.get(_key(node_id), {}).get(gpu_id)
-        if raw is not None:
+        if raw is not None and raw[0] >= fresh_after:
             out[gpu_id] = Latest(*raw)
     return out
 

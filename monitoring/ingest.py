@@ -82,10 +82,14 @@ class IngestResult:
                 "clamped": dict(self.clamped)}
 
 
-def host_gpus(token: HostToken, now=None) -> dict[str, GpuRef]:
+def _host_key(token: HostToken) -> str:
+    return f"tm:host:{token.pk}"
+
+
+def host_gpus(token: HostToken, now=None, cached: dict | None = None) -> dict[str, GpuRef]:
     """uuid → the GPU of this token's host, with its pool, node and the team holding it now (cached)."""
-    key = f"tm:host:{token.pk}"
-    found = cache.get(key)
+    key = _host_key(token)
+    found = cached.get(key) if cached is not None else cache.get(key)
     if found is not None:
         return found
     now = now or timezone.now()
@@ -99,21 +103,22 @@ def host_gpus(token: HostToken, now=None) -> dict[str, GpuRef]:
 
 
 def _number(value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise TypeError
-    return value
+    kind = type(value)  # exact types: True is an int to isinstance, not a number here
+    if kind is int or (kind is float and math.isfinite(value)):
+        return value
+    raise TypeError
 
 
 def _check_flood(token: HostToken, samples: int, now: float) -> None:
     """At most TELEMETRY_MAX_SAMPLES_PER_AGENT_MINUTE samples per agent per clock minute."""
     key = f"tm:flood:{token.pk}:{int(now // 60)}"
-    if not cache.add(key, samples, timeout=120):
-        try:
-            total = cache.incr(key, samples)
-        except ValueError:
+    try:
+        total = cache.incr(key, samples)
+    except ValueError:  # first request of this minute
+        if cache.add(key, samples, timeout=120):
             total = samples
-    else:
-        total = samples
+        else:
+            total = cache.incr(key, samples)
     if total > settings.TELEMETRY_MAX_SAMPLES_PER_AGENT_MINUTE:
         hot.count({"flood": samples})
         log.warning("telemetry from %s/%s refused: %d samples this minute (limit %d)", token.cluster.slug,
@@ -149,9 +154,11 @@ def telemetry_ingest(*, token: HostToken, payload, now: float | None = None) -> 
                               field="batches", rule="too_large")
     _check_flood(token, size, now)
 
-    refs = host_gpus(token)
     stream_key = f"tm:stream:{token.pk}"
-    last = cache.get(stream_key)
+    # One cache round trip for the host's GPU map and the stream's position.
+    cached = cache.get_many([_host_key(token), stream_key])
+    refs = host_gpus(token, cached=cached)
+    last = cached.get(stream_key)
     last_seq = last[1] if last and last[0] == stream else -1
     result = IngestResult(ack=last_seq if last_seq >= 0 else None)
     oldest = now - settings.TELEMETRY_RAW_RETENTION.total_seconds()
@@ -194,15 +201,17 @@ def telemetry_ingest(*, token: HostToken, payload, now: float | None = None) -> 
 
     with transaction.atomic():
         _store_raw(rows)
-        if max_seq > last_seq:
-            cache.set(stream_key, (stream, max_seq), timeout=7 * 86400)
-            result.ack = max_seq
         _mark_late_minutes(rows, now)
         per_node: dict[int, dict[int, hot.Latest]] = defaultdict(dict)
         for gpu_id, (ref, latest) in newest.items():
             per_node[ref.node_id][gpu_id] = latest
-        for node_id, values in per_node.items():
-            hot.latest_set(node_id, values)
+        entries = {key: value for node_id, values in per_node.items()
+                   for key, value in hot.latest_entries(node_id, values).items()}
+        if max_seq > last_seq:
+            entries[stream_key] = (stream, max_seq)
+            result.ack = max_seq
+        # One round trip for the hot values and the stream's new position.
+        cache.set_many(entries, timeout=hot.STORE_TTL)
         live.send(_group_payloads(newest))
 
     hot.count({"accepted": result.accepted, **result.rejected, **result.clamped})
@@ -260,7 +269,8 @@ def _store_raw(rows: list[tuple]) -> None:
     if not rows:
         return
     if connection.vendor == "postgresql":
-        arrays = [list(column) for column in zip(*rows)]
+        # Array literals as text ("{1,2,NULL}"): psycopg would otherwise adapt every element.
+        arrays = ["{" + ",".join("NULL" if v is None else str(v) for v in column) + "}" for column in zip(*rows)]
         unnest = ", ".join(f"%s::{t}[]" for t in PG_TYPES)
         with connection.cursor() as cursor:
             cursor.execute(f"INSERT INTO {Sample._meta.db_table} ({', '.join(COLUMNS)}) "

@@ -128,7 +128,10 @@ else:
     # 5 quiet seconds. Give reads room above the 5 s block.
     CHANNEL_LAYERS = {
         "default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
-                    "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}]}}
+                    # redis-py's pool allows 100 connections per process by default; 1,000 sockets
+                    # joining or leaving their groups at once need more.
+                    "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30,
+                                          "max_connections": env.int("CHANNEL_LAYER_MAX_CONNECTIONS", default=1000)}]}}
     }
     CELERY_BROKER_URL = REDIS_URL
 
