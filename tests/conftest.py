@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -113,7 +114,9 @@ def celery_worker_process(worker_env, tmp_path):
         process = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "portal", "worker", "-B", "--pool=solo", "--loglevel=INFO",
              "--without-mingle", "--without-gossip", "--schedule", str(tmp_path / "beat-schedule")],
-            env=worker_env, cwd=BASE_DIR, stdout=log, stderr=subprocess.STDOUT,
+            # Its own process group, so beat and any child go with it: an orphan would keep
+            # connections to the test database, which then could not be dropped.
+            env=worker_env, cwd=BASE_DIR, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
     deadline = time.monotonic() + 60
     while b"ready." not in log_path.read_bytes():
@@ -123,12 +126,21 @@ def celery_worker_process(worker_env, tmp_path):
         time.sleep(0.2)
     process.log_path = log_path
     yield process
-    process.terminate()
+    stop_process_group(process)
+
+
+def stop_process_group(process: subprocess.Popen, timeout: float = 15.0) -> None:
+    """SIGTERM a process started with start_new_session=True and its whole group; SIGKILL what is left."""
     try:
-        process.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=timeout)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
 
 
 def wait_for(predicate, timeout: float = 20.0, interval: float = 0.2, message: str = "condition"):

@@ -105,7 +105,7 @@ def job_run(*, job_id: int, now: datetime | None = None) -> str:
     try:
         backend = backend_for(job.cluster)
         teams = None if reservation is None else [reservation.team.slug]
-        report = backend.sync(cluster_desired(job.cluster, now=now), teams=teams)
+        report = backend.sync(cluster_desired(job.cluster, now=now, teams=teams), teams=teams)
     except BackendRejected as refused:
         return _failed(job, f"{job.cluster.slug} refused: {refused}", now=timezone.now())
     except BackendError as error:

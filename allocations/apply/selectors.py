@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Collection
 from datetime import datetime
 
 from django.utils import timezone
@@ -15,8 +16,11 @@ from inventory.models import Cluster, Gpu
 ENFORCED_STATES = (Reservation.State.APPLYING, Reservation.State.ACTIVE)
 
 
-def cluster_desired(cluster: Cluster, *, now: datetime | None = None) -> ClusterDesired:
-    """Every team's grants on `cluster` at `now` and every pool's sharing setup there, in three queries."""
+def cluster_desired(cluster: Cluster, *, now: datetime | None = None,
+                    teams: Collection[str] | None = None) -> ClusterDesired:
+    """The teams' grants on `cluster` at `now` (every team's when `teams` is None) and every pool's
+    sharing setup there, in three queries. An apply or undo names its team, so its cost does not
+    grow with the rest of the cluster; only the reconcile reads everything."""
     now = now or timezone.now()
     allocations = (
         Allocation.objects.filter(gpu__node__cluster=cluster, reservation__state__in=ENFORCED_STATES,
@@ -24,6 +28,8 @@ def cluster_desired(cluster: Cluster, *, now: datetime | None = None) -> Cluster
         .select_related("gpu__node", "reservation__team", "reservation__pool")
         .order_by("reservation_id", "gpu__node__name", "gpu__index")
     )
+    if teams is not None:
+        allocations = allocations.filter(reservation__team__slug__in=list(teams))
     grants: dict[str, list[Grant]] = defaultdict(list)
     for allocation in allocations:
         reservation = allocation.reservation
@@ -34,13 +40,15 @@ def cluster_desired(cluster: Cluster, *, now: datetime | None = None) -> Cluster
         ))
     pools: dict[str, PoolDesired] = {}
     nodes_of_pool: dict[str, set[str]] = defaultdict(set)
-    for gpu in Gpu.objects.filter(node__cluster=cluster, pool__isnull=False).select_related("pool", "node"):
-        nodes_of_pool[gpu.pool.slug].add(gpu.node.name)
-        pools.setdefault(gpu.pool.slug, PoolDesired(pool_slug=gpu.pool.slug, sharing_mode=gpu.pool.sharing_mode,
-                                                    sharing_config=dict(gpu.pool.sharing_config)))
-    team_slugs = set(grants) | set(
-        Quota.objects.filter(pool__slug__in=list(pools)).values_list("team__slug", flat=True)
-    )
+    pool_nodes = (Gpu.objects.filter(node__cluster=cluster, pool__isnull=False)
+                  .values_list("pool__slug", "pool__sharing_mode", "pool__sharing_config", "node__name").distinct())
+    for slug, mode, config, node_name in pool_nodes:  # one row per (pool, node), not per GPU
+        nodes_of_pool[slug].add(node_name)
+        pools.setdefault(slug, PoolDesired(pool_slug=slug, sharing_mode=mode, sharing_config=dict(config)))
+    quotas = Quota.objects.filter(pool__slug__in=list(pools))
+    if teams is not None:
+        quotas = quotas.filter(team__slug__in=list(teams))
+    team_slugs = set(grants) | set(quotas.values_list("team__slug", flat=True))
     return ClusterDesired(
         cluster_id=cluster.pk, cluster_slug=cluster.slug, kind=cluster.kind,
         teams=tuple(TeamDesired(team_slug=slug, grants=tuple(grants.get(slug, ()))) for slug in sorted(team_slugs)),

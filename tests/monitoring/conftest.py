@@ -64,7 +64,9 @@ def asgi_server(worker_env, tmp_path):
         process = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "portal.asgi:application", "--host", "127.0.0.1", "--port", str(port),
              "--workers", "2", "--lifespan", "off", "--log-level", "warning"],
-            env=worker_env, cwd=BASE_DIR, stdout=log, stderr=subprocess.STDOUT)
+            # Its own process group: the workers are stopped with the supervisor, never orphaned
+            # (an orphan keeps connections to the test database, which then cannot be dropped).
+            env=worker_env, cwd=BASE_DIR, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:
@@ -79,9 +81,6 @@ def asgi_server(worker_env, tmp_path):
         time.sleep(0.2)
     process.log_path = log_path
     yield url
-    process.terminate()
-    try:
-        process.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+    from tests.conftest import stop_process_group
+
+    stop_process_group(process)
