@@ -1,8 +1,10 @@
 """Simulated host agents for the embedded demo, so its pool pages have live charts.
 
 Each demo host gets a fresh host token and a real agent (the `agent` package, the same
-code as `python -m agent --simulate`) on a thread, talking HTTP to the demo server:
-registration, heartbeats and 1 Hz telemetry. The simulation reports the demo's own GPU
+code as `python -m agent --simulate`) on a thread, talking to the demo server:
+registration, heartbeats, 1 Hz telemetry, and GPU leases over its WebSocket lease channel
+(kept under var/demo-agents/<host>/, so reservations in the demo really wait for the
+host to take them). The simulation reports the demo's own GPU
 UUIDs, so the agents feed the GPUs the demo data created (and say "simulated" in the
 node's agent-backend label).
 """
@@ -10,7 +12,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from pathlib import Path
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
@@ -46,8 +50,9 @@ def _tokens() -> list[tuple[Node, str, str, list[str]]]:
 
 def start_demo_agents(base_url: str) -> list:
     """Start one simulated agent thread per demo host; returns the agents (their `stop` events end them)."""
-    from agent import telemetry
+    from agent import lease_channel, telemetry
     from agent.__main__ import Agent
+    from agent.leases import LeaseStore
     from agent.portal_client import PortalClient
     from agent.simulated import SimulatedBackend
 
@@ -55,8 +60,12 @@ def start_demo_agents(base_url: str) -> list:
     for node, key, spec, uuids in _tokens():
         backend = SimulatedBackend(spec, node.name, seed=node.pk, uuids=uuids)
         client = PortalClient(base_url, key)
-        agent = Agent(client, backend, node.name, heartbeat=10.0, max_backoff=5.0)
+        leases = LeaseStore(Path(settings.VAR_DIR) / "demo-agents" / node.name)
+        agent = Agent(client, backend, node.name, heartbeat=10.0, max_backoff=5.0, leases=leases)
         threading.Thread(target=agent.run, name=f"demo-agent-{node.name}", daemon=True).start()
+        channel = lease_channel.LeaseChannel(base_url, key, agent.take_leases, agent.stop)
+        channel.connected = agent.lease_channel_open
+        lease_channel.start(channel)
         telemetry.start(client, backend, agent.stop, lambda agent=agent: agent.registered)
         agents.append(agent)
         log.warning("SIMULATED NVML: demo agent for %s reports %s", node.name, spec)
