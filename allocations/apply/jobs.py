@@ -201,13 +201,12 @@ def cluster_reconcile(*, cluster_id: int, now: datetime | None = None) -> dict:
     now = now or timezone.now()
     cluster = Cluster.objects.get(pk=cluster_id)
     backend_name = "kubernetes" if cluster.kind == Cluster.Kind.KUBERNETES else "agent"
+    if cluster.kind == Cluster.Kind.KUBERNETES and not cluster.has_credentials:
+        return {"cluster": cluster.slug, "skipped": "no credentials registered"}
     try:
         report = backend_for(cluster).sync(cluster_desired(cluster, now=now), teams=None)
     except BackendError as error:
-        ApplyJob.objects.create(cluster=cluster, action=ApplyJob.Action.RECONCILE, backend=backend_name,
-                                target=f"everything the portal manages on {cluster.slug}", status=Status.FAILED,
-                                attempts=1, started_at=now, finished_at=timezone.now(), deadline=now,
-                                error=str(error))
+        _record_failed_reconcile(cluster, backend_name, str(error), now=now)
         return {"cluster": cluster.slug, "error": str(error)}
     if report.changes:
         ApplyJob.objects.create(cluster=cluster, action=ApplyJob.Action.RECONCILE, backend=backend_name,
@@ -215,6 +214,17 @@ def cluster_reconcile(*, cluster_id: int, now: datetime | None = None) -> dict:
                                 finished_at=timezone.now(), deadline=now, changes=report.changes)
         log.warning("reconcile of %s repaired: %s", cluster.slug, "; ".join(report.changes))
     return {"cluster": cluster.slug, "repaired": report.changes}
+
+
+def _record_failed_reconcile(cluster: Cluster, backend_name: str, error: str, *, now: datetime) -> None:
+    """One row per outage, not one per beat: the same error again only counts another attempt."""
+    last = ApplyJob.objects.filter(cluster=cluster, action=ApplyJob.Action.RECONCILE).order_by("-pk").first()
+    if last is not None and last.status == Status.FAILED and last.error == error:
+        ApplyJob.objects.filter(pk=last.pk).update(attempts=F("attempts") + 1, finished_at=timezone.now())
+        return
+    ApplyJob.objects.create(cluster=cluster, action=ApplyJob.Action.RECONCILE, backend=backend_name,
+                            target=f"everything the portal manages on {cluster.slug}", status=Status.FAILED,
+                            attempts=1, started_at=now, finished_at=timezone.now(), deadline=now, error=error)
 
 
 # --- what the sweep re-drives ------------------------------------------------------------------

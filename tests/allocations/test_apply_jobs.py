@@ -278,3 +278,17 @@ def test_staff_list_every_job_and_filter_reconciles_members_may_not(world, api, 
     assert listed["count"] == 1 and "forbidden" in listed["results"][0]["error"]
     assert api(world.staff).get("/api/v1/apply-jobs/?action=reconcile&status=queued").json()["count"] == 1
     assert api(world.member).get("/api/v1/apply-jobs/").status_code == 403
+
+
+def test_a_failing_reconcile_keeps_one_row_per_outage_and_clusters_without_credentials_are_skipped(world, scripted):
+    from tests.factories import ClusterFactory
+
+    cluster = Node.objects.get(name="node-a").cluster
+    scripted(BackendError("no route to host"), BackendError("no route to host"), BackendError("TLS handshake"))
+    for _ in range(3):
+        jobs.cluster_reconcile(cluster_id=cluster.pk)
+    rows = list(ApplyJob.objects.filter(action="reconcile").order_by("pk").values_list("error", "attempts"))
+    assert rows == [("no route to host", 2), ("TLS handshake", 1)]
+    bare = ClusterFactory(slug="k8s-nocreds", kind="kubernetes")
+    assert jobs.cluster_reconcile(cluster_id=bare.pk) == {"cluster": "k8s-nocreds",
+                                                           "skipped": "no credentials registered"}
