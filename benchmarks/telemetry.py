@@ -83,7 +83,7 @@ def _percentile(values: list[float], p: float) -> float | None:
     return round(ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))], 1)
 
 
-async def _agent(session, base: str, agent: dict, stop: float, stats: dict, rng: random.Random) -> None:
+async def _agent(session, base: str, agent: dict, stats: dict, rng: random.Random) -> None:
     """One host: every second, one batch of all its GPUs, POSTed like `python -m agent` does."""
     headers = {"Authorization": f"Host {agent['key']}"}
     stream = f"bench-{rng.getrandbits(48):x}"
@@ -91,7 +91,7 @@ async def _agent(session, base: str, agent: dict, stop: float, stats: dict, rng:
     seq = 0
     await asyncio.sleep(rng.random())  # spread the hosts over the second
     next_at = time.monotonic()
-    while time.time() < stop:
+    while time.time() < stats["stop"]:
         seq += 1
         gpus = []
         for k, uuid in enumerate(agent["uuids"]):
@@ -118,18 +118,18 @@ async def _agent(session, base: str, agent: dict, stop: float, stats: dict, rng:
         await asyncio.sleep(max(0.0, next_at - time.monotonic()))
 
 
-async def _client(session, base: str, pool: str, token: str, stop: float, stats: dict) -> None:
+async def _client(session, base: str, pool: str, token: str, stats: dict) -> None:
     """One dashboard: a WebSocket on a pool; records each telemetry message's age on arrival."""
     url = base.replace("http", "ws", 1) + f"/ws/pools/{pool}/"
     try:
         async with session.ws_connect(url, headers={"Authorization": f"Token {token}"}, heartbeat=None,
                                       max_msg_size=0) as ws:
             stats["connected"] += 1
-            while time.time() < stop:
+            while time.time() < stats["stop"]:
                 try:
-                    msg = await asyncio.wait_for(ws.receive(), timeout=max(0.1, stop - time.time()))
+                    msg = await asyncio.wait_for(ws.receive(), timeout=max(0.1, min(5.0, stats["stop"] - time.time())))
                 except asyncio.TimeoutError:
-                    break
+                    continue
                 now = time.time()
                 if msg.type != 1:  # TEXT
                     break
@@ -149,19 +149,20 @@ async def _run_load(http_base: str, ws_base: str, fleet: dict, clients: int, sec
     import aiohttp
 
     stats = {"accepted": 0, "ingest_ms": [], "latency_ms": [], "messages": 0, "connected": 0, "errors": {},
-             "http_errors": {}, "measuring": False}
-    stop = time.time() + warmup + seconds + 2
+             "http_errors": {}, "measuring": False, "stop": float("inf")}
     rng = random.Random(1)
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         pools = fleet["pools"]
-        watchers = [asyncio.create_task(_client(session, ws_base, pools[i % len(pools)], fleet["token"], stop, stats))
+        watchers = [asyncio.create_task(_client(session, ws_base, pools[i % len(pools)], fleet["token"], stats))
                     for i in range(clients)]
-        deadline = time.time() + 60
-        while stats["connected"] < clients and time.time() < deadline:
+        connecting = time.time()
+        while stats["connected"] < clients and time.time() < connecting + 300:
             await asyncio.sleep(0.2)
-        agents = [asyncio.create_task(_agent(session, http_base, a, stop, stats, random.Random(i)))
+        stats["connect_s"] = time.time() - connecting
+        stats["stop"] = time.time() + warmup + seconds + 2
+        agents = [asyncio.create_task(_agent(session, http_base, a, stats, random.Random(i)))
                   for i, a in enumerate(fleet["agents"])]
         await asyncio.sleep(warmup)
         stats["measuring"] = True
@@ -328,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         "ingest_ms_p95": _percentile(stats["ingest_ms"], 95),
         "ingest_ms_p99": _percentile(stats["ingest_ms"], 99),
         "clients_connected": stats["connected"],
+        "clients_connect_s": round(stats["connect_s"], 1),
         "messages_received": stats["messages"],
         "messages_expected": round(args.clients * stats["measured_s"] * agents / pools),
         "http_errors": stats["http_errors"],

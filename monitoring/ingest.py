@@ -61,6 +61,10 @@ class Flooding(ApplicationError):
     status = 429
 
 
+class StorageBusy(ApplicationError):
+    status = 503
+
+
 @dataclass(frozen=True)
 class GpuRef:
     gpu_id: int

@@ -1,7 +1,10 @@
 """Monitoring API: the agents' telemetry ingest, alert rules (staff), alerts (each sees theirs), pool history."""
 from __future__ import annotations
 
+import logging
+
 import django_filters
+from django.db import OperationalError
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, permissions, viewsets
 from rest_framework.request import Request
@@ -15,12 +18,22 @@ from monitoring.api.serializers import AlertRuleSerializer, AlertSerializer
 from monitoring.models import Alert, AlertRule
 
 
+log = logging.getLogger(__name__)
+
+
 class TelemetryView(AgentView):
     """An agent's batch of samples: {"stream", "batches": [{"seq", "t", "gpus": [...]}]}; answers the ack."""
 
     @extend_schema(request=dict, responses={200: dict})
     def post(self, request: Request) -> Response:
-        result = ingest.telemetry_ingest(token=request.auth, payload=request.data)
+        try:
+            result = ingest.telemetry_ingest(token=request.auth, payload=request.data)
+        except OperationalError as error:
+            # Overload (SQLite's write lock held past its timeout, PostgreSQL out of connections):
+            # nothing was stored, and the agent keeps the batch and sends it again.
+            log.warning("telemetry from %s refused, storage busy: %s", request.auth, error)
+            raise ingest.StorageBusy("Telemetry storage is busy; send this batch again shortly.",
+                                     field="batches", rule="busy") from error
         return Response(result.as_dict())
 
 

@@ -125,3 +125,16 @@ def test_only_host_tokens_may_send_telemetry(host, api, world):
     assert api(world.staff).post("/api/v1/agent/telemetry/", body, format="json").status_code in (401, 403)
     assert api().post("/api/v1/agent/telemetry/", body, format="json").status_code in (401, 403)
     assert not Sample.objects.exists()
+
+
+def test_a_busy_database_answers_503_so_the_agent_resends(host, monkeypatch):
+    from django.db import OperationalError
+
+    from monitoring import ingest
+
+    def locked(rows):
+        raise OperationalError("database is locked")
+
+    monkeypatch.setattr(ingest, "_store_raw", locked)
+    response = post(host, payload(batch([sample(host.uuids[0])])))
+    assert response.status_code == 503 and response.json()["errors"][0]["rule"] == "busy"
