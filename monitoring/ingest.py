@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.core.cache import cache
-from django.db import connection, transaction
+from django.db import connection
 from django.utils import timezone
 
 from allocations.models import Allocation
@@ -116,13 +116,7 @@ def _number(value) -> float:
 def _check_flood(token: HostToken, samples: int, now: float) -> None:
     """At most TELEMETRY_MAX_SAMPLES_PER_AGENT_MINUTE samples per agent per clock minute."""
     key = f"tm:flood:{token.pk}:{int(now // 60)}"
-    try:
-        total = cache.incr(key, samples)
-    except ValueError:  # first request of this minute
-        if cache.add(key, samples, timeout=120):
-            total = samples
-        else:
-            total = cache.incr(key, samples)
+    total = hot.incr_many({key: samples}, timeout=120)[key]
     if total > settings.TELEMETRY_MAX_SAMPLES_PER_AGENT_MINUTE:
         hot.count({"flood": samples})
         log.warning("telemetry from %s/%s refused: %d samples this minute (limit %d)", token.cluster.slug,
@@ -203,20 +197,20 @@ def telemetry_ingest(*, token: HostToken, payload, now: float | None = None) -> 
             if previous is None or previous[1].ts <= ts:
                 newest[ref.gpu_id] = (ref, hot.Latest(ts, *values, procs))
 
-    with transaction.atomic():
-        _store_raw(rows)
-        _mark_late_minutes(rows, now)
-        per_node: dict[int, dict[int, hot.Latest]] = defaultdict(dict)
-        for gpu_id, (ref, latest) in newest.items():
-            per_node[ref.node_id][gpu_id] = latest
-        entries = {key: value for node_id, values in per_node.items()
-                   for key, value in hot.latest_entries(node_id, values).items()}
-        if max_seq > last_seq:
-            entries[stream_key] = (stream, max_seq)
-            result.ack = max_seq
-        # One round trip for the hot values and the stream's new position.
-        cache.set_many(entries, timeout=hot.STORE_TTL)
-        live.send(_group_payloads(newest))
+    # One statement, in autocommit: committed when it returns, so what follows is after commit.
+    _store_raw(rows)
+    _mark_late_minutes(rows, now)
+    per_node: dict[int, dict[int, hot.Latest]] = defaultdict(dict)
+    for gpu_id, (ref, latest) in newest.items():
+        per_node[ref.node_id][gpu_id] = latest
+    entries = {key: value for node_id, values in per_node.items()
+               for key, value in hot.latest_entries(node_id, values).items()}
+    if max_seq > last_seq:
+        entries[stream_key] = (stream, max_seq)
+        result.ack = max_seq
+    # One round trip for the hot values and the stream's new position.
+    cache.set_many(entries, timeout=hot.STORE_TTL)
+    live.send(_group_payloads(newest))
 
     hot.count({"accepted": result.accepted, **result.rejected, **result.clamped})
     if result.rejected or result.clamped:
