@@ -1,9 +1,10 @@
 """WebSocket authentication for scripts: `Authorization: Token <key>` (DRF tokens), beside the session.
 
 Browsers always send an Origin header, and AllowedHostsOriginValidator checks it.
-Scripts send none; a connection with no Origin but a Token header is let through to the
-token check (it cannot ride on a browser's cookies, so the origin check has nothing to
-protect there).
+Scripts and host agents send none; a connection with no Origin but an `Authorization:
+Token …` (scripts) or `Host …` (agents, /ws/agent/) header is let through to its
+credential check (it cannot ride on a browser's cookies, so the origin check has nothing
+to protect there).
 """
 from __future__ import annotations
 
