@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from allocations.apply.backends import BackendError, BackendRejected, backend_for
 from allocations.apply.selectors import cluster_desired
-from allocations.models import ApplyJob, Reservation
+from allocations.models import ApplyJob, HostLeaseReport, Reservation
 from allocations.transitions import move
 from inventory.models import Cluster
 
@@ -151,6 +151,11 @@ def _retry_or_fail(job: ApplyJob, error: str, *, now: datetime) -> str:
     if now + timedelta(seconds=delay) > job.deadline:
         minutes = settings.APPLY_DEADLINE.total_seconds() / 60
         return _failed(job, f"Not confirmed within {minutes:g} minutes; last error: {error}", now=now)
+    if job.backend == "agent" and HostLeaseReport.objects.filter(
+            node__cluster_id=job.cluster_id, reported_at__gte=job.started_at).exists():
+        # A host answered while this attempt ran; its answer could not wake a job that was not yet
+        # waiting (host_lease_report wakes retrying jobs only), so look again at once.
+        delay = 0.0
     ApplyJob.objects.filter(pk=job.pk).update(status=Status.RETRYING, error=error,
                                               next_attempt_at=now + timedelta(seconds=delay))
     _enqueue(job.pk, countdown=delay)

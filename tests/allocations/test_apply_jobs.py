@@ -292,3 +292,23 @@ def test_a_failing_reconcile_keeps_one_row_per_outage_and_clusters_without_crede
     bare = ClusterFactory(slug="k8s-nocreds", kind="kubernetes")
     assert jobs.cluster_reconcile(cluster_id=bare.pk) == {"cluster": "k8s-nocreds",
                                                            "skipped": "no credentials registered"}
+
+
+def test_an_answer_that_arrives_while_the_attempt_runs_is_not_missed(world, api, scripted):
+    """The host answers between the push and the job going back to waiting: it is looked at again at once."""
+    from allocations.apply.backends import BackendPending
+
+    node_a = with_agent("node-a")
+
+    class AnswersDuringSync(ScriptedBackend):
+        def sync(self, desired, *, teams=None):
+            host_lease_report(node=node_a, held=[])  # the agent's answer, racing the attempt
+            return super().sync(desired, teams=teams)
+
+    scripted()  # installs the monkeypatch that restores backend_for afterwards
+    backend = AnswersDuringSync([BackendPending("waiting for host node-a")])
+    jobs.backend_for = lambda cluster: backend
+    reservation, job = activated(api(world.member))
+    assert jobs.job_run(job_id=job.pk) == "retrying"
+    job.refresh_from_db()
+    assert job.next_attempt_at <= timezone.now()  # due now, not after the 2 s backoff
