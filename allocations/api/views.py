@@ -49,12 +49,17 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
     def get_serializer_class(self):
         return ReservationDetailSerializer if self.action == "retrieve" else ReservationSerializer
 
-    def _answer(self, reservation: Reservation, code: int = status.HTTP_200_OK) -> Response:
-        # The service already checked who may see it; load only what the answer shows.
-        prefetch_related_objects([reservation], ALLOCATIONS, EVENTS, APPLY_JOBS)
-        return Response(ReservationDetailSerializer(reservation).data, status=code)
+    def _answer(self, reservation: Reservation, code: int = status.HTTP_200_OK, *, detail: bool = False) -> Response:
+        # The service already checked who may see it; load only what the answer shows. Create and
+        # release answer the reservation and its GPUs (history and jobs cost two more queries and are
+        # one GET away); extend also shows the history, where the extension is recorded.
+        if detail:
+            prefetch_related_objects([reservation], ALLOCATIONS, EVENTS, APPLY_JOBS)
+            return Response(ReservationDetailSerializer(reservation).data, status=code)
+        prefetch_related_objects([reservation], ALLOCATIONS)
+        return Response(ReservationSerializer(reservation).data, status=code)
 
-    @extend_schema(request=ReservationCreateInput, responses={201: ReservationDetailSerializer})
+    @extend_schema(request=ReservationCreateInput, responses={201: ReservationSerializer})
     def create(self, request: Request) -> Response:
         data = ReservationCreateInput(data=request.data)
         data.is_valid(raise_exception=True)
@@ -62,7 +67,7 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
             **data.validated_data))
         return self._answer(reservation, status.HTTP_201_CREATED)
 
-    @extend_schema(request=None, responses=ReservationDetailSerializer)
+    @extend_schema(request=None, responses=ReservationSerializer)
     @action(detail=True, methods=["post"])
     def release(self, request: Request, pk: str) -> Response:
         reservation = services.reservation_release(actor=request.user, reservation_id=self._id(pk))
@@ -75,7 +80,7 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
         data.is_valid(raise_exception=True)
         reservation = services.reservation_extend(actor=request.user, reservation_id=self._id(pk),
                                                   ends_at=data.validated_data["ends_at"])
-        return self._answer(reservation)
+        return self._answer(reservation, detail=True)
 
     def _id(self, pk: str) -> int:
         # The service answers 404 for reservations the caller's teams do not own.

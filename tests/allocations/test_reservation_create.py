@@ -35,8 +35,9 @@ def test_it_reserves_whole_gpus_on_one_node(world, api):
     assert len({g["node"] for g in data["allocated_gpus"]}) == 1
     assert all(g["uuid"].startswith("GPU-") for g in data["allocated_gpus"])
     assert data["starts_at"] and data["ends_at"]
-    assert data["events"][0]["to_state"] == "scheduled"
     assert Allocation.objects.filter(reservation_id=data["id"]).count() == 3
+    detail = api(world.member).get(f"{URL}{data['id']}/").json()
+    assert detail["events"][0]["to_state"] == "scheduled" and detail["apply_jobs"] == []
 
 
 def test_it_defaults_the_start_to_now(world, api):
