@@ -165,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: agent.stop.set())
     signal.signal(signal.SIGINT, lambda *_: agent.stop.set())
     if not args.no_lease_channel:
-        channel = lease_channel.LeaseChannel(args.portal, args.token, agent.take_leases, agent.stop)
+        channel = lease_channel.LeaseChannel(args.portal, args.token, agent.take_leases, agent.stop,
+                                             ready=lambda: agent.registered)
         channel.connected = agent.lease_channel_open
         lease_channel.start(channel)
     if args.telemetry_interval > 0:

@@ -26,11 +26,12 @@ def ws_url(portal: str) -> str:
 
 class LeaseChannel:
     def __init__(self, portal: str, token: str, handle: Callable[[list[dict]], dict], stop: threading.Event,
-                 max_backoff: float = 30.0) -> None:
+                 max_backoff: float = 30.0, ready: Callable[[], bool] = lambda: True) -> None:
         self.url = ws_url(portal)
         self.token = token
         self.handle = handle  # leases -> the report to send back
         self.stop = stop
+        self.ready = ready  # the portal knows this host only once it has registered
         self.max_backoff = max_backoff
         self.connected = threading.Event()
 
@@ -40,6 +41,9 @@ class LeaseChannel:
 
         failures = 0
         while not self.stop.is_set():
+            if not self.ready():
+                self.stop.wait(0.2)
+                continue
             try:
                 with connect(self.url, additional_headers={"Authorization": f"Host {self.token}"},
                              open_timeout=10, close_timeout=2) as ws:

@@ -150,7 +150,6 @@ async def _run_load(http_base: str, ws_base: str, fleet: dict, clients: int, sec
 
     stats = {"accepted": 0, "ingest_ms": [], "latency_ms": [], "messages": 0, "connected": 0, "errors": {},
              "http_errors": {}, "measuring": False, "stop": float("inf")}
-    rng = random.Random(1)
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:

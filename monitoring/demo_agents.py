@@ -63,7 +63,8 @@ def start_demo_agents(base_url: str) -> list:
         leases = LeaseStore(Path(settings.VAR_DIR) / "demo-agents" / node.name)
         agent = Agent(client, backend, node.name, heartbeat=10.0, max_backoff=5.0, leases=leases)
         threading.Thread(target=agent.run, name=f"demo-agent-{node.name}", daemon=True).start()
-        channel = lease_channel.LeaseChannel(base_url, key, agent.take_leases, agent.stop)
+        channel = lease_channel.LeaseChannel(base_url, key, agent.take_leases, agent.stop,
+                                             ready=lambda agent=agent: agent.registered)
         channel.connected = agent.lease_channel_open
         lease_channel.start(channel)
         telemetry.start(client, backend, agent.stop, lambda agent=agent: agent.registered)

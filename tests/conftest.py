@@ -152,3 +152,72 @@ def wait_for(predicate, timeout: float = 20.0, interval: float = 0.2, message: s
             return value
         time.sleep(interval)
     pytest.fail(f"timed out after {timeout}s waiting for {message}")
+
+
+# --- servers and browsers shared by the integration, monitoring and browser tests --------------
+
+@pytest.fixture
+def asgi_server(worker_env, tmp_path):
+    """The real ASGI app under uvicorn (2 workers, Redis channel layer) on this test's database; yields its URL."""
+    import socket
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log_path = tmp_path / "uvicorn.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "portal.asgi:application", "--host", "127.0.0.1", "--port", str(port),
+             "--workers", "2", "--lifespan", "off", "--log-level", "warning"],
+            # Its own process group: the workers are stopped with the supervisor, never orphaned
+            # (an orphan keeps connections to the test database, which then cannot be dropped).
+            env=worker_env, cwd=BASE_DIR, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail("uvicorn did not start:\n" + log_path.read_text()[-3000:])
+        time.sleep(0.2)
+    process.log_path = log_path
+    yield url
+    stop_process_group(process)
+
+
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
+
+
+@pytest.fixture
+def page(tmp_path):
+    """A headless Debian Chromium page driven by Playwright (no browser download: executable_path)."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"browser tests need Debian's chromium at {CHROMIUM} (scripts/test-services installs it)")
+    # Playwright's sync API runs an event loop in this thread; the test still talks to the
+    # database directly (fixtures, assertions), which Django would otherwise refuse.
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        page = context.new_page()
+        page.set_default_timeout(15000)
+        yield page
+        if os.environ.get("SCREENSHOTS"):
+            page.screenshot(path=str(Path(os.environ["SCREENSHOTS"]) / "last.png"), full_page=True)
+        context.close()
+        browser.close()
+        # Connections opened while Playwright's loop ran would outlive the test database.
+        from django.db import connections
+
+        connections.close_all()
+    os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)

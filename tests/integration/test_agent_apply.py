@@ -21,7 +21,6 @@ from allocations.services import ReservationRequest, reservation_create
 from inventory import services as inventory_services
 from inventory.models import GpuPool, Node
 from tests.conftest import BASE_DIR, wait_for
-from tests.monitoring.conftest import asgi_server  # noqa: F401  (the fixture: uvicorn with the Redis layer)
 from tests.factories import ClusterFactory, MembershipFactory, QuotaFactory, TeamFactory, UserFactory
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]

@@ -147,3 +147,30 @@ def validate_manifest(manifest: dict) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # kubernetes-validate 1.28 uses jsonschema.RefResolver
         kubernetes_validate.validate(manifest, SCHEMA_VERSION, strict=True)
+
+
+def active_reservation(cluster: Cluster, prefix: str, *, node_gpus: int = 4, gpus: int = 2):
+    """A team holding `gpus` GPUs now (an active reservation) on a new node of a new pool of `cluster`.
+
+    Returns (team, reservation, namespace). The node is only a database row: tests that need it
+    in the API server create it there themselves.
+    """
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from allocations.apply.desired import team_namespace
+    from allocations.models import Allocation, Reservation
+    from tests.factories import PoolFactory, QuotaFactory, TeamFactory, add_node
+
+    team = TeamFactory(slug=unique(prefix))
+    pool = PoolFactory(slug=unique(f"{prefix}-pool"))
+    node = add_node(pool, unique(f"node-{prefix}"), node_gpus, cluster=cluster)
+    QuotaFactory(team=team, pool=pool, max_gpus=node_gpus)
+    now = timezone.now()
+    reservation = Reservation.objects.create(team=team, pool=pool, gpus=gpus, starts_at=now - timedelta(minutes=1),
+                                             ends_at=now + timedelta(hours=1), state=Reservation.State.ACTIVE)
+    for gpu in node.gpus.order_by("index")[:gpus]:
+        Allocation.objects.create(reservation=reservation, gpu=gpu, starts_at=reservation.starts_at,
+                                  ends_at=reservation.ends_at)
+    return team, reservation, team_namespace(team.slug)

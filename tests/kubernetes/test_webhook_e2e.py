@@ -13,21 +13,17 @@ import socket
 import subprocess
 import sys
 import time
-from datetime import timedelta
 
 import pytest
 import yaml
 from django.core.management import call_command
-from django.utils import timezone
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from allocations.apply.backends.kubernetes import KubernetesBackend
 from allocations.apply.selectors import cluster_desired
-from allocations.models import Allocation, Reservation
 from tests.conftest import BASE_DIR
-from tests.factories import PoolFactory, QuotaFactory, TeamFactory, add_node
-from tests.kubernetes.conftest import unique
+from tests.kubernetes.conftest import active_reservation, unique
 
 
 def _free_port() -> int:
@@ -76,18 +72,8 @@ def test_the_api_server_calls_the_portal_to_pin_and_to_refuse_pods(https_portal,
                                                                      kube_cluster):
     core = k8s.CoreV1Api(kube_api)
     admission = k8s.AdmissionregistrationV1Api(kube_api)
-    team = TeamFactory(slug=unique("e2e"))
-    pool = PoolFactory(slug=unique("e2e-pool"))
-    node = add_node(pool, unique("node-e2e"), 4, cluster=kube_cluster)
-    QuotaFactory(team=team, pool=pool, max_gpus=4)
-    now = timezone.now()
-    reservation = Reservation.objects.create(team=team, pool=pool, gpus=2, starts_at=now - timedelta(minutes=1),
-                                             ends_at=now + timedelta(hours=1), state=Reservation.State.ACTIVE)
-    for gpu in node.gpus.order_by("index")[:2]:
-        Allocation.objects.create(reservation=reservation, gpu=gpu, starts_at=reservation.starts_at,
-                                  ends_at=reservation.ends_at)
+    team, reservation, namespace = active_reservation(kube_cluster, "e2e")
     KubernetesBackend(kube_cluster).sync(cluster_desired(kube_cluster), teams=[team.slug])
-    namespace = f"gpupool-{team.slug}"
 
     out = io.StringIO()
     call_command("kube_webhook_config", "--url", https_portal, "--ca-file", str(control_plane.dir / "pki" / "ca.crt"),
@@ -123,7 +109,7 @@ def test_the_api_server_calls_the_portal_to_pin_and_to_refuse_pods(https_portal,
         terms = created.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution \
             .node_selector_terms
         assert terms[0].match_expressions[0].key == "kubernetes.io/hostname"
-        assert terms[0].match_expressions[0].values == [node.name]
+        assert terms[0].match_expressions[0].values == [reservation.allocations.first().gpu.node.name]
         assert created.metadata.annotations["gpupool.io/reservations"] == str(reservation.pk)
 
         with pytest.raises(ApiException) as refused:

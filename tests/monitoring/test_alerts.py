@@ -12,7 +12,6 @@ from aiosmtpd.controller import Controller
 from django.utils import timezone
 
 from allocations.models import Allocation, Reservation
-from monitoring import hot
 from monitoring.alerts import alerts_evaluate
 from monitoring.models import Alert, AlertRule, Silence
 from tests.monitoring.conftest import batch, payload, post, sample

@@ -9,7 +9,6 @@ from django.test import Client
 
 from inventory import services
 from inventory.models import Node
-from tests.browser.conftest import page  # noqa: F401  (the Chromium fixture)
 from tests.monitoring.conftest import batch, payload, sample
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -17,7 +16,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 POINTS = "([id, i]) => document.getElementById(id).data[i].x.length"
 
 
-def test_the_pool_charts_extend_in_place_as_samples_arrive(world, asgi_server, page):  # noqa: F811
+def test_the_pool_charts_extend_in_place_as_samples_arrive(world, asgi_server, page):
     node = Node.objects.get(name="node-a")
     _, key = services.host_token_create(actor=world.staff, cluster=node.cluster, host_name=node.name)
     uuids = list(node.gpus.order_by("index").values_list("uuid", flat=True))
