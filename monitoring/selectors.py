@@ -195,3 +195,14 @@ def alerts_visible_to(user) -> QuerySet[Alert]:
     if not user.is_authenticated:
         return qs.none()
     return qs.filter(Q(team__in=teams_of(user)) | Q(pool__in=pools_visible_to(user)))
+
+
+def node_leases(node: Node) -> dict | None:
+    """What a bare-metal host's agent last said about its GPU leases (None: it never said anything)."""
+    from allocations.models import HostLeaseReport
+
+    report = HostLeaseReport.objects.filter(node=node).first()
+    if report is None:
+        return None
+    return {"held": report.held, "failed": sorted(report.failed.items()), "unleased_in_use": report.unleased_in_use,
+            "reported_at": report.reported_at}

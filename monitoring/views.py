@@ -53,7 +53,8 @@ def node_live(request: HttpRequest, node_id: int) -> HttpResponse:
     gpus = [(g.pk, f"GPU {g.index}", node.pk) for g in node.gpus.order_by("index")]
     context = _chart_context(gpus, f"{node.cluster.slug}/{node.name}", f"/ws/nodes/{node.pk}/")
     context.update(node=node, alerts=selectors.alerts_visible_to(request.user).filter(
-        node=node, state__in=["pending", "firing"])[:50])
+        node=node, state__in=["pending", "firing"])[:50],
+        leases=selectors.node_leases(node) if request.user.is_staff else None)
     return render(request, "monitoring/node.html", context)
 
 

@@ -88,3 +88,16 @@ def test_a_wrong_token_is_closed_and_a_push_without_listeners_is_harmless(world,
     connected, code = async_to_sync(scenario)()
     assert not connected and code == 4401
     push_leases([host[0].pk])  # nobody listening: nothing happens, nothing raised
+
+
+def test_staff_see_a_hosts_leases_refusals_and_unleased_use_on_its_page(world, host, client):
+    from allocations.apply.backends.agent import host_lease_report
+
+    node, _ = host
+    host_lease_report(node=node, held=["7:GPU-aaaaaaaa-0001"], failed={"8:GPU-bbbbbbbb-0002": "GPU not on host"},
+                      unleased_in_use=["GPU-cccccccc-0003"])
+    client.force_login(world.staff)
+    page = client.get(f"/nodes/{node.pk}/").content.decode()
+    assert "7:GPU-aaaaaaaa-0001" in page and "GPU not on host" in page and "GPU-cccccccc-0003" in page
+    client.force_login(world.member)  # members watch the charts, not other teams' leases
+    assert "7:GPU-aaaaaaaa-0001" not in client.get(f"/nodes/{node.pk}/").content.decode()
