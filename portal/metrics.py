@@ -22,6 +22,9 @@ rejected or clamped by reason.
 """
 from __future__ import annotations
 
+import hmac
+
+from django.conf import settings
 from django.db.models import Count
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
@@ -148,6 +151,14 @@ class TelemetryCollector:
 
 
 def metrics(request: HttpRequest) -> HttpResponse:
+    # The figures name teams, pools and hosts: with METRICS_TOKEN set, only a scraper that
+    # sends `Authorization: Bearer <token>` gets them.
+    token = settings.METRICS_TOKEN
+    if token and not hmac.compare_digest(request.headers.get("Authorization", ""), f"Bearer {token}"):
+        response = HttpResponse("Send the metrics token: Authorization: Bearer <METRICS_TOKEN>\n", status=401,
+                                content_type="text/plain")
+        response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return response
     registry = CollectorRegistry(auto_describe=False)
     registry.register(PortalCollector())
     registry.register(TelemetryCollector())

@@ -153,6 +153,8 @@ APPLY_RETRY_BASE_SECONDS = env.float("APPLY_RETRY_BASE_SECONDS", default=2.0)
 APPLY_RETRY_CAP_SECONDS = env.float("APPLY_RETRY_CAP_SECONDS", default=60.0)
 # How often beat compares each cluster with the database and repairs drift.
 RECONCILE_SECONDS = env.float("RECONCILE_SECONDS", default=30.0)
+# /metrics answers only `Authorization: Bearer <METRICS_TOKEN>` when set (unset: open, e.g. behind the ingress).
+METRICS_TOKEN = env.str("METRICS_TOKEN", default="")
 
 # --- host agents ------------------------------------------------------------------------
 AGENT_HEARTBEAT_SECONDS = env.float("AGENT_HEARTBEAT_SECONDS", default=10.0)

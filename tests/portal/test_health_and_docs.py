@@ -67,3 +67,11 @@ def test_availability_rejects_bad_ranges(world, api):
                                                                 "end": (start + (end - start) * 24 * 30).isoformat()})
     assert too_many.status_code == 400 and too_many.json()["errors"][0]["rule"] == "max_slots"
     assert client.get("/api/v1/pools/a100/availability/", {"slot": "x"}).json()["errors"][0]["field"] == "slot"
+
+
+def test_metrics_can_require_a_token(db, settings):
+    settings.METRICS_TOKEN = "s3cret"
+    refused = Client().get("/metrics")
+    assert refused.status_code == 401 and refused["WWW-Authenticate"].startswith("Bearer")
+    assert Client().get("/metrics", HTTP_AUTHORIZATION="Bearer wrong").status_code == 401
+    assert Client().get("/metrics", HTTP_AUTHORIZATION="Bearer s3cret").status_code == 200
