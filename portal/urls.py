@@ -9,7 +9,7 @@ from allocations.api.views import ApplyJobViewSet, PoolViewSet, QuotaViewSet, Re
 from allocations.webhooks import urlpatterns as kube_webhooks
 from allocations.api.agent import LeasesView
 from inventory.api.agent import HeartbeatView, RegisterView
-from monitoring.api.views import AlertRuleViewSet, AlertViewSet, PoolHistoryView, TelemetryView
+from monitoring.api.views import AlertRuleViewSet, AlertViewSet, PoolHistoryView, SilenceViewSet, TelemetryView
 from inventory.api.views import ClusterViewSet, GpuViewSet, HostTokenViewSet, NodeViewSet
 from portal import health, metrics, views
 from portal.api.views import TeamViewSet, TokenView
@@ -26,6 +26,7 @@ router.register("gpus", GpuViewSet, basename="gpu")
 router.register("host-tokens", HostTokenViewSet, basename="host-token")
 router.register("alert-rules", AlertRuleViewSet, basename="alert-rule")
 router.register("alerts", AlertViewSet, basename="alert")
+router.register("silences", SilenceViewSet, basename="silence")
 
 api = [
     path("auth/token/", TokenView.as_view(), name="token"),

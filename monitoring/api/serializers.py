@@ -4,7 +4,7 @@ from rest_framework import serializers
 
 from common.api import CleanModelSerializer
 from inventory.models import GpuPool
-from monitoring.models import Alert, AlertRule
+from monitoring.models import Alert, AlertRule, Silence
 
 
 class AlertRuleSerializer(CleanModelSerializer):
@@ -30,3 +30,25 @@ class AlertSerializer(serializers.ModelSerializer):
         fields = ["id", "rule", "severity", "subject", "subject_label", "pool", "node", "team", "state", "value",
                   "active_since", "fired_at", "resolved_at", "last_notified_at", "notifications"]
         read_only_fields = fields
+
+
+class SilenceSerializer(CleanModelSerializer):
+    """Mutes the notifications of matching alerts (rule, subject, pool; empty matches all) until ends_at."""
+
+    rule = serializers.PrimaryKeyRelatedField(queryset=AlertRule.objects.all(), required=False, allow_null=True)
+    pool = serializers.SlugRelatedField(slug_field="slug", queryset=GpuPool.objects.all(), required=False,
+                                        allow_null=True)
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    starts_at = serializers.DateTimeField(required=False)
+
+    class Meta:
+        model = Silence
+        fields = ["id", "rule", "subject", "pool", "comment", "created_by", "starts_at", "ends_at"]
+        read_only_fields = ["id", "created_by"]
+
+    def validate(self, attrs):
+        if "starts_at" not in attrs and self.instance is None:
+            from django.utils import timezone
+
+            attrs["starts_at"] = timezone.now()
+        return super().validate(attrs)

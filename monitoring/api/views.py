@@ -14,8 +14,8 @@ from rest_framework.views import APIView
 from common.errors import NotFound, ValidationFailed
 from inventory.api.agent import AgentView
 from monitoring import ingest, selectors
-from monitoring.api.serializers import AlertRuleSerializer, AlertSerializer
-from monitoring.models import Alert, AlertRule
+from monitoring.api.serializers import AlertRuleSerializer, AlertSerializer, SilenceSerializer
+from monitoring.models import Alert, AlertRule, Silence
 
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,17 @@ class AlertRuleViewSet(viewsets.ModelViewSet):
     queryset = AlertRule.objects.select_related("pool")
     serializer_class = AlertRuleSerializer
     permission_classes = [StaffOnly]
+
+
+class SilenceViewSet(viewsets.ModelViewSet):
+    """Staff: silences with an end time (expired ones stay listed as history; delete lifts one early)."""
+
+    queryset = Silence.objects.select_related("rule", "pool", "created_by")
+    serializer_class = SilenceSerializer
+    permission_classes = [StaffOnly]
+
+    def perform_create(self, serializer) -> None:
+        serializer.save(created_by=self.request.user)
 
 
 class AlertFilterSet(django_filters.FilterSet):
