@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -79,13 +78,12 @@ def test_typical_shapes_break_count_ties_by_larger_shape_first() -> None:
 
 
 def test_empty_trace_cluster_fragment_is_about_14_percent() -> None:
-    data = Path(__file__).resolve().parents[3] / "shared" / "data" / "alibaba-gpu-2023"
-    if not (data / "openb_pod_list_default.csv").exists():
-        pytest.skip("trace not available")
-    from benchmarks.placement_trace import load_nodes, load_trace
+    from benchmarks.placement_trace import DEFAULT_NODES, DEFAULT_TRACE, load_nodes, load_trace
 
-    nodes = load_nodes(data / "openb_node_list_gpu_node.csv")
-    trace = load_trace(data / "openb_pod_list_default.csv")
+    if not DEFAULT_TRACE.exists():
+        pytest.fail(f"the Alibaba trace is missing at {DEFAULT_TRACE}: check out ../shared beside the repository")
+    nodes = load_nodes(DEFAULT_NODES)
+    trace = load_trace(DEFAULT_TRACE)
     t = ShapeTable(trace.typical_shapes(), nodes.models)
     pct = 100 * cluster_fragment(nodes, t) / nodes.gpu_capacity_milli()
     assert 12.0 < pct < 16.0  # "even an empty cluster measures about 14%" (data README)
