@@ -1,4 +1,4 @@
-"""The Celery app: worker and beat for apply/release, the reservation sweep, and later reconcile."""
+"""The Celery app: worker and beat for applying reservations, the sweep, discovery, reconcile, telemetry and alerts."""
 import os
 
 from celery import Celery
@@ -10,37 +10,20 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
 
+# Periodic work beat schedules: (the setting that holds its period in seconds, task, name).
+PERIODIC_TASKS = (
+    ("RESERVATION_SWEEP_SECONDS", "allocations.tasks.sweep_reservations", "sweep reservations"),
+    ("HOST_SILENCE_CHECK_SECONDS", "inventory.tasks.mark_silent_hosts", "mark silent hosts"),
+    ("CLUSTER_DISCOVERY_SECONDS", "inventory.tasks.discover_clusters", "discover Kubernetes clusters"),
+    ("RECONCILE_SECONDS", "allocations.tasks.reconcile_clusters", "reconcile clusters"),
+    ("TELEMETRY_ROLLUP_SECONDS", "monitoring.tasks.rollup_telemetry", "roll up and prune telemetry"),
+    ("ALERT_EVALUATE_SECONDS", "monitoring.tasks.evaluate_alerts", "evaluate alert rules"),
+)
+
+
 @app.on_after_finalize.connect
 def _schedule_periodic_tasks(sender: Celery, **_: object) -> None:
     from django.conf import settings
 
-    sender.add_periodic_task(
-        settings.RESERVATION_SWEEP_SECONDS,
-        sender.signature("allocations.tasks.sweep_reservations"),
-        name="sweep reservations",
-    )
-    sender.add_periodic_task(
-        settings.HOST_SILENCE_CHECK_SECONDS,
-        sender.signature("inventory.tasks.mark_silent_hosts"),
-        name="mark silent hosts",
-    )
-    sender.add_periodic_task(
-        settings.CLUSTER_DISCOVERY_SECONDS,
-        sender.signature("inventory.tasks.discover_clusters"),
-        name="discover Kubernetes clusters",
-    )
-    sender.add_periodic_task(
-        settings.RECONCILE_SECONDS,
-        sender.signature("allocations.tasks.reconcile_clusters"),
-        name="reconcile clusters",
-    )
-    sender.add_periodic_task(
-        settings.TELEMETRY_ROLLUP_SECONDS,
-        sender.signature("monitoring.tasks.rollup_telemetry"),
-        name="roll up and prune telemetry",
-    )
-    sender.add_periodic_task(
-        settings.ALERT_EVALUATE_SECONDS,
-        sender.signature("monitoring.tasks.evaluate_alerts"),
-        name="evaluate alert rules",
-    )
+    for setting, task, name in PERIODIC_TASKS:
+        sender.add_periodic_task(getattr(settings, setting), sender.signature(task), name=name)

@@ -109,24 +109,42 @@ def celery_worker_process(worker_env, tmp_path):
     import redis
 
     redis.Redis.from_url(worker_env["REDIS_URL"]).flushdb()  # no stale task from an earlier run
-    log_path = tmp_path / "worker.log"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "portal", "worker", "-B", "--pool=solo", "--loglevel=INFO",
-             "--without-mingle", "--without-gossip", "--schedule", str(tmp_path / "beat-schedule")],
-            # Its own process group, so beat and any child go with it: an orphan would keep
-            # connections to the test database, which then could not be dropped.
-            env=worker_env, cwd=BASE_DIR, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-    deadline = time.monotonic() + 60
-    while b"ready." not in log_path.read_bytes():
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail("the Celery worker did not start:\n" + log_path.read_text()[-3000:])
-        time.sleep(0.2)
-    process.log_path = log_path
+    process = start_server(
+        [sys.executable, "-m", "celery", "-A", "portal", "worker", "-B", "--pool=solo", "--loglevel=INFO",
+         "--without-mingle", "--without-gossip", "--schedule", str(tmp_path / "beat-schedule")],
+        env=worker_env, log_path=tmp_path / "worker.log", what="the Celery worker",
+        ready=lambda: b"ready." in (tmp_path / "worker.log").read_bytes(),
+    )
     yield process
     stop_process_group(process)
+
+
+def start_server(args: list[str], *, env: dict, log_path: Path, ready, what: str) -> subprocess.Popen:
+    """Start a server process in its own process group and wait (60 s at most) until `ready()`.
+
+    Its own group, so everything it forks (beat, uvicorn workers) stops with it: an orphan
+    would keep connections to the test database, which then could not be dropped.
+    """
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(args, env=env, cwd=BASE_DIR, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+    process.log_path = log_path
+    deadline = time.monotonic() + 60
+    while not ready():
+        if process.poll() is not None or time.monotonic() > deadline:
+            stop_process_group(process, timeout=5)
+            pytest.fail(f"{what} did not start:\n" + log_path.read_text()[-3000:])
+        time.sleep(0.2)
+    return process
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (the server started next binds it)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def stop_process_group(process: subprocess.Popen, timeout: float = 15.0) -> None:
@@ -159,34 +177,22 @@ def wait_for(predicate, timeout: float = 20.0, interval: float = 0.2, message: s
 @pytest.fixture
 def asgi_server(worker_env, tmp_path):
     """The real ASGI app under uvicorn (2 workers, Redis channel layer) on this test's database; yields its URL."""
-    import socket
-
     import httpx
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log_path = tmp_path / "uvicorn.log"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "portal.asgi:application", "--host", "127.0.0.1", "--port", str(port),
-             "--workers", "2", "--lifespan", "off", "--log-level", "warning"],
-            # Its own process group: the workers are stopped with the supervisor, never orphaned
-            # (an orphan keeps connections to the test database, which then cannot be dropped).
-            env=worker_env, cwd=BASE_DIR, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
+
+    def answers() -> bool:
         try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                break
+            return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
         except httpx.HTTPError:
-            pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail("uvicorn did not start:\n" + log_path.read_text()[-3000:])
-        time.sleep(0.2)
-    process.log_path = log_path
+            return False
+
+    process = start_server(
+        [sys.executable, "-m", "uvicorn", "portal.asgi:application", "--host", "127.0.0.1", "--port", str(port),
+         "--workers", "2", "--lifespan", "off", "--log-level", "warning"],
+        env=worker_env, log_path=tmp_path / "uvicorn.log", what="uvicorn", ready=answers,
+    )
     yield url
     stop_process_group(process)
 

@@ -22,14 +22,8 @@ from kubernetes.client.exceptions import ApiException
 
 from allocations.apply.backends.kubernetes import KubernetesBackend
 from allocations.apply.selectors import cluster_desired
-from tests.conftest import BASE_DIR
+from tests.conftest import free_port, start_server, stop_process_group
 from tests.kubernetes.conftest import active_reservation, unique
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -42,30 +36,22 @@ def https_portal(worker_env, control_plane, tmp_path):
                     "-subj", "/CN=gpupool-portal"], check=True, capture_output=True)
     subprocess.run(["openssl", "x509", "-req", "-in", csr, "-CA", pki / "ca.crt", "-CAkey", pki / "ca.key",
                     "-CAcreateserial", "-out", cert, "-days", "1", "-extfile", ext], check=True, capture_output=True)
-    port = _free_port()
-    log_path = tmp_path / "gunicorn.log"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "portal.wsgi", "--workers", "1", "--bind", f"127.0.0.1:{port}",
-             "--certfile", str(cert), "--keyfile", str(key), "--access-logfile", "-"],
-            env=worker_env, cwd=BASE_DIR, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while True:
+    port = free_port()
+
+    def listening() -> bool:
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                break
+                return True
         except OSError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                pytest.fail("the portal did not start over HTTPS:\n" + log_path.read_text()[-3000:])
-            time.sleep(0.2)
+            return False
+
+    process = start_server(
+        [sys.executable, "-m", "gunicorn", "portal.wsgi", "--workers", "1", "--bind", f"127.0.0.1:{port}",
+         "--certfile", str(cert), "--keyfile", str(key), "--access-logfile", "-"],
+        env=worker_env, log_path=tmp_path / "gunicorn.log", what="the portal over HTTPS", ready=listening,
+    )
     yield f"https://127.0.0.1:{port}/"
-    process.terminate()
-    try:
-        process.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+    stop_process_group(process)
 
 
 def test_the_api_server_calls_the_portal_to_pin_and_to_refuse_pods(https_portal, control_plane, kube_api,
