@@ -22,7 +22,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from allocations.apply.backends import BackendError, BackendRejected, backend_for
+from allocations.apply.backends import BackendError, BackendRejected, backend_for, backend_name
 from allocations.apply.selectors import cluster_desired
 from allocations.models import ApplyJob, HostLeaseReport, Reservation
 from allocations.transitions import move
@@ -73,8 +73,7 @@ def jobs_create(*, reservation: Reservation, action: str, final_state: str = "",
     for cluster in _clusters_of(reservation):
         job = ApplyJob.objects.create(
             reservation=reservation, cluster=cluster, action=action, final_state=final_state,
-            backend="kubernetes" if cluster.kind == Cluster.Kind.KUBERNETES else "agent",
-            target=_target(cluster, reservation), deadline=now + settings.APPLY_DEADLINE,
+            backend=backend_name(cluster), target=_target(cluster, reservation), deadline=now + settings.APPLY_DEADLINE,
         )
         _enqueue(job.pk)
         jobs.append(job)
@@ -170,8 +169,8 @@ def _failed(job: ApplyJob, error: str, *, now: datetime) -> str:
     reservation = Reservation.objects.select_for_update().get(pk=job.reservation_id)
     if job.action == ApplyJob.Action.APPLY and reservation.state == State.APPLYING:
         # Free the GPUs at once and let a reconcile remove whatever was half-applied.
-        reservation.allocations.filter(ends_at__gt=now).update(ends_at=now)
         reservation.allocations.filter(starts_at__gt=now).update(starts_at=now)
+        reservation.allocations.filter(ends_at__gt=now).update(ends_at=now)
         move(reservation, State.FAILED, reason=f"Could not be applied: {error}", now=now)
         reconcile_enqueue(cluster=job.cluster, now=now)
     elif job.action == ApplyJob.Action.UNDO and reservation.state == State.RELEASING:
@@ -193,8 +192,7 @@ def reconcile_enqueue(*, cluster: Cluster, now: datetime | None = None) -> Apply
         return None
     job = ApplyJob.objects.create(
         cluster=cluster, action=ApplyJob.Action.RECONCILE, target=f"everything the portal manages on {cluster.slug}",
-        backend="kubernetes" if cluster.kind == Cluster.Kind.KUBERNETES else "agent",
-        deadline=now + timedelta(seconds=max(settings.RECONCILE_SECONDS, 30.0)),
+        backend=backend_name(cluster), deadline=now + timedelta(seconds=max(settings.RECONCILE_SECONDS, 30.0)),
     )
     _enqueue(job.pk)
     return job
@@ -205,29 +203,28 @@ def cluster_reconcile(*, cluster_id: int, now: datetime | None = None) -> dict:
     something was repaired or went wrong, so a quiet fleet does not fill the table."""
     now = now or timezone.now()
     cluster = Cluster.objects.get(pk=cluster_id)
-    backend_name = "kubernetes" if cluster.kind == Cluster.Kind.KUBERNETES else "agent"
     if cluster.kind == Cluster.Kind.KUBERNETES and not cluster.has_credentials:
         return {"cluster": cluster.slug, "skipped": "no credentials registered"}
     try:
         report = backend_for(cluster).sync(cluster_desired(cluster, now=now), teams=None)
     except BackendError as error:
-        _record_failed_reconcile(cluster, backend_name, str(error), now=now)
+        _record_failed_reconcile(cluster, str(error), now=now)
         return {"cluster": cluster.slug, "error": str(error)}
     if report.changes:
-        ApplyJob.objects.create(cluster=cluster, action=ApplyJob.Action.RECONCILE, backend=backend_name,
+        ApplyJob.objects.create(cluster=cluster, action=ApplyJob.Action.RECONCILE, backend=backend_name(cluster),
                                 target=report.target, status=Status.SUCCEEDED, attempts=1, started_at=now,
                                 finished_at=timezone.now(), deadline=now, changes=report.changes)
         log.warning("reconcile of %s repaired: %s", cluster.slug, "; ".join(report.changes))
     return {"cluster": cluster.slug, "repaired": report.changes}
 
 
-def _record_failed_reconcile(cluster: Cluster, backend_name: str, error: str, *, now: datetime) -> None:
+def _record_failed_reconcile(cluster: Cluster, error: str, *, now: datetime) -> None:
     """One row per outage, not one per beat: the same error again only counts another attempt."""
     last = ApplyJob.objects.filter(cluster=cluster, action=ApplyJob.Action.RECONCILE).order_by("-pk").first()
     if last is not None and last.status == Status.FAILED and last.error == error:
         ApplyJob.objects.filter(pk=last.pk).update(attempts=F("attempts") + 1, finished_at=timezone.now())
         return
-    ApplyJob.objects.create(cluster=cluster, action=ApplyJob.Action.RECONCILE, backend=backend_name,
+    ApplyJob.objects.create(cluster=cluster, action=ApplyJob.Action.RECONCILE, backend=backend_name(cluster),
                             target=f"everything the portal manages on {cluster.slug}", status=Status.FAILED,
                             attempts=1, started_at=now, finished_at=timezone.now(), deadline=now, error=error)
 

@@ -3,12 +3,18 @@ from __future__ import annotations
 
 from allocations.apply.backends.base import ApplyBackend, BackendError, BackendPending, BackendRejected, SyncReport
 
-__all__ = ["ApplyBackend", "BackendError", "BackendPending", "BackendRejected", "SyncReport", "backend_for"]
+__all__ = ["ApplyBackend", "BackendError", "BackendPending", "BackendRejected", "SyncReport", "backend_for",
+           "backend_name"]
 
 
-def backend_for(cluster) -> ApplyBackend:  # cluster: inventory.models.Cluster
+def backend_name(cluster) -> str:  # cluster: inventory.models.Cluster
+    """Which backend applies to `cluster`: "kubernetes", or "agent" for bare-metal hosts."""
+    return "kubernetes" if cluster.kind == "kubernetes" else "agent"
+
+
+def backend_for(cluster) -> ApplyBackend:
     """The backend that applies to `cluster` (imported lazily: the Kubernetes client is heavy)."""
-    if cluster.kind == "kubernetes":
+    if backend_name(cluster) == "kubernetes":
         from allocations.apply.backends.kubernetes import KubernetesBackend
 
         return KubernetesBackend(cluster)
