@@ -23,6 +23,7 @@ from django.utils import timezone
 from allocations.apply import jobs
 from allocations.models import Allocation, ApplyJob, Reservation
 from allocations.seam import Unplaceable, choose_whole_gpus
+from allocations.selectors import pool_gpus_for_window
 from allocations.transitions import move, record
 from inventory.models import GpuPool, Node
 from portal.models import Membership
@@ -41,8 +42,8 @@ def _held(now: datetime):
 def unhealthy_nodes_holding_ids(now: datetime | None = None) -> list[int]:
     """Unhealthy nodes that still hold GPUs of live reservations now or later."""
     now = now or timezone.now()
-    node_ids = _held(now).filter(gpu__node__healthy=False).values_list("gpu__node_id", flat=True)
-    return sorted(set(node_ids[:10000]))[:200]
+    return list(_held(now).filter(gpu__node__healthy=False).values_list("gpu__node_id", flat=True)
+                .order_by("gpu__node_id").distinct()[:200])
 
 
 def node_failover(*, node_id: int, reason: str = "", now: datetime | None = None) -> dict:
@@ -56,7 +57,10 @@ def node_failover(*, node_id: int, reason: str = "", now: datetime | None = None
     ids = sorted(set(_held(now).filter(gpu__node_id=node_id).values_list("reservation_id", flat=True)))
     for reservation_id in ids:
         outcome = reservation_move_off_node(reservation_id=reservation_id, node=node, reason=why, now=now)
-        (moved if outcome == "moved" else failed if outcome == "failed" else []).append(reservation_id)
+        if outcome == "moved":
+            moved.append(reservation_id)
+        elif outcome == "failed":
+            failed.append(reservation_id)
     if ids:
         log.warning("failover of %s (%s): moved %s, failed %s", node.name, why, moved, failed)
     return {"node": node.name, "moved": moved, "failed": failed}
@@ -78,11 +82,8 @@ def reservation_move_off_node(*, reservation_id: int, node: Node, reason: str, n
     # Let go of the current GPUs from `start` on; the part already used stays as history.
     reservation.allocations.filter(ends_at__gt=start, starts_at__lt=start).update(ends_at=start)
     reservation.allocations.filter(starts_at__gte=start).update(ends_at=F("starts_at"))  # empty: never used
-    from allocations.services import _pool_snapshot  # the same one-query read reservation_create uses
-
-    snapshot = _pool_snapshot(pool, start, reservation.ends_at)
     try:
-        chosen = choose_whole_gpus(snapshot.gpus, reservation.gpus, start=start, end=reservation.ends_at,
+        chosen = choose_whole_gpus(pool_gpus_for_window(pool, start, reservation.ends_at), reservation.gpus, start=start, end=reservation.ends_at,
                                    policy=pool.placement_policy)
     except Unplaceable as refused:
         message = (f"Its GPUs were on {node.name}, which failed ({reason}), and no healthy GPUs of pool "

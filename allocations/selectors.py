@@ -5,12 +5,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.db.models import Count, F, OuterRef, Q, QuerySet, Subquery, Value
+from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet, Subquery, Value
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from allocations import quota_math
 from allocations.models import Allocation, Quota, Reservation
+from allocations.seam import PoolGpu
 from common.errors import ValidationFailed
 from inventory.models import Gpu, GpuPool
 from portal.models import Team
@@ -133,3 +134,23 @@ def quota_use(team: Team, now: datetime | None = None) -> list[QuotaUse]:
         held = sum(1 for a, b in windows if a <= now < b)
         out.append(QuotaUse(quota=quota, held_now=held, gpu_hours_this_month=quota_math.gpu_hours_in(windows, month)))
     return out
+
+
+def pool_gpus_for_window(pool: GpuPool, start: datetime, end: datetime) -> list[PoolGpu]:
+    """Every GPU of the pool as placement sees it for [start, end): whether it can be used and whether
+    an allocation overlapping the window holds it. One query; callers hold the pool's row lock."""
+    busy = Allocation.objects.filter(gpu=OuterRef("pk"), starts_at__lt=end, ends_at__gt=start)
+    rows = (
+        Gpu.objects.filter(pool=pool)
+        .annotate(busy=Exists(busy))
+        .order_by("node__name", "node_id", "index")
+        .values_list("id", "node_id", "node__name", "index", "model_name", "memory_mib", "healthy",
+                     "node__healthy", "node__schedulable", "busy", "node__cpu_milli", "node__memory_mib")
+    )
+    return [
+        PoolGpu(id=gpu_id, node_id=node_id, node_name=node_name, index=index, model=model, memory_mib=memory,
+                usable=healthy and node_healthy and schedulable, busy=is_busy, node_cpu_milli=cpu,
+                node_memory_mib=node_memory)
+        for (gpu_id, node_id, node_name, index, model, memory, healthy, node_healthy, schedulable, is_busy,
+             cpu, node_memory) in rows
+    ]

@@ -14,17 +14,16 @@ from datetime import datetime
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
-from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
-from allocations import quota_math
+from allocations import quota_math, selectors
 from allocations.apply import jobs
 from allocations.models import Allocation, ApplyJob, Quota, Reservation
+from allocations.seam import Unplaceable, choose_whole_gpus
 from allocations.transitions import move as _move
 from allocations.transitions import record as _record
-from allocations.seam import PoolGpu, Unplaceable, choose_whole_gpus
 from common.errors import Conflict, NotFound, PermissionDenied, ValidationFailed
-from inventory.models import Gpu, GpuPool
+from inventory.models import GpuPool
 from inventory.sharing import RESERVABLE_MODES
 from portal.models import Team
 from portal.selectors import can_act_for_team
@@ -102,34 +101,6 @@ def _quota_for(team: Team, pool: GpuPool) -> Quota:
     return quota
 
 
-# --- placement -----------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class PoolSnapshot:
-    size: int  # GPUs in the pool, healthy or not
-    gpus: list[PoolGpu]  # every GPU, whether it is usable and whether the window is taken
-
-
-def _pool_snapshot(pool: GpuPool, start: datetime, end: datetime) -> PoolSnapshot:
-    """Everything placement needs about the pool for [start, end), in one query."""
-    busy = Allocation.objects.filter(gpu=OuterRef("pk"), starts_at__lt=end, ends_at__gt=start)
-    rows = (
-        Gpu.objects.filter(pool=pool)
-        .annotate(busy=Exists(busy))
-        .order_by("node__name", "node_id", "index")
-        .values_list("id", "node_id", "node__name", "index", "model_name", "memory_mib", "healthy",
-                     "node__healthy", "node__schedulable", "busy", "node__cpu_milli", "node__memory_mib")
-    )
-    gpus = [
-        PoolGpu(id=gpu_id, node_id=node_id, node_name=node_name, index=index, model=model, memory_mib=memory,
-                usable=healthy and node_healthy and schedulable, busy=is_busy, node_cpu_milli=cpu,
-                node_memory_mib=node_memory)
-        for (gpu_id, node_id, node_name, index, model, memory, healthy, node_healthy, schedulable, is_busy,
-             cpu, node_memory) in rows
-    ]
-    return PoolSnapshot(size=len(gpus), gpus=gpus)
-
-
 def _enqueue_after_commit(task_name: str, reservation_id: int) -> None:
     from allocations import tasks  # tasks import services; importing here keeps that one-way at load time
 
@@ -167,13 +138,13 @@ def reservation_create(*, actor: AbstractBaseUser, request: ReservationRequest,
         with transaction.atomic():
             pool = GpuPool.objects.select_for_update().get(pk=pool.pk)
             quota = _quota_for(team, pool)
-            snapshot = _pool_snapshot(pool, starts_at, ends_at)
-            if gpus > snapshot.size:
-                raise ValidationFailed(f"Pool {pool.slug} has {snapshot.size} GPUs; {gpus} requested.", field="gpus",
+            pool_gpus = selectors.pool_gpus_for_window(pool, starts_at, ends_at)
+            if gpus > len(pool_gpus):
+                raise ValidationFailed(f"Pool {pool.slug} has {len(pool_gpus)} GPUs; {gpus} requested.", field="gpus",
                                        rule="exceeds_pool_size")
             _check_quota(quota, gpus=gpus, start=starts_at, end=ends_at)
             try:
-                chosen = choose_whole_gpus(snapshot.gpus, gpus, start=starts_at, end=ends_at,
+                chosen = choose_whole_gpus(pool_gpus, gpus, start=starts_at, end=ends_at,
                                            policy=pool.placement_policy)
             except Unplaceable as refused:
                 raise Conflict(refused.message, field="gpus", rule=refused.code) from None
