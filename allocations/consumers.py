@@ -24,12 +24,9 @@ def _header(scope, name: bytes) -> str:
 @database_sync_to_async
 def _node_for(key: str):
     from inventory import services
-    from inventory.models import Node
 
     token = services.host_token_for_key(key)
-    if token is None:
-        return None
-    return Node.objects.filter(cluster=token.cluster, name=token.host_name).first()
+    return None if token is None else token.registered_node()
 
 
 class AgentLeaseConsumer(AsyncJsonWebsocketConsumer):

@@ -145,3 +145,7 @@ class HostToken(models.Model):
     @property
     def is_active(self) -> bool:
         return self.revoked_at is None
+
+    def registered_node(self) -> Node | None:
+        """The node this token's host registered as; None until its agent has registered."""
+        return Node.objects.filter(cluster_id=self.cluster_id, name=self.host_name).first()

@@ -116,7 +116,7 @@ def host_register(*, token: HostToken, gpus: list[ReportedGpu], backend: str, no
 def host_heartbeat(*, token: HostToken, now: datetime | None = None) -> Node | None:
     """Note that the host is alive; a host that was marked silent rejoins. None if it never registered."""
     now = now or timezone.now()
-    node = Node.objects.filter(cluster=token.cluster, name=token.host_name).first()
+    node = token.registered_node()
     if node is None:
         return None
     Node.objects.filter(pk=node.pk).update(last_seen_at=now, healthy=True)

@@ -11,7 +11,6 @@ from rest_framework.response import Response
 
 from allocations.apply.backends.agent import host_lease_report, host_leases
 from inventory.api.agent import AgentView
-from inventory.models import Node
 
 
 LEASE_KEY = r"^[0-9]{1,12}:(GPU|MIG)-[0-9A-Za-z-]{8,60}$"
@@ -42,8 +41,7 @@ class LeasesView(AgentView):
     def post(self, request: Request) -> Response:
         data = LeasesInput(data=request.data)
         data.is_valid(raise_exception=True)
-        token = request.auth
-        node = Node.objects.filter(cluster=token.cluster, name=token.host_name).first()
+        node = request.auth.registered_node()
         if node is None:
             raise exceptions.NotFound("This host has not registered yet: call /api/v1/agent/register/ first.")
         host_lease_report(node=node, **data.validated_data)
