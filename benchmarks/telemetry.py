@@ -235,7 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus-per-agent", type=int, default=100)
     parser.add_argument("--pools", type=int, default=0, help="pools to spread the GPUs over (default: one per agent)")
     parser.add_argument("--workers", type=int, default=0,
-                        help="processes per server (default: redis 2 gunicorn + 2 uvicorn, embedded 1 uvicorn)")
+                        help="uvicorn processes (default: redis 2, embedded 1)")
+    parser.add_argument("--web-workers", type=int, default=0,
+                        help="gunicorn processes in redis mode (default: gunicorn.conf.py's, cores + 1)")
     parser.add_argument("--warmup", type=float, default=5)
     parser.add_argument("--prepare", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -259,11 +261,12 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit("preparing the fleet failed:\n" + setup.stderr[-3000:])
     fleet = json.loads(setup.stdout.strip().splitlines()[-1])
     workers = args.workers or (2 if args.mode == "redis" else 1)
+    web_workers = args.web_workers or (os.cpu_count() or 1) + 1
     servers, logs = [], []
     ws_port = _free_port()
     ws_base = f"http://127.0.0.1:{ws_port}"
     # As in production (Procfile): WebSockets from uvicorn; in redis mode the HTTP ingest from
-    # gunicorn's sync workers (one DB connection each), in embedded mode everything from one process.
+    # gunicorn (gunicorn.conf.py: threaded workers, keep-alive), in embedded mode everything from one process.
     commands = [("uvicorn", ws_port, [sys.executable, "-m", "uvicorn", "portal.asgi:application", "--host",
                                       "127.0.0.1", "--port", str(ws_port), "--workers", str(workers),
                                       "--lifespan", "off", "--log-level", "warning", "--no-access-log"])]
@@ -272,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         http_port = _free_port()
         http_base = f"http://127.0.0.1:{http_port}"
         commands.append(("gunicorn", http_port, [sys.executable, "-m", "gunicorn", "portal.wsgi", "--workers",
-                                                 str(workers), "--bind", f"127.0.0.1:{http_port}",
+                                                 str(web_workers), "--bind", f"127.0.0.1:{http_port}",
                                                  "--log-level", "warning"]))
     for name, port, command in commands:
         log_path = Path(var_dir) / f"{name}.log"
@@ -295,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
                         sys.exit("a server did not start:\n" + "".join(p.read_text()[-2000:] for p in logs))
                     time.sleep(0.3)
         print(f"{args.mode}: {args.gpus} GPUs in {agents} agents over {pools} pools, {args.clients} WebSocket "
-              f"clients, {' + '.join(f'{workers} {c[0]}' for c in commands)} worker(s); {args.warmup:g} s warm-up, "
+              f"clients, {workers} uvicorn{f' + {web_workers} gunicorn' if args.mode == 'redis' else ''} worker(s); {args.warmup:g} s warm-up, "
               f"{args.seconds:g} s measured",
               flush=True)
         stats = asyncio.run(_run_load(http_base, ws_base, fleet, args.clients, args.seconds, args.warmup,
@@ -317,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         "agents": agents,
         "gpus_per_agent": args.gpus_per_agent,
         "pools": pools,
-        "servers": {name: workers for name, _, _ in commands},
+        "servers": {"uvicorn": workers, **({"gunicorn": web_workers} if args.mode == "redis" else {})},
         "target_samples_per_s": args.gpus,
         "samples_per_s": round(stats["accepted"] / stats["measured_s"], 1),
         "latency_ms_p50": _percentile(stats["latency_ms"], 50),

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.contrib.auth.models import AbstractBaseUser
+from django.core.cache import cache
 from django.db import transaction
 from django.utils import timezone
 from django.utils.text import slugify
@@ -49,10 +50,38 @@ def host_token_revoke(*, actor: AbstractBaseUser, token: HostToken) -> HostToken
     return token
 
 
+# Agents authenticate every request (telemetry: once a second per host), so the active
+# token of a key is kept in the cache. Any save or delete of a token drops its entry
+# (inventory.signals), so a revocation takes effect at once in every process.
+HOST_TOKEN_CACHE_SECONDS = 300
+_NO_TOKEN = "none"
+
+
+def host_token_cache_key(key_hash: str) -> str:
+    return f"inv:hosttoken:{key_hash}"
+
+
 def host_token_for_key(key: str) -> HostToken | None:
     """The active token with this key, or None."""
-    return (HostToken.objects.select_related("cluster")
-            .filter(key_hash=hash_key(key), revoked_at__isnull=True).first())
+    key_hash = hash_key(key)
+    cache_key = host_token_cache_key(key_hash)
+    token = cache.get(cache_key)
+    if token is None:
+        token = (HostToken.objects.select_related("cluster")
+                 .filter(key_hash=key_hash, revoked_at__isnull=True).first()) or _NO_TOKEN
+        # Unknown keys are remembered briefly too, so a stream of wrong keys costs no queries.
+        cache.set(cache_key, token, HOST_TOKEN_CACHE_SECONDS if token != _NO_TOKEN else 10)
+    return None if token == _NO_TOKEN else token
+
+
+def host_token_forget(sender=None, instance: HostToken | None = None, **kwargs) -> None:
+    """Drop the cached lookup of a token's key (a post_save/post_delete receiver)."""
+    if instance is None:
+        return
+    key = host_token_cache_key(instance.key_hash)
+    cache.delete(key)
+    # Again after commit: another process may have cached the old row in between.
+    transaction.on_commit(lambda: cache.delete(key))
 
 
 @dataclass(frozen=True)

@@ -34,32 +34,20 @@ class Latest:
     def mem_pct(self) -> float:
         return 100.0 * self.mem_used / self.mem_total if self.mem_total else 0.0
 
-    def as_payload(self) -> dict:
-        return {"t": self.ts, "util": self.util, "mem_util": self.mem_util, "mem_used": self.mem_used,
-                "mem_total": self.mem_total, "temp": self.temp, "power": self.power}
 
-
-def _key(node_id: int) -> str:
+def node_key(node_id: int) -> str:
+    """The cache key of one node's newest samples: {gpu id: a tuple in Latest's field order}."""
     return f"tm:node:{node_id}"
-
-
-def latest_entries(node_id: int, values: dict[int, Latest]) -> dict:
-    """The cache entry holding the newest sample of each GPU of one node (one agent batch carries them all)."""
-    return {_key(node_id): {gpu_id: tuple(v.__dict__.values()) for gpu_id, v in values.items()}} if values else {}
-
-
-def latest_set(node_id: int, values: dict[int, Latest]) -> None:
-    cache.set_many(latest_entries(node_id, values), STORE_TTL)
 
 
 def latest_get(gpus: Iterable[tuple[int, int]]) -> dict[int, Latest]:
     """(gpu id, node id) pairs → the latest sample of each GPU that has one (one cache read for them all)."""
     pairs = list(gpus)
-    found = cache.get_many({_key(node_id) for _, node_id in pairs})
+    found = cache.get_many({node_key(node_id) for _, node_id in pairs})
     fresh_after = time.time() - LATEST_TTL
     out = {}
     for gpu_id, node_id in pairs:
-        raw = found.get(_key(node_id), {}).get(gpu_id)
+        raw = found.get(node_key(node_id), {}).get(gpu_id)
         if raw is not None and raw[0] >= fresh_after:
             out[gpu_id] = Latest(*raw)
     return out
@@ -70,38 +58,63 @@ def latest_get(gpus: Iterable[tuple[int, int]]) -> dict[int, Latest]:
 COUNTER_PREFIX = "tm:count:"
 
 
-def incr_many(amounts: dict[str, int], timeout: int | None = None) -> dict[str, int]:
-    """Add to counters in the cache; returns their new values.
+def exchange(*, incr: dict[str, int] | None = None, incr_timeout: int | None = None, get: Iterable[str] = (),
+             put: dict | None = None, put_timeout: int | None = None) -> tuple[dict[str, int], dict]:
+    """Add to counters, read keys and write values in one cache round trip; returns (the
+    counters' new values, the values found).
 
-    On Redis: INCRBY (and EXPIRE) in one pipeline. Django's cache.incr would first ask
-    EXISTS, a second round trip per counter, on the hottest path we have.
+    On Redis it is one pipeline (INCRBY/EXPIRE, GET, SET EX), values serialized as Django's
+    cache does, so `cache.get` reads them back. The ingest calls this twice per agent
+    request; through the cache API it took five round trips, and Django's cache.incr
+    asks EXISTS before every INCRBY. Other caches (local memory, embedded) go through the
+    cache API.
     """
-    amounts = {k: n for k, n in amounts.items() if n}
-    if not amounts:
-        return {}
+    incr = {k: n for k, n in (incr or {}).items() if n}
+    get = list(get)
+    put = put or {}
     backend = getattr(cache, "_cache", None)
-    if hasattr(backend, "get_client"):
-        keys = {name: cache.make_and_validate_key(name) for name in amounts}
-        pipe = backend.get_client(next(iter(keys.values())), write=True).pipeline(transaction=False)
-        for name, n in amounts.items():
-            pipe.incrby(keys[name], n)
-            if timeout is not None:
-                pipe.expire(keys[name], timeout)
-        replies = pipe.execute()
-        step = 1 if timeout is None else 2
-        return {name: int(replies[i * step]) for i, name in enumerate(amounts)}
-    out = {}
-    for name, n in amounts.items():
+    if not hasattr(backend, "get_client"):
+        return _exchange_by_api(incr, incr_timeout, get, put, put_timeout)
+    key = cache.make_and_validate_key
+    pipe = backend.get_client(None, write=True).pipeline(transaction=False)
+    for name, n in incr.items():
+        pipe.incrby(key(name), n)
+        if incr_timeout is not None:
+            pipe.expire(key(name), incr_timeout)
+    for name in get:
+        pipe.get(key(name))
+    for name, value in put.items():
+        pipe.set(key(name), backend._serializer.dumps(value), ex=put_timeout)
+    replies = pipe.execute()
+    step = 1 if incr_timeout is None else 2
+    counts = {name: int(replies[i * step]) for i, name in enumerate(incr)}
+    offset = len(incr) * step
+    found = {name: backend._serializer.loads(raw)
+             for name, raw in zip(get, replies[offset:offset + len(get)]) if raw is not None}
+    return counts, found
+
+
+def _exchange_by_api(incr, incr_timeout, get, put, put_timeout) -> tuple[dict[str, int], dict]:
+    counts = {}
+    for name, n in incr.items():
         try:
-            out[name] = cache.incr(name, n)
+            counts[name] = cache.incr(name, n)
         except ValueError:
-            out[name] = n if cache.add(name, n, timeout=timeout) else cache.incr(name, n)
-    return out
+            counts[name] = n if cache.add(name, n, timeout=incr_timeout) else cache.incr(name, n)
+    found = cache.get_many(get) if get else {}
+    if put:
+        cache.set_many(put, timeout=put_timeout)
+    return counts, found
+
+
+def counter_amounts(reasons: dict[str, int]) -> dict[str, int]:
+    """The shared counters' keys for these reasons (to add with `exchange`)."""
+    return {COUNTER_PREFIX + reason: n for reason, n in reasons.items()}
 
 
 def count(reasons: dict[str, int]) -> None:
     """Add to the shared counters (cache-wide, so every web replica reports the same totals)."""
-    incr_many({COUNTER_PREFIX + reason: n for reason, n in reasons.items()})
+    exchange(incr=counter_amounts(reasons))
 
 
 def counters(reasons: Iterable[str]) -> dict[str, int]:

@@ -30,6 +30,7 @@ import math
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from django.conf import settings
 from django.core.cache import cache
@@ -65,8 +66,7 @@ class StorageBusy(ApplicationError):
     status = 503
 
 
-@dataclass(frozen=True)
-class GpuRef:
+class GpuRef(NamedTuple):
     gpu_id: int
     uuid: str
     pool_id: int | None
@@ -93,17 +93,17 @@ def _host_key(token: HostToken) -> str:
 def host_gpus(token: HostToken, now=None, cached: dict | None = None) -> dict[str, GpuRef]:
     """uuid → the GPU of this token's host, with its pool, node and the team holding it now (cached)."""
     key = _host_key(token)
-    found = cached.get(key) if cached is not None else cache.get(key)
-    if found is not None:
-        return found
-    now = now or timezone.now()
-    rows = list(Gpu.objects.filter(node__cluster_id=token.cluster_id, node__name=token.host_name)
-                .values_list("id", "uuid", "pool_id", "node_id"))
-    teams = dict(Allocation.objects.filter(gpu_id__in=[r[0] for r in rows], starts_at__lte=now, ends_at__gt=now)
-                 .values_list("gpu_id", "reservation__team_id"))
-    refs = {uuid: GpuRef(gpu_id, uuid, pool_id, node_id, teams.get(gpu_id)) for gpu_id, uuid, pool_id, node_id in rows}
-    cache.set(key, refs, HOST_MAP_TTL)
-    return refs
+    rows = cached.get(key) if cached is not None else cache.get(key)
+    if rows is None:
+        now = now or timezone.now()
+        gpus = list(Gpu.objects.filter(node__cluster_id=token.cluster_id, node__name=token.host_name)
+                    .values_list("id", "uuid", "pool_id", "node_id"))
+        teams = dict(Allocation.objects.filter(gpu_id__in=[g[0] for g in gpus], starts_at__lte=now, ends_at__gt=now)
+                     .values_list("gpu_id", "reservation__team_id"))
+        # Plain tuples: this is read back on every request, and tuples unpickle fastest.
+        rows = [(gpu_id, uuid, pool_id, node_id, teams.get(gpu_id)) for gpu_id, uuid, pool_id, node_id in gpus]
+        cache.set(key, rows, HOST_MAP_TTL)
+    return {row[1]: GpuRef(*row) for row in rows}
 
 
 def _number(value) -> float:
@@ -113,16 +113,19 @@ def _number(value) -> float:
     raise TypeError
 
 
-def _check_flood(token: HostToken, samples: int, now: float) -> None:
+def _flood_key(token: HostToken, now: float) -> str:
+    return f"tm:flood:{token.pk}:{int(now // 60)}"
+
+
+def _refuse_flood(token: HostToken, samples: int, total: int) -> None:
     """At most TELEMETRY_MAX_SAMPLES_PER_AGENT_MINUTE samples per agent per clock minute."""
-    key = f"tm:flood:{token.pk}:{int(now // 60)}"
-    total = hot.incr_many({key: samples}, timeout=120)[key]
-    if total > settings.TELEMETRY_MAX_SAMPLES_PER_AGENT_MINUTE:
-        hot.count({"flood": samples})
-        log.warning("telemetry from %s/%s refused: %d samples this minute (limit %d)", token.cluster.slug,
-                    token.host_name, total, settings.TELEMETRY_MAX_SAMPLES_PER_AGENT_MINUTE)
-        raise Flooding(f"More than {settings.TELEMETRY_MAX_SAMPLES_PER_AGENT_MINUTE} samples this minute from "
-                       "this host; slow down.", field="batches", rule="flood")
+    if total <= settings.TELEMETRY_MAX_SAMPLES_PER_AGENT_MINUTE:
+        return
+    hot.count({"flood": samples})
+    log.warning("telemetry from %s/%s refused: %d samples this minute (limit %d)", token.cluster.slug,
+                token.host_name, total, settings.TELEMETRY_MAX_SAMPLES_PER_AGENT_MINUTE)
+    raise Flooding(f"More than {settings.TELEMETRY_MAX_SAMPLES_PER_AGENT_MINUTE} samples this minute from "
+                   "this host; slow down.", field="batches", rule="flood")
 
 
 def telemetry_ingest(*, token: HostToken, payload, now: float | None = None) -> IngestResult:
@@ -150,18 +153,19 @@ def telemetry_ingest(*, token: HostToken, payload, now: float | None = None) -> 
                     token.host_name, size, settings.TELEMETRY_MAX_SAMPLES_PER_REQUEST)
         raise PayloadTooLarge(f"{size} samples in one request; at most {settings.TELEMETRY_MAX_SAMPLES_PER_REQUEST}.",
                               field="batches", rule="too_large")
-    _check_flood(token, size, now)
-
-    stream_key = f"tm:stream:{token.pk}"
-    # One cache round trip for the host's GPU map and the stream's position.
-    cached = cache.get_many([_host_key(token), stream_key])
+    stream_key, flood_key = f"tm:stream:{token.pk}", _flood_key(token, now)
+    # One cache round trip: count this request against the host's minute, and read the host's
+    # GPU map and the stream's position.
+    totals, cached = hot.exchange(incr={flood_key: size}, incr_timeout=120, get=[_host_key(token), stream_key])
+    _refuse_flood(token, size, totals.get(flood_key, 0))
     refs = host_gpus(token, cached=cached)
     last = cached.get(stream_key)
     last_seq = last[1] if last and last[0] == stream else -1
     result = IngestResult(ack=last_seq if last_seq >= 0 else None)
     oldest = now - settings.TELEMETRY_RAW_RETENTION.total_seconds()
     rows: list[tuple] = []
-    newest: dict[int, tuple[GpuRef, hot.Latest]] = {}
+    # gpu id → (its ref, its newest values as a tuple in hot.Latest's field order)
+    newest: dict[int, tuple[GpuRef, tuple]] = {}
     max_seq = last_seq
 
     for batch in batches:
@@ -194,25 +198,23 @@ def telemetry_ingest(*, token: HostToken, payload, now: float | None = None) -> 
             rows.append((ref.gpu_id, ref.pool_id, second, *values))
             result.accepted += 1
             previous = newest.get(ref.gpu_id)
-            if previous is None or previous[1].ts <= ts:
-                newest[ref.gpu_id] = (ref, hot.Latest(ts, *values, procs))
+            if previous is None or previous[1][0] <= ts:
+                newest[ref.gpu_id] = (ref, (ts, *values, procs))
 
     # One statement, in autocommit: committed when it returns, so what follows is after commit.
     _store_raw(rows)
     _mark_late_minutes(rows, now)
-    per_node: dict[int, dict[int, hot.Latest]] = defaultdict(dict)
+    per_node: dict[int, dict[int, tuple]] = defaultdict(dict)
     for gpu_id, (ref, latest) in newest.items():
         per_node[ref.node_id][gpu_id] = latest
-    entries = {key: value for node_id, values in per_node.items()
-               for key, value in hot.latest_entries(node_id, values).items()}
+    entries = {hot.node_key(node_id): values for node_id, values in per_node.items()}
     if max_seq > last_seq:
         entries[stream_key] = (stream, max_seq)
         result.ack = max_seq
-    # One round trip for the hot values and the stream's new position.
-    cache.set_many(entries, timeout=hot.STORE_TTL)
+    # One round trip for the hot values, the stream's new position and the counters.
+    hot.exchange(put=entries, put_timeout=hot.STORE_TTL,
+                 incr=hot.counter_amounts({"accepted": result.accepted, **result.rejected, **result.clamped}))
     live.send(_group_payloads(newest))
-
-    hot.count({"accepted": result.accepted, **result.rejected, **result.clamped})
     if result.rejected or result.clamped:
         log.warning("telemetry from %s/%s: %d accepted, rejected %s, clamped %s", token.cluster.slug, token.host_name,
                     result.accepted, dict(result.rejected), dict(result.clamped))
@@ -268,7 +270,8 @@ def _store_raw(rows: list[tuple]) -> None:
         return
     if connection.vendor == "postgresql":
         # Array literals as text ("{1,2,NULL}"): psycopg would otherwise adapt every element.
-        arrays = ["{" + ",".join("NULL" if v is None else str(v) for v in column) + "}" for column in zip(*rows)]
+        # Every value is a number or None, so "None" can only be a NULL.
+        arrays = ["{" + ",".join(map(str, column)).replace("None", "NULL") + "}" for column in zip(*rows)]
         unnest = ", ".join(f"%s::{t}[]" for t in PG_TYPES)
         with connection.cursor() as cursor:
             cursor.execute(f"INSERT INTO {Sample._meta.db_table} ({', '.join(COLUMNS)}) "
@@ -288,12 +291,14 @@ def _mark_late_minutes(rows: list[tuple], now: float) -> None:
         mark_dirty(late)
 
 
-def _group_payloads(newest: dict[int, tuple[GpuRef, hot.Latest]]) -> dict[str, dict]:
+def _group_payloads(newest: dict[int, tuple[GpuRef, tuple]]) -> dict[str, dict]:
+    """One message per group (node, pool, team) with the newest sample of each of its GPUs."""
     per_group: dict[str, list] = defaultdict(list)
     t = 0.0
-    for gpu_id, (ref, latest) in newest.items():
-        item = {"gpu": gpu_id, "uuid": ref.uuid, **latest.as_payload()}
-        t = max(t, latest.ts)
+    for gpu_id, (ref, (ts, util, mem_util, mem_used, mem_total, temp, power, _)) in newest.items():
+        item = {"gpu": gpu_id, "uuid": ref.uuid, "t": ts, "util": util, "mem_util": mem_util, "mem_used": mem_used,
+                "mem_total": mem_total, "temp": temp, "power": power}
+        t = max(t, ts)
         per_group[live.group_name("node", ref.node_id)].append(item)
         if ref.pool_id is not None:
             per_group[live.group_name("pool", ref.pool_id)].append(item)

@@ -12,12 +12,12 @@ and every consumer forwards the same text, so a group of 1,000 browsers costs on
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import threading
 from typing import Any
 
+import orjson
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
@@ -40,8 +40,7 @@ def send(groups: dict[str, dict[str, Any]], *, on_commit: bool = True) -> None:
     """
     if not groups:
         return
-    events = {group: {"type": EVENT, "text": json.dumps(payload, separators=(",", ":"))}
-              for group, payload in groups.items()}
+    events = {group: {"type": EVENT, "text": orjson.dumps(payload).decode()} for group, payload in groups.items()}
 
     def push() -> None:
         layer = get_channel_layer()

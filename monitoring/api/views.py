@@ -7,10 +7,12 @@ import django_filters
 from django.db import OperationalError
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, permissions, viewsets
+from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from common.api import FastJSONParser
 from common.errors import NotFound, ValidationFailed
 from inventory.api.agent import AgentView
 from monitoring import ingest, selectors
@@ -23,6 +25,10 @@ log = logging.getLogger(__name__)
 
 class TelemetryView(AgentView):
     """An agent's batch of samples: {"stream", "batches": [{"seq", "t", "gpus": [...]}]}; answers the ack."""
+
+    # JSON only, both ways: no browsable-API negotiation on a path that only agents call.
+    parser_classes = [FastJSONParser]
+    renderer_classes = [JSONRenderer]
 
     @extend_schema(request=dict, responses={200: dict})
     def post(self, request: Request) -> Response:
