@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -106,7 +107,8 @@ def host_gpus(token: HostToken, now=None, cached: dict | None = None) -> dict[st
                      .values_list("gpu_id", "reservation__team_id"))
         # Plain tuples: this is read back on every request, and tuples unpickle fastest.
         rows = [(gpu_id, uuid, pool_id, node_id, teams.get(gpu_id)) for gpu_id, uuid, pool_id, node_id in gpus]
-        cache.set(key, rows, HOST_MAP_TTL)
+        # Jittered: hosts that started together must not all rebuild their maps in the same second.
+        cache.set(key, rows, HOST_MAP_TTL * random.uniform(0.5, 1.0))
     return {row[1]: GpuRef(*row) for row in rows}
 
 

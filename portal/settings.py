@@ -130,7 +130,7 @@ else:
     # "your leases changed" nudges) is worth nothing late and is re-read on reconnect, so the
     # pub/sub layer's at-most-once delivery is the right trade.
     CHANNEL_LAYERS = {
-        "default": {"BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+        "default": {"BACKEND": "common.channel_layer.PubSubChannelLayer",
                     "CONFIG": {"hosts": [{"address": REDIS_URL}]}}
     }
     CELERY_BROKER_URL = REDIS_URL

@@ -67,13 +67,18 @@ def push_leases(node_ids: Collection[int]) -> None:
     from channels.layers import get_channel_layer
 
     layer = get_channel_layer()
-    if layer is None:
+    if layer is None or not node_ids:
         return
-    for node_id in node_ids:
-        try:
-            async_to_sync(layer.group_send)(agent_group(node_id), {"type": "leases.changed"})
-        except Exception:  # the HTTP poll is the fallback; a push that fails costs only latency
-            log.warning("could not push leases to node %s", node_id, exc_info=True)
+    events = {agent_group(node_id): {"type": "leases.changed"} for node_id in node_ids}
+    try:
+        if hasattr(layer, "publish_groups"):
+            # Redis pub/sub (common.channel_layer): one round trip, no event loop per call.
+            layer.publish_groups(events)
+        else:
+            for group, event in events.items():
+                async_to_sync(layer.group_send)(group, event)
+    except Exception:  # the HTTP poll is the fallback; a push that fails costs only latency
+        log.warning("could not push leases to nodes %s", sorted(node_ids), exc_info=True)
 
 
 def host_lease_report(*, node: Node, held: list[str], failed: dict[str, str] | None = None,
