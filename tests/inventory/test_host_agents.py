@@ -95,6 +95,21 @@ def test_a_wrong_or_revoked_token_is_refused(staff, key):
     assert response.json()["errors"][0]["message"] == "Unknown or revoked host token."
 
 
+@pytest.mark.parametrize("how", ["service", "admin_save", "delete"])
+def test_a_token_that_just_worked_stops_working_once_revoked_or_deleted(staff, key, how):
+    # The key's lookup is cached after the first request; any change to the token must drop it.
+    assert agent(key).post("/api/v1/agent/register/", report([gpu(0)]), format="json").status_code == 200
+    token = HostToken.objects.get()
+    if how == "service":
+        services.host_token_revoke(actor=staff, token=token)
+    elif how == "admin_save":
+        token.revoked_at = timezone.now()
+        token.save()
+    else:
+        token.delete()
+    assert agent(key).post("/api/v1/agent/heartbeat/", {}, format="json").status_code == 401
+
+
 def test_user_credentials_do_not_open_the_agent_api(staff):
     client = APIClient()
     client.force_authenticate(staff)
