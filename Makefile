@@ -50,13 +50,15 @@ benchmark-apply: $(VENV)/.dev services
 		$(PY) -m benchmarks.apply --fresh-db --json benchmarks/results/apply.json
 
 # Telemetry at the issue's targets: 10,000 GPUs at 1 Hz and 1,000 WebSocket dashboards, Redis
-# mode (PostgreSQL + Redis, 2 uvicorn workers), then the embedded mode (SQLite, in-process).
+# mode (PostgreSQL + Redis, 2 uvicorn workers, gunicorn as gunicorn.conf.py says), then the embedded
+# mode (SQLite, in-process). 15 s of warm-up: 100 agents and 1,000 sockets start within seconds of
+# each other and the first requests fill the caches.
 benchmark-telemetry: $(VENV)/.dev services
 	PGPASSWORD=gpupool createdb -h 127.0.0.1 -U gpupool gpupool_bench 2>/dev/null || true
 	DATABASE_URL=$(BENCH_DATABASE_URL) REDIS_URL=redis://127.0.0.1:6379/13 SECRET_KEY=bench-only \
-		nice $(PY) -m benchmarks.telemetry --mode redis --gpus 10000 --clients 1000 --seconds 30 \
+		nice $(PY) -m benchmarks.telemetry --mode redis --gpus 10000 --clients 1000 --seconds 30 --warmup 15 \
 		--json benchmarks/results/telemetry-redis.json
-	nice $(PY) -m benchmarks.telemetry --mode embedded --gpus 10000 --clients 1000 --seconds 30 \
+	nice $(PY) -m benchmarks.telemetry --mode embedded --gpus 10000 --clients 1000 --seconds 30 --warmup 15 \
 		--json benchmarks/results/telemetry-embedded.json
 
 clean:

@@ -198,7 +198,9 @@ def _summary(calls: Calls, seconds: float) -> dict[str, dict]:
 
 def _serve(port: int, workers: int) -> list[subprocess.Popen]:
     env = dict(os.environ, PYTHONUNBUFFERED="1", LOG_LEVEL="WARNING")
-    web = subprocess.Popen([sys.executable, "-m", "gunicorn", "portal.wsgi", "--workers", str(workers),
+    # gunicorn.conf.py (threaded workers, keep-alive) applies, as in production.
+    web = subprocess.Popen([sys.executable, "-m", "gunicorn", "portal.wsgi",
+                            *(["--workers", str(workers)] if workers else []),
                             "--bind", f"127.0.0.1:{port}", "--backlog", "2048", "--log-level", "warning"],
                            cwd=ROOT, env=env)
     worker = subprocess.Popen([sys.executable, "-m", "celery", "-A", "portal", "worker", "--pool=solo",
@@ -221,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", default="http://127.0.0.1:8000", help="a running portal (ignored with --serve)")
     parser.add_argument("--serve", action="store_true", help="start gunicorn + a Celery worker for the run")
-    parser.add_argument("--web-workers", type=int, default=2)
+    parser.add_argument("--web-workers", type=int, default=0,
+                        help="gunicorn processes (default: gunicorn.conf.py's, cores + 1, 4 threads each)")
     parser.add_argument("--port", type=int, default=8077)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=30)
