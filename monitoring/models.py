@@ -18,7 +18,9 @@ from portal.models import Team
 
 
 class Sample(models.Model):
-    """One GPU at one second, as its agent reported it (kept TELEMETRY_RAW_RETENTION)."""
+    """One GPU at one second, as its agent reported it (kept TELEMETRY_RAW_RETENTION).
+
+    UNLOGGED on PostgreSQL (migration 0003): emptied by a database crash, never by a restart."""
 
     gpu_id = models.BigIntegerField()
     pool_id = models.BigIntegerField(null=True)
