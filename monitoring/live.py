@@ -2,7 +2,7 @@
 
 Groups are `pool.<id>`, `node.<id>` and `team.<id>`. A message is serialized once here
 and every consumer forwards the same text, so a group of 1,000 browsers costs one
-`json.dumps`, not 1,000. Types (the `type` field of what the browser receives):
+serialization, not 1,000. Types (the `type` field of what the browser receives):
 
 - `telemetry.samples`: {"type", "t", "samples": [{"gpu", "uuid", "util", "mem_util",
   "mem_used", "mem_total", "temp", "power"}, ...]}: the newest sample of each GPU of the
