@@ -123,7 +123,16 @@ async def _agent(session, base: str, agent: dict, stats: dict, rng: random.Rando
                     stats["http_errors"][response.status] = stats["http_errors"].get(response.status, 0) + 1
         except Exception as error:  # noqa: BLE001 - count and go on, as an agent would
             stats["errors"][type(error).__name__] = stats["errors"].get(type(error).__name__, 0) + 1
+        # As `python -m agent` does (agent/telemetry.py: TelemetrySender.run): the next sample is
+        # taken on the next whole tick after the request returned; ticks missed while a request was
+        # in flight are skipped, not sent back to back, and counted.
         next_at += 1.0
+        late = time.monotonic() - next_at
+        if late > 0:
+            missed = int(late) + 1
+            next_at += missed
+            if stats["measuring"]:
+                stats["ticks_skipped"] += missed
         await asyncio.sleep(max(0.0, next_at - time.monotonic()))
 
 
@@ -157,7 +166,8 @@ async def _run_load(http_base: str, ws_base: str, fleet: dict, clients: int, sec
                     server_pids: dict[str, int]) -> dict:
     import aiohttp
 
-    stats = {"accepted": 0, "ingest_ms": [], "latency_ms": [], "messages": 0, "connected": 0, "errors": {},
+    stats = {"accepted": 0, "ticks_skipped": 0, "ingest_ms": [], "latency_ms": [], "messages": 0, "connected": 0,
+             "errors": {},
              "http_errors": {}, "measuring": False, "stop": float("inf")}
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
@@ -339,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
         "ingest_ms_p50": _percentile(stats["ingest_ms"], 50),
         "ingest_ms_p95": _percentile(stats["ingest_ms"], 95),
         "ingest_ms_p99": _percentile(stats["ingest_ms"], 99),
+        # Seconds an agent did not sample because its previous request was still in flight.
+        "agent_ticks_skipped": stats["ticks_skipped"],
         "clients_connected": stats["connected"],
         "clients_connect_s": round(stats["connect_s"], 1),
         "messages_received": stats["messages"],
