@@ -11,18 +11,17 @@ serialization, not 1,000. Types (the `type` field of what the browser receives):
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
 import orjson
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
 from django.db import transaction
+
+from common.channel_layer import send_to_groups
 
 log = logging.getLogger(__name__)
 
-# The consumers' handler for every live message (LiveConsumer.live_message).
+# The type of every live message (LiveConsumer.dispatch forwards its text to the socket).
 EVENT = "live.message"
 
 
@@ -40,16 +39,8 @@ def send(groups: dict[str, dict[str, Any]], *, on_commit: bool = True) -> None:
     events = {group: {"type": EVENT, "text": orjson.dumps(payload).decode()} for group, payload in groups.items()}
 
     def push() -> None:
-        layer = get_channel_layer()
-        if layer is None:
-            return
         try:
-            if hasattr(layer, "publish_groups"):
-                # Redis pub/sub (common.channel_layer): one blocking round trip from this thread.
-                layer.publish_groups(events)
-            else:
-                # The in-memory layer (embedded) lives in the server's event loop: send from there.
-                async_to_sync(_send_all)(layer, events)
+            send_to_groups(events)
         except Exception:  # noqa: BLE001 - live data is best effort; history is in the database
             log.exception("could not publish live telemetry to %d groups", len(events))
 
@@ -57,7 +48,3 @@ def send(groups: dict[str, dict[str, Any]], *, on_commit: bool = True) -> None:
         transaction.on_commit(push)
     else:
         push()
-
-
-async def _send_all(layer, events: dict[str, dict]) -> None:
-    await asyncio.gather(*(layer.group_send(group, event) for group, event in events.items()))

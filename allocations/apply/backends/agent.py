@@ -29,6 +29,7 @@ from allocations.apply.backends.base import BackendPending, BackendRejected, Syn
 from allocations.apply.desired import ClusterDesired
 from allocations.apply.selectors import ENFORCED_STATES
 from allocations.models import Allocation, ApplyJob, HostLeaseReport, Reservation
+from common.channel_layer import send_to_groups
 from inventory.models import Cluster, Node
 
 log = logging.getLogger(__name__)
@@ -63,20 +64,10 @@ def agent_group(node_id: int) -> str:
 
 def push_leases(node_ids: Collection[int]) -> None:
     """Tell the hosts' open lease channels that their leases changed (they fetch and send them)."""
-    from asgiref.sync import async_to_sync
-    from channels.layers import get_channel_layer
-
-    layer = get_channel_layer()
-    if layer is None or not node_ids:
+    if not node_ids:
         return
-    events = {agent_group(node_id): {"type": "leases.changed"} for node_id in node_ids}
     try:
-        if hasattr(layer, "publish_groups"):
-            # Redis pub/sub (common.channel_layer): one round trip, no event loop per call.
-            layer.publish_groups(events)
-        else:
-            for group, event in events.items():
-                async_to_sync(layer.group_send)(group, event)
+        send_to_groups({agent_group(node_id): {"type": "leases.changed"} for node_id in node_ids})
     except Exception:  # the HTTP poll is the fallback; a push that fails costs only latency
         log.warning("could not push leases to nodes %s", sorted(node_ids), exc_info=True)
 
