@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import orjson
+
 ROOT = Path(__file__).resolve().parent.parent
 PREFIX = "bench-tm"
 
@@ -89,8 +91,6 @@ def _percentile(values: list[float], p: float) -> float | None:
 
 
 async def _agent(session, base: str, agent: dict, stats: dict, rng: random.Random) -> None:
-    import orjson
-
     """One host: every second, one batch of all its GPUs, POSTed like `python -m agent` does."""
     headers = {"Authorization": f"Host {agent['key']}", "Content-Type": "application/json"}
     stream = f"bench-{rng.getrandbits(48):x}"
@@ -167,8 +167,7 @@ async def _run_load(http_base: str, ws_base: str, fleet: dict, clients: int, sec
     import aiohttp
 
     stats = {"accepted": 0, "ticks_skipped": 0, "ingest_ms": [], "latency_ms": [], "messages": 0, "connected": 0,
-             "errors": {},
-             "http_errors": {}, "measuring": False, "stop": float("inf")}
+             "errors": {}, "http_errors": {}, "measuring": False, "stop": float("inf")}
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:

@@ -52,7 +52,7 @@ def host_token_revoke(*, actor: AbstractBaseUser, token: HostToken) -> HostToken
 
 # Agents authenticate every request (telemetry: once a second per host), so the active
 # token of a key is kept in the cache. Any save or delete of a token drops its entry
-# (inventory.signals), so a revocation takes effect at once in every process.
+# (receivers wired in inventory/apps.py), so a revocation takes effect at once in every process.
 HOST_TOKEN_CACHE_SECONDS = 300
 _NO_TOKEN = "none"
 
