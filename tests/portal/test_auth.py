@@ -1,7 +1,10 @@
 """Token auth for scripts, session login for pages, and throttling of both."""
 from __future__ import annotations
 
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from rest_framework.authtoken.models import Token
 
 from tests.factories import PASSWORD
 
@@ -27,6 +30,39 @@ def test_a_wrong_token_is_401(world, api):
     client = api()
     client.credentials(HTTP_AUTHORIZATION="Token not-a-token")
     assert client.get("/api/v1/reservations/").status_code == 401
+
+
+def _token_client(api, user):
+    token, _ = Token.objects.get_or_create(user=user)
+    client = api()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    return client, token
+
+
+def test_a_deleted_token_stops_working_at_once_although_lookups_are_cached(world, api):
+    client, token = _token_client(api, world.member)
+    assert client.get("/api/v1/reservations/").status_code == 200  # now cached
+    token.delete()
+    assert client.get("/api/v1/reservations/").status_code == 401
+
+
+def test_a_deactivated_user_is_refused_at_once_and_a_new_staff_flag_holds_at_once(world, api):
+    client, _ = _token_client(api, world.member)
+    assert client.get("/api/v1/apply-jobs/").status_code == 403  # cached as a plain member
+    world.member.is_staff = True
+    world.member.save()
+    assert client.get("/api/v1/apply-jobs/").status_code == 200
+    world.member.is_active = False
+    world.member.save()
+    assert client.get("/api/v1/reservations/").status_code == 401
+
+
+def test_cached_token_lookups_cost_no_query(world, api):
+    client, _ = _token_client(api, world.member)
+    client.get("/api/v1/pools/")
+    with CaptureQueriesContext(connection) as queries:
+        assert client.get("/api/v1/pools/").status_code == 200
+    assert not [q for q in queries.captured_queries if "authtoken_token" in q["sql"]]
 
 
 def test_repeated_failures_lock_the_username_out_of_the_token_endpoint(world, api, settings):
