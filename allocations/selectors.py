@@ -30,6 +30,23 @@ def reservations_visible_to(user: User) -> QuerySet[Reservation]:
     return qs.filter(team__in=teams_of(user))
 
 
+def with_allocated_gpus(reservations: list[Reservation]) -> list[Reservation]:
+    """Set `allocated_gpus` on each reservation: its GPUs as plain rows (uuid, node, index, model_name,
+    starts_at, ends_at) in node and index order. One query of exactly those columns, for what the API
+    answers: prefetching Allocation, Gpu and Node instances for it cost three times as much CPU."""
+    rows: dict[int, list[dict]] = {r.pk: [] for r in reservations}
+    held = (Allocation.objects.filter(reservation_id__in=list(rows))
+            .order_by("reservation_id", "gpu__node_id", "gpu__index")
+            .values_list("reservation_id", "gpu__uuid", "gpu__node__name", "gpu__index", "gpu__model_name",
+                         "starts_at", "ends_at"))
+    for reservation_id, uuid, node, index, model_name, starts_at, ends_at in held:
+        rows[reservation_id].append({"uuid": uuid, "node": node, "index": index, "model_name": model_name,
+                                     "starts_at": starts_at, "ends_at": ends_at})
+    for reservation in reservations:
+        reservation.allocated_gpus = rows[reservation.pk]
+    return reservations
+
+
 def pools_visible_to(user: User) -> QuerySet[GpuPool]:
     """Staff see every pool; members the pools their teams hold a quota in."""
     if user.is_staff:

@@ -95,9 +95,12 @@ def _check_quota(quota: Quota, *, gpus: int, start: datetime, end: datetime,
 
 
 def _quota_for(team: Team, pool: GpuPool) -> Quota:
-    quota = Quota.objects.select_related("team", "pool").filter(team=team, pool=pool).first()
+    # order_by(): Quota's default ordering would join teams and pools for first(), and the caller
+    # already holds both.
+    quota = Quota.objects.filter(team=team, pool=pool).order_by().first()
     if quota is None:
         raise PermissionDenied(f"Team {team.slug} has no quota in pool {pool.slug}.", field="pool", rule="no_quota")
+    quota.team, quota.pool = team, pool
     return quota
 
 
@@ -170,7 +173,7 @@ def reservation_create(*, actor: AbstractBaseUser, request: ReservationRequest,
 def _locked_reservation(reservation_id: int) -> Reservation:
     reservation = (
         Reservation.objects.select_for_update(of=("self",)).select_related("team", "pool", "requested_by")
-        .filter(pk=reservation_id).first()
+        .filter(pk=reservation_id).order_by().first()
     )
     if reservation is None:
         raise NotFound(f"Reservation {reservation_id} does not exist.", field="id", rule="does_not_exist")

@@ -22,7 +22,8 @@ def role_in(user: User, team: Team) -> str | None:
     """The user's role in the team, or None when they are not in it."""
     if not user.is_authenticated:
         return None
-    return Membership.objects.filter(user=user, team=team).values_list("role", flat=True).first()
+    # order_by(): Membership's default ordering would join teams and users for first().
+    return Membership.objects.filter(user=user, team=team).order_by().values_list("role", flat=True).first()
 
 
 def can_act_for_team(user: User, team: Team) -> bool:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from allocations.models import Allocation, ApplyJob, Quota, Reservation, ReservationEvent
+from allocations.models import ApplyJob, Quota, Reservation, ReservationEvent
 from allocations.placement import DEFAULT_POLICY, POLICY_NAMES
 from common.api import CleanModelSerializer
 from inventory.models import GpuPool
@@ -54,15 +54,15 @@ class ReservationExtendInput(serializers.Serializer):
     ends_at = serializers.DateTimeField()
 
 
-class AllocatedGpuSerializer(serializers.ModelSerializer):
-    uuid = serializers.CharField(source="gpu.uuid")
-    node = serializers.CharField(source="gpu.node.name")
-    index = serializers.IntegerField(source="gpu.index")
-    model_name = serializers.CharField(source="gpu.model_name")
+class AllocatedGpuSerializer(serializers.Serializer):
+    """One GPU allocated to a reservation, with the window it holds it for."""
 
-    class Meta:
-        model = Allocation
-        fields = ["uuid", "node", "index", "model_name", "starts_at", "ends_at"]
+    uuid = serializers.CharField(read_only=True)
+    node = serializers.CharField(read_only=True)
+    index = serializers.IntegerField(read_only=True)
+    model_name = serializers.CharField(read_only=True)
+    starts_at = serializers.DateTimeField(read_only=True)
+    ends_at = serializers.DateTimeField(read_only=True)
 
 
 class ReservationEventSerializer(serializers.ModelSerializer):
@@ -73,17 +73,25 @@ class ReservationEventSerializer(serializers.ModelSerializer):
         fields = ["from_state", "to_state", "actor", "at", "reason"]
 
 
-class ReservationSerializer(serializers.ModelSerializer):
-    team = serializers.CharField(source="team.slug")
-    pool = serializers.CharField(source="pool.slug")
-    requested_by = serializers.CharField(source="requested_by.username", default=None)
-    allocated_gpus = AllocatedGpuSerializer(source="allocations", many=True)
+# Declared field by field rather than as a ModelSerializer: this answers every create, release and
+# list call, and a ModelSerializer reads the model's fields again for every instance it serializes.
+class ReservationSerializer(serializers.Serializer):
+    """A reservation: its window, its state and the GPUs allocated to it."""
 
-    class Meta:
-        model = Reservation
-        fields = ["id", "team", "pool", "gpus", "starts_at", "ends_at", "state", "reason", "requested_by",
-                  "allocated_gpus", "created_at", "updated_at", "ended_at"]
-        read_only_fields = fields
+    id = serializers.IntegerField(read_only=True)
+    team = serializers.CharField(source="team.slug", read_only=True)
+    pool = serializers.CharField(source="pool.slug", read_only=True)
+    gpus = serializers.IntegerField(read_only=True)
+    starts_at = serializers.DateTimeField(read_only=True)
+    ends_at = serializers.DateTimeField(read_only=True)
+    state = serializers.ChoiceField(choices=Reservation.State.choices, read_only=True)
+    reason = serializers.CharField(read_only=True, help_text=Reservation._meta.get_field("reason").help_text)
+    requested_by = serializers.CharField(source="requested_by.username", default=None, read_only=True)
+    allocated_gpus = AllocatedGpuSerializer(many=True, read_only=True)
+    created_at = serializers.DateTimeField(read_only=True)
+    updated_at = serializers.DateTimeField(read_only=True)
+    ended_at = serializers.DateTimeField(read_only=True, allow_null=True,
+                                         help_text=Reservation._meta.get_field("ended_at").help_text)
 
 
 class ApplyJobSerializer(serializers.ModelSerializer):
@@ -97,12 +105,9 @@ class ApplyJobSerializer(serializers.ModelSerializer):
 
 
 class ReservationDetailSerializer(ReservationSerializer):
-    events = ReservationEventSerializer(many=True)
-    apply_jobs = ApplyJobSerializer(many=True, help_text="Work done on the cluster or host to apply and undo it")
-
-    class Meta(ReservationSerializer.Meta):
-        fields = ReservationSerializer.Meta.fields + ["events", "apply_jobs"]
-        read_only_fields = fields
+    events = ReservationEventSerializer(many=True, read_only=True)
+    apply_jobs = ApplyJobSerializer(many=True, read_only=True,
+                                    help_text="Work done on the cluster or host to apply and undo it")
 
 
 class QuotaSerializer(serializers.ModelSerializer):

@@ -24,14 +24,13 @@ from allocations.api.serializers import (
     SlotSerializer,
 )
 from allocations.filters import ApplyJobFilterSet, QuotaFilterSet, ReservationFilterSet
-from allocations.models import Allocation, ApplyJob, Quota, Reservation, ReservationEvent
+from allocations.models import ApplyJob, Quota, Reservation, ReservationEvent
 from common.api import IsStaffOrReadOnly
 from common.errors import NotFound
 from inventory.filters import GpuPoolFilterSet
 from inventory.models import GpuPool
 from portal.selectors import teams_of
 
-ALLOCATIONS = Prefetch("allocations", queryset=Allocation.objects.select_related("gpu__node"))
 EVENTS = Prefetch("events", queryset=ReservationEvent.objects.select_related("actor"))
 APPLY_JOBS = Prefetch("apply_jobs", queryset=ApplyJob.objects.select_related("cluster"))
 
@@ -41,10 +40,18 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
     serializer_class = ReservationSerializer
 
     def get_queryset(self):
-        qs = selectors.reservations_visible_to(self.request.user).prefetch_related(ALLOCATIONS)
+        qs = selectors.reservations_visible_to(self.request.user)
         if self.action == "retrieve":
             qs = qs.prefetch_related(EVENTS, APPLY_JOBS)
         return qs
+
+    def paginate_queryset(self, queryset):
+        # Pagination is always on (REST_FRAMEWORK settings), so every listed page gets its GPUs here.
+        page = super().paginate_queryset(queryset)
+        return None if page is None else selectors.with_allocated_gpus(list(page))
+
+    def get_object(self) -> Reservation:
+        return selectors.with_allocated_gpus([super().get_object()])[0]
 
     def get_serializer_class(self):
         return ReservationDetailSerializer if self.action == "retrieve" else ReservationSerializer
@@ -53,10 +60,10 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
         # The service already checked who may see it; load only what the answer shows. Create and
         # release answer the reservation and its GPUs (history and jobs cost two more queries and are
         # one GET away); extend also shows the history, where the extension is recorded.
+        selectors.with_allocated_gpus([reservation])
         if detail:
-            prefetch_related_objects([reservation], ALLOCATIONS, EVENTS, APPLY_JOBS)
+            prefetch_related_objects([reservation], EVENTS, APPLY_JOBS)
             return Response(ReservationDetailSerializer(reservation).data, status=code)
-        prefetch_related_objects([reservation], ALLOCATIONS)
         return Response(ReservationSerializer(reservation).data, status=code)
 
     @extend_schema(request=ReservationCreateInput, responses={201: ReservationSerializer})
