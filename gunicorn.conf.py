@@ -16,10 +16,3 @@ worker_class = "gthread"
 workers = int(os.environ.get("WEB_WORKERS", multiprocessing.cpu_count() + 1))
 threads = int(os.environ.get("WEB_THREADS", 4))
 keepalive = int(os.environ.get("WEB_KEEPALIVE_SECONDS", 5))
-# Each worker listens on its own SO_REUSEPORT socket, so the kernel spreads new connections
-# evenly over the workers. On one shared socket the first worker to wake took them: agents
-# keep their connection for hours, and a run on two cores had one worker serving half of
-# the 100 agents at its limit (p95 near a second) while another sat at 0.17 of a core.
-# The price of SO_REUSEPORT: a stale gunicorn of the same user still bound to the port
-# would silently share its traffic, so stop the old one before starting another.
-reuse_port = True
