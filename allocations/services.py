@@ -56,8 +56,9 @@ def _validated_window(starts_at: datetime | None, ends_at: datetime, now: dateti
 
 def _team_windows(team: Team, pool: GpuPool, start: datetime, end: datetime,
                   exclude_reservation: int | None = None) -> list[quota_math.Window]:
+    # order_by(): Allocation's default ordering would join the GPUs only to sort rows we sum.
     held = Allocation.objects.filter(reservation__team=team, reservation__pool=pool,
-                                     starts_at__lt=end, ends_at__gt=start)
+                                     starts_at__lt=end, ends_at__gt=start).order_by()
     if exclude_reservation is not None:
         held = held.exclude(reservation_id=exclude_reservation)
     return list(held.values_list("starts_at", "ends_at"))
