@@ -8,7 +8,7 @@ PORT ?= 8000
 TEST_DATABASE_URL ?= postgres://gpupool:gpupool@127.0.0.1:5432/gpupool
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/14
 
-.PHONY: run test venv dev-venv services benchmark-api benchmark-apply clean
+.PHONY: run test venv dev-venv services benchmark-api benchmark-api-cpu benchmark-apply clean
 
 $(VENV)/.runtime: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,12 @@ benchmark-api: $(VENV)/.dev services
 	PGPASSWORD=gpupool createdb -h 127.0.0.1 -U gpupool gpupool_bench 2>/dev/null || true
 	DATABASE_URL=$(BENCH_DATABASE_URL) REDIS_URL=redis://127.0.0.1:6379/13 SECRET_KEY=bench-only \
 		$(PY) -m benchmarks.api --serve --concurrency 32 --seconds 30 --json benchmarks/results/api.json
+
+# CPU per reservation API call in one process, beside a /healthz baseline (low-noise A/B of the request path).
+benchmark-api-cpu: $(VENV)/.dev services
+	PGPASSWORD=gpupool createdb -h 127.0.0.1 -U gpupool gpupool_bench 2>/dev/null || true
+	DATABASE_URL=$(BENCH_DATABASE_URL) REDIS_URL=redis://127.0.0.1:6379/13 SECRET_KEY=bench-only \
+		$(PY) -m benchmarks.api_cpu --calls 200 --json benchmarks/results/api-cpu.json
 
 # Reservation → active / release → clean on a real Kubernetes control plane and through a simulated-host
 # agent, plus the agent's memory and CPU. --fresh-db drops and recreates this database (and empties this Redis db).

@@ -1,0 +1,107 @@
+"""CPU per reservation API call: `python -m benchmarks.api_cpu --calls 200 --json FILE`.
+
+The throughput benchmark (`benchmarks.api`) runs a portal under load, and its figures move
+by ±20% from run to run on a small shared machine. This one measures what a change to the
+request path does, in one process and one thread: each call goes through Django's
+middleware, DRF and the services against the real PostgreSQL and Redis (Django's test
+client stands in for the HTTP server), and the CPU time of the process is read around it.
+`/healthz` through the same client is the baseline beside it, so runs on a machine whose
+speed drifts compare by their ratios.
+
+All reservations are booked ahead (none starts at once), so no Celery task is queued:
+what the worker does is `benchmarks.api`'s business. Needs DATABASE_URL (PostgreSQL),
+REDIS_URL and SECRET_KEY, like `benchmarks.api`, whose fixtures it shares.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+CALLS = ("healthz", "create", "release", "list")
+
+
+def measure(calls: int, warmup: int, seed: int) -> dict[str, list[float]]:
+    """CPU milliseconds of each call, by call name."""
+    from django.test import Client
+
+    from benchmarks.api import prepare
+
+    pairs = prepare(pools=16, teams=32, nodes_per_pool=4, gpus_per_node=8)
+    client = Client()
+    rng = random.Random(seed)
+    cpu_ms: dict[str, list[float]] = {name: [] for name in CALLS}
+
+    def timed(name: str, record: bool, send, *args, **kwargs):
+        started = time.process_time()
+        response = send(*args, **kwargs)
+        if record:
+            cpu_ms[name].append((time.process_time() - started) * 1000)
+        return response
+
+    for i in range(warmup + calls):
+        record = i >= warmup
+        pair = pairs[i % len(pairs)]
+        headers = {"HTTP_AUTHORIZATION": f"Token {pair['token']}"}
+        start = datetime.now(timezone.utc) + timedelta(minutes=rng.randrange(10, 7 * 24 * 60))
+        body = {"pool": pair["pool"], "team": pair["team"], "gpus": rng.choice((1, 1, 2, 4)),
+                "starts_at": start.isoformat(), "ends_at": (start + timedelta(minutes=30)).isoformat()}
+        timed("healthz", record, client.get, "/healthz")
+        created = timed("create", record, client.post, "/api/v1/reservations/", json.dumps(body),
+                        content_type="application/json", **headers)
+        if created.status_code != 201:
+            raise SystemExit(f"create answered {created.status_code}: {created.content[:300]!r}")
+        timed("release", record, client.post, f"/api/v1/reservations/{created.json()['id']}/release/", **headers)
+        timed("list", record, client.get, "/api/v1/reservations/?limit=20", **headers)
+    return cpu_ms
+
+
+def summarize(cpu_ms: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    base = statistics.median(cpu_ms["healthz"])
+    out = {}
+    for name in CALLS:
+        values = cpu_ms[name]
+        median = statistics.median(values)
+        out[name] = {"calls": len(values), "cpu_ms_median": round(median, 3),
+                     "cpu_ms_mean": round(statistics.fmean(values), 3), "vs_healthz": round(median / base, 2)}
+    return out
+
+
+def format_table(summary: dict[str, dict[str, float]]) -> str:
+    lines = [f"{'call':<10}{'calls':>8}{'CPU ms (median)':>18}{'mean':>10}{'× healthz':>12}"]
+    for name, row in summary.items():
+        lines.append(f"{name:<10}{row['calls']:>8}{row['cpu_ms_median']:>18}{row['cpu_ms_mean']:>10}"
+                     f"{row['vs_healthz']:>12}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.api_cpu", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=200, help="measured rounds of healthz, create, release, list")
+    parser.add_argument("--warmup", type=int, default=30)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--json", type=Path, help="write the results here")
+    args = parser.parse_args(argv)
+    if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
+        raise SystemExit("set DATABASE_URL to a PostgreSQL database (and REDIS_URL, SECRET_KEY)")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+    import django
+
+    django.setup()
+    summary = summarize(measure(args.calls, args.warmup, args.seed))
+    print(f"CPU per API call in one process ({args.calls} rounds after {args.warmup} warm-up)")
+    print(format_table(summary))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"calls": args.calls, "results": summary}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

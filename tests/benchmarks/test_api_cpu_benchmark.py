@@ -1,0 +1,21 @@
+"""The CPU-per-call benchmark's pure parts: the summary against the healthz baseline and the table."""
+from __future__ import annotations
+
+from benchmarks.api_cpu import format_table, summarize
+
+
+def test_summary_gives_medians_and_the_ratio_to_healthz():
+    summary = summarize({"healthz": [1.0, 2.0, 3.0], "create": [20.0, 30.0, 40.0, 1000.0],
+                         "release": [10.0], "list": [4.0, 8.0]})
+    assert summary["healthz"] == {"calls": 3, "cpu_ms_median": 2.0, "cpu_ms_mean": 2.0, "vs_healthz": 1.0}
+    assert summary["create"]["cpu_ms_median"] == 35.0  # one slow call moves the mean, not the median
+    assert summary["create"]["cpu_ms_mean"] == 272.5
+    assert summary["create"]["vs_healthz"] == 17.5
+    assert summary["list"]["vs_healthz"] == 3.0
+
+
+def test_table_has_a_row_per_call_in_order():
+    summary = summarize({"healthz": [1.0], "create": [3.0], "release": [2.0], "list": [4.0]})
+    lines = format_table(summary).splitlines()
+    assert [line.split()[0] for line in lines[1:]] == ["healthz", "create", "release", "list"]
+    assert lines[2].split()[-1] == "3.0"
