@@ -9,6 +9,11 @@ to the moment a client has the message carrying it. Everything runs on one machi
 the load generator competes with the portal, PostgreSQL and Redis for the same cores;
 `--gpus-per-agent` sets how many GPUs one agent request carries.
 
+In redis mode a baseline runs first, beside the measurement and on the same clients: a bare
+Channels fan-out (one process publishing a telemetry-sized message to every pool group once
+a second through the portal's channel layer, no ingest behind it), reported as
+baseline_fanout_latency_ms_p50/p95 with the ratio of the run's p95 to it.
+
 Modes: `redis` (PostgreSQL from DATABASE_URL, Redis channel layer and cache from
 REDIS_URL: production's path) and `embedded` (SQLite, in-memory channel layer and
 local-memory cache in one process). The JSON has samples_per_s, latency_ms_p50/p95/p99,
@@ -78,7 +83,41 @@ def prepare(gpus: int, per_agent: int, pools: int) -> dict:
             _, key = services.host_token_create(actor=staff, cluster=cluster, host_name=node.name)
             agents.append({"key": key, "uuids": [g.uuid for g in rows], "pool": pool.slug})
         token, _ = Token.objects.get_or_create(user=staff)
-    return {"agents": agents, "pools": [p.slug for p in pool_objs], "token": token.key}
+    from monitoring import live
+
+    return {"agents": agents, "pools": [p.slug for p in pool_objs], "token": token.key,
+            "pool_groups": [live.group_name("pool", p.pk) for p in pool_objs]}
+
+
+# --- baseline: a bare Channels fan-out ------------------------------------------------------
+
+def publish_baseline(groups: list[str], per_message: int, seconds: float) -> None:
+    """Publish to each group once a second, at its own phase within the second, a message the size
+    and shape of a telemetry message carrying `per_message` GPUs, through the portal's channel layer
+    (common.channel_layer.send_to_groups, as the ingest does), with no ingest behind it. The clients
+    time these as they time telemetry: what the fan-out alone costs on this machine right now."""
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+    import django
+
+    django.setup()
+    from common.channel_layer import send_to_groups
+    from monitoring import live
+
+    item = {"gpu": 0, "uuid": "GPU-bench-baseline-0000-0000", "t": 0.0, "util": 50, "mem_util": 25,
+            "mem_used": 40000, "mem_total": 81559, "temp": 60, "power": 400.0}
+    phases = {group: i / len(groups) for i, group in enumerate(groups)}
+    start = time.time()
+    end = start + seconds
+    due = sorted((start + phase, group) for group, phase in phases.items())
+    while due and due[0][0] < end:
+        at, group = due.pop(0)
+        time.sleep(max(0.0, at - time.time()))
+        t = time.time()
+        samples = [dict(item, gpu=k, t=t) for k in range(per_message)]
+        send_to_groups({group: {"type": live.EVENT, "text": orjson.dumps(
+            {"type": "telemetry.samples", "t": t, "samples": samples}).decode()}})
+        due.append((at + 1.0, group))
+        due.sort()
 
 
 # --- load --------------------------------------------------------------------------------
@@ -162,8 +201,22 @@ async def _client(session, base: str, pool: str, token: str, stats: dict) -> Non
         stats["errors"][f"ws:{type(error).__name__}"] = stats["errors"].get(f"ws:{type(error).__name__}", 0) + 1
 
 
+async def _baseline(fleet: dict, per_message: int, seconds: float, env: dict, stats: dict) -> None:
+    """Run publish_baseline in its own process (as the ingest runs in gunicorn's) and keep what the
+    clients measured during its last `seconds` - 2 as the baseline."""
+    publisher = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "benchmarks.telemetry", "--publish-baseline", ",".join(fleet["pool_groups"]),
+        "--gpus-per-agent", str(per_message), "--seconds", str(seconds), cwd=ROOT, env=env)
+    await asyncio.sleep(2)  # the publisher starts Django
+    stats["measuring"] = True
+    await publisher.wait()
+    stats["measuring"] = False
+    stats["baseline_latency_ms"], stats["latency_ms"], stats["arrived_at"] = stats["latency_ms"], [], []
+    stats["messages"] = 0
+
+
 async def _run_load(http_base: str, ws_base: str, fleet: dict, clients: int, seconds: float, warmup: float,
-                    server_pids: dict[str, int]) -> dict:
+                    server_pids: dict[str, int], baseline: tuple[int, float, dict] | None = None) -> dict:
     import aiohttp
 
     stats = {"accepted": 0, "ticks_skipped": 0, "ingest_ms": [], "latency_ms": [], "arrived_at": [], "messages": 0, "connected": 0,
@@ -178,6 +231,8 @@ async def _run_load(http_base: str, ws_base: str, fleet: dict, clients: int, sec
         while stats["connected"] < clients and time.time() < connecting + 300:
             await asyncio.sleep(0.2)
         stats["connect_s"] = time.time() - connecting
+        if baseline is not None:
+            await _baseline(fleet, *baseline, stats)
         stats["stop"] = time.time() + warmup + seconds + 2
         agents = [asyncio.create_task(_agent(session, http_base, a, stats, random.Random(i)))
                   for i, a in enumerate(fleet["agents"])]
@@ -278,11 +333,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--web-workers", type=int, default=0,
                         help="gunicorn processes in redis mode (default: gunicorn.conf.py's, cores + 1)")
     parser.add_argument("--warmup", type=float, default=5)
+    parser.add_argument("--baseline-seconds", type=float, default=12,
+                        help="redis mode: first time a bare Channels fan-out to the same clients (0: skip)")
     parser.add_argument("--prepare", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--publish-baseline", metavar="GROUPS", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     agents = (args.gpus + args.gpus_per_agent - 1) // args.gpus_per_agent
     pools = args.pools or agents
 
+    if args.publish_baseline:  # child: the baseline's publisher
+        publish_baseline(args.publish_baseline.split(","), args.gpus_per_agent, args.seconds)
+        return 0
     if args.prepare:  # child: build the fleet in this environment's database
         print(json.dumps(prepare(args.gpus, args.gpus_per_agent, pools)))
         return 0
@@ -342,8 +403,11 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         # uvloop (uvicorn[standard] installs it) when there: the load generator shares the cores
         # with the portal, and on asyncio's own loop it used 0.30-0.33 of a core, on uvloop 0.23-0.25.
+        # The baseline needs a publisher outside the servers, so the in-memory layer (embedded) has none.
+        baseline = ((args.gpus_per_agent, args.baseline_seconds, env)
+                    if args.mode == "redis" and args.baseline_seconds > 0 else None)
         stats = _event_loop_runner()(_run_load(http_base, ws_base, fleet, args.clients, args.seconds, args.warmup,
-                                      {c[0]: s.pid for c, s in zip(commands, servers)}))
+                                      {c[0]: s.pid for c, s in zip(commands, servers)}, baseline))
     finally:
         for server in servers:
             server.terminate()
@@ -389,6 +453,15 @@ def main(argv: list[str] | None = None) -> int:
     }
     if stats["latency_ms"]:
         result["latency_ms_mean"] = round(statistics.fmean(stats["latency_ms"]), 1)
+    if stats.get("baseline_latency_ms"):
+        # The same clients, fed by a bare fan-out at the same rate and size with nothing else running:
+        # the ratio says how much of the latency the ingest adds, on this machine at this moment.
+        result["baseline_fanout_messages"] = len(stats["baseline_latency_ms"])
+        result["baseline_fanout_latency_ms_p50"] = _percentile(stats["baseline_latency_ms"], 50)
+        result["baseline_fanout_latency_ms_p95"] = _percentile(stats["baseline_latency_ms"], 95)
+        if stats["latency_ms"] and result["baseline_fanout_latency_ms_p95"]:
+            result["latency_p95_vs_baseline_fanout"] = round(
+                result["latency_ms_p95"] / result["baseline_fanout_latency_ms_p95"], 2)
         result["latency_ms_p95_by_second"] = _p95_by_second(stats)
     print(json.dumps(result, indent=2))
     if args.json:
