@@ -254,6 +254,11 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    # Reservations and alerts both have a "state" with different choices: name the two enums.
+    "ENUM_NAME_OVERRIDES": {
+        "ReservationStateEnum": "allocations.models.Reservation.State",
+        "AlertStateEnum": "monitoring.models.Alert.State",
+    },
 }
 
 SESSION_COOKIE_HTTPONLY = True
