@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import heapq
 import json
 import os
 import random
@@ -105,19 +106,17 @@ def publish_baseline(groups: list[str], per_message: int, seconds: float) -> Non
 
     item = {"gpu": 0, "uuid": "GPU-bench-baseline-0000-0000", "t": 0.0, "util": 50, "mem_util": 25,
             "mem_used": 40000, "mem_total": 81559, "temp": 60, "power": 400.0}
-    phases = {group: i / len(groups) for i, group in enumerate(groups)}
     start = time.time()
     end = start + seconds
-    due = sorted((start + phase, group) for group, phase in phases.items())
+    due = [(start + i / len(groups), group) for i, group in enumerate(groups)]  # ascending: a valid heap
     while due and due[0][0] < end:
-        at, group = due.pop(0)
+        at, group = heapq.heappop(due)
         time.sleep(max(0.0, at - time.time()))
         t = time.time()
         samples = [dict(item, gpu=k, t=t) for k in range(per_message)]
         send_to_groups({group: {"type": live.EVENT, "text": orjson.dumps(
             {"type": "telemetry.samples", "t": t, "samples": samples}).decode()}})
-        due.append((at + 1.0, group))
-        due.sort()
+        heapq.heappush(due, (at + 1.0, group))
 
 
 # --- load --------------------------------------------------------------------------------
