@@ -123,6 +123,12 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
 
 
+def reservation_body(pair: dict, start: datetime, rng: random.Random) -> dict:
+    """A short reservation request of the benchmark mix: 1, 2 or 4 GPUs (1 most often) for 30 minutes."""
+    return {"pool": pair["pool"], "team": pair["team"], "gpus": rng.choice((1, 1, 2, 4)),
+            "starts_at": start.isoformat(), "ends_at": (start + timedelta(minutes=30)).isoformat()}
+
+
 async def _timed(session, calls: Calls, name: str, method: str, url: str, **kwargs):
     started = time.perf_counter()
     async with session.request(method, url, **kwargs) as response:
@@ -162,8 +168,7 @@ async def _mix(base: str, pairs: list[dict], concurrency: int, seconds: float, s
                 now = datetime.now(timezone.utc)
                 # A quarter start now (the worker activates them); the rest are booked ahead.
                 start = now if rng.random() < 0.25 else now + timedelta(minutes=rng.randrange(10, 7 * 24 * 60))
-                body = {"pool": pair["pool"], "team": pair["team"], "gpus": rng.choice((1, 1, 2, 4)),
-                        "starts_at": start.isoformat(), "ends_at": (start + timedelta(minutes=30)).isoformat()}
+                body = reservation_body(pair, start, rng)
                 status, payload = await _timed(session, calls, "create", "POST", "/api/v1/reservations/",
                                                json=body, headers=headers)
                 if status == 201:

@@ -31,7 +31,7 @@ def measure(calls: int, warmup: int, seed: int) -> dict[str, list[float]]:
     """CPU milliseconds of each call, by call name."""
     from django.test import Client
 
-    from benchmarks.api import prepare
+    from benchmarks.api import prepare, reservation_body
 
     pairs = prepare(pools=16, teams=32, nodes_per_pool=4, gpus_per_node=8)
     client = Client()
@@ -50,8 +50,7 @@ def measure(calls: int, warmup: int, seed: int) -> dict[str, list[float]]:
         pair = pairs[i % len(pairs)]
         headers = {"HTTP_AUTHORIZATION": f"Token {pair['token']}"}
         start = datetime.now(timezone.utc) + timedelta(minutes=rng.randrange(10, 7 * 24 * 60))
-        body = {"pool": pair["pool"], "team": pair["team"], "gpus": rng.choice((1, 1, 2, 4)),
-                "starts_at": start.isoformat(), "ends_at": (start + timedelta(minutes=30)).isoformat()}
+        body = reservation_body(pair, start, rng)
         timed("healthz", record, client.get, "/healthz")
         created = timed("create", record, client.post, "/api/v1/reservations/", json.dumps(body),
                         content_type="application/json", **headers)
