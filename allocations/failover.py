@@ -83,7 +83,7 @@ def reservation_move_off_node(*, reservation_id: int, node: Node, reason: str, n
     reservation.allocations.filter(ends_at__gt=start, starts_at__lt=start).update(ends_at=start)
     reservation.allocations.filter(starts_at__gte=start).update(ends_at=F("starts_at"))  # empty: never used
     try:
-        chosen = choose_whole_gpus(pool_gpus_for_window(pool, start, reservation.ends_at), reservation.gpus, start=start, end=reservation.ends_at,
+        chosen = choose_whole_gpus(pool_gpus_for_window(pool.pk, start, reservation.ends_at), reservation.gpus, start=start, end=reservation.ends_at,
                                    policy=pool.placement_policy)
     except Unplaceable as refused:
         message = (f"Its GPUs were on {node.name}, which failed ({reason}), and no healthy GPUs of pool "

@@ -41,6 +41,7 @@ class PoolGpu:
     node_id: int
     node_name: str
     index: int
+    uuid: str = ""
     model: str = ""
     memory_mib: int = 0
     usable: bool = True  # a healthy GPU on a healthy, schedulable node

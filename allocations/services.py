@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import IntegrityError, transaction
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, transaction
 from django.utils import timezone
 
 from allocations import quota_math, selectors
@@ -22,11 +23,11 @@ from allocations.models import Allocation, ApplyJob, Quota, Reservation
 from allocations.seam import Unplaceable, choose_whole_gpus
 from allocations.transitions import move as _move
 from allocations.transitions import record as _record
-from common.errors import Conflict, NotFound, PermissionDenied, ValidationFailed
+from common import sql
+from common.errors import Conflict, FieldError, NotFound, PermissionDenied, ValidationFailed
 from inventory.models import GpuPool
 from inventory.sharing import RESERVABLE_MODES
 from portal.models import Team
-from portal.selectors import can_act_for_team
 
 State = Reservation.State
 
@@ -54,55 +55,47 @@ def _validated_window(starts_at: datetime | None, ends_at: datetime, now: dateti
     return starts_at
 
 
-def _team_windows(team: Team, pool: GpuPool, start: datetime, end: datetime,
-                  exclude_reservation: int | None = None) -> list[quota_math.Window]:
-    # order_by(): Allocation's default ordering would join the GPUs only to sort rows we sum.
-    held = Allocation.objects.filter(reservation__team=team, reservation__pool=pool,
-                                     starts_at__lt=end, ends_at__gt=start).order_by()
-    if exclude_reservation is not None:
-        held = held.exclude(reservation_id=exclude_reservation)
-    return list(held.values_list("starts_at", "ends_at"))
+@dataclass(frozen=True)
+class QuotaLimits:
+    """A team's quota in a pool, with the slugs its refusals name."""
+
+    team_id: int
+    team_slug: str
+    pool_id: int
+    pool_slug: str
+    max_gpus: int
+    gpu_hours_per_month: int | None
 
 
-def _check_quota(quota: Quota, *, gpus: int, start: datetime, end: datetime,
+def _check_quota(quota: QuotaLimits, *, gpus: int, start: datetime, end: datetime,
                  exclude_reservation: int | None = None) -> None:
     """Refuse when the team would hold more than max_gpus at any instant of [start, end),
     or book more GPU-hours in a calendar month than gpu_hours_per_month."""
-    team, pool = quota.team, quota.pool
+    team, pool = quota.team_slug, quota.pool_slug
     peak, peak_at = quota_math.peak_concurrent(
-        _team_windows(team, pool, start, end, exclude_reservation), start, end
+        selectors.team_windows(quota.team_id, quota.pool_id, start, end, exclude_reservation), start, end
     )
     if peak + gpus > quota.max_gpus:
         when = f" at {peak_at:%Y-%m-%d %H:%M} UTC" if peak else ""
         raise Conflict(
-            f"Over quota: team {team.slug} would hold {peak + gpus} GPUs in pool {pool.slug}{when}; "
+            f"Over quota: team {team} would hold {peak + gpus} GPUs in pool {pool}{when}; "
             f"its quota is {quota.max_gpus} ({peak + gpus - quota.max_gpus} over).",
             field="gpus", rule="quota_exceeded",
         )
     if quota.gpu_hours_per_month is None:
         return
     months = quota_math.months_between(start, end)
-    booked = _team_windows(team, pool, months[0][0], months[-1][1], exclude_reservation)
+    booked = selectors.team_windows(quota.team_id, quota.pool_id, months[0][0], months[-1][1], exclude_reservation)
     for month in months:
         used = quota_math.gpu_hours_in(booked, month)
         asked = gpus * quota_math.overlap_hours((start, end), month)
         if used + asked > quota.gpu_hours_per_month + 1e-9:
             over = used + asked - quota.gpu_hours_per_month
             raise Conflict(
-                f"Over the monthly GPU-hours of team {team.slug} in pool {pool.slug} for {month[0]:%Y-%m}: "
+                f"Over the monthly GPU-hours of team {team} in pool {pool} for {month[0]:%Y-%m}: "
                 f"{used:.1f} booked + {asked:.1f} asked > {quota.gpu_hours_per_month} ({over:.1f} over).",
                 field="ends_at", rule="gpu_hours_exceeded",
             )
-
-
-def _quota_for(team: Team, pool: GpuPool) -> Quota:
-    # order_by(): Quota's default ordering would join teams and pools for first(), and the caller
-    # already holds both.
-    quota = Quota.objects.filter(team=team, pool=pool).order_by().first()
-    if quota is None:
-        raise PermissionDenied(f"Team {team.slug} has no quota in pool {pool.slug}.", field="pool", rule="no_quota")
-    quota.team, quota.pool = team, pool
-    return quota
 
 
 def _enqueue_after_commit(task_name: str, reservation_id: int) -> None:
@@ -116,75 +109,163 @@ def _enqueue_after_commit(task_name: str, reservation_id: int) -> None:
 
 @dataclass(frozen=True)
 class ReservationRequest:
-    team: Team
-    pool: GpuPool
+    """What a member asks for, as the API takes it: pool and team by slug."""
+
+    team: str
+    pool: str
     gpus: int
     ends_at: datetime
     starts_at: datetime | None = None
 
 
+@dataclass(frozen=True)
+class _Booking:
+    """A create's pool, team, the actor's role in the team and the team's quota in the pool."""
+
+    pool: GpuPool
+    team: Team
+    role: str | None
+    quota: QuotaLimits | None
+
+
+def _lock_pool_for(request: ReservationRequest, actor: AbstractBaseUser) -> _Booking:
+    """Lock the pool's row and read, in the same statement, the team, the actor's role in it and the
+    team's quota in the pool. Everything placement decides on is read after this lock."""
+    row = sql.fetch_one(
+        "SELECT p.id, p.sharing_mode, p.placement_policy, t.id, m.role, q.max_gpus, q.gpu_hours_per_month, "
+        "q.id IS NOT NULL "
+        "FROM inventory_gpupool p JOIN portal_team t ON t.slug = %s "
+        "LEFT JOIN portal_membership m ON m.team_id = t.id AND m.user_id = %s "
+        "LEFT JOIN allocations_quota q ON q.team_id = t.id AND q.pool_id = p.id "
+        "WHERE p.slug = %s" + sql.for_update_of("p"),
+        [request.team, actor.pk, request.pool],
+    )
+    if row is None:
+        pool_id, team_id = sql.fetch_one(
+            "SELECT (SELECT id FROM inventory_gpupool WHERE slug = %s), (SELECT id FROM portal_team WHERE slug = %s)",
+            [request.pool, request.team],
+        )
+        missing = [FieldError(field=name, rule="does_not_exist", message=f"There is no {name} {slug!r}.")
+                   for name, slug, found in (("pool", request.pool, pool_id), ("team", request.team, team_id))
+                   if found is None]
+        raise ValidationFailed(missing[0].message, errors=missing)
+    pool_id, sharing_mode, policy, team_id, role, max_gpus, gpu_hours, has_quota = row
+    # Partial instances: the columns read here are set, any other loads when first used.
+    pool = GpuPool.from_db(DEFAULT_DB_ALIAS, ["id", "slug", "sharing_mode", "placement_policy"],
+                           [pool_id, request.pool, sharing_mode, policy])
+    team = Team.from_db(DEFAULT_DB_ALIAS, ["id", "slug"], [team_id, request.team])
+    quota = QuotaLimits(team_id=team_id, team_slug=request.team, pool_id=pool_id, pool_slug=request.pool,
+                        max_gpus=max_gpus, gpu_hours_per_month=gpu_hours) if has_quota else None
+    return _Booking(pool=pool, team=team, role=role, quota=quota)
+
+
+def _insert_reservation(*, booking: _Booking, actor: AbstractBaseUser, gpus: int, gpu_ids: list[int],
+                        starts_at: datetime, ends_at: datetime, now: datetime) -> Reservation:
+    """Write the reservation, one allocation per GPU and its first event; return it as saved."""
+    start, end, at = sql.db_datetime(starts_at), sql.db_datetime(ends_at), sql.db_datetime(now)
+    (reservation_id,) = sql.fetch_one(
+        "INSERT INTO allocations_reservation (team_id, pool_id, requested_by_id, gpus, starts_at, ends_at, state, "
+        "reason, ended_at, created_at, updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s, '', NULL, %s, %s) RETURNING id",
+        [booking.team.pk, booking.pool.pk, actor.pk, gpus, start, end, State.SCHEDULED, at, at],
+    )
+    sql.execute(
+        "INSERT INTO allocations_allocation (reservation_id, gpu_id, starts_at, ends_at) VALUES "
+        + sql.values_rows(len(gpu_ids), 4),
+        [value for gpu_id in gpu_ids for value in (reservation_id, gpu_id, start, end)],
+    )
+    reservation = Reservation.from_db(
+        DEFAULT_DB_ALIAS,
+        ["id", "team_id", "pool_id", "requested_by_id", "gpus", "starts_at", "ends_at", "state", "reason",
+         "ended_at", "created_at", "updated_at"],
+        [reservation_id, booking.team.pk, booking.pool.pk, actor.pk, gpus, starts_at, ends_at, State.SCHEDULED, "",
+         None, now, now],
+    )
+    reservation.team, reservation.pool, reservation.requested_by = booking.team, booking.pool, actor
+    _record(reservation, from_state="", to_state=State.SCHEDULED, actor=actor, reason=f"{gpus} GPU(s) placed",
+            at=now)
+    return reservation
+
+
 def reservation_create(*, actor: AbstractBaseUser, request: ReservationRequest,
                        now: datetime | None = None) -> Reservation:
-    """Place `request.gpus` whole GPUs of the pool for the window, or refuse with the reason."""
+    """Place `request.gpus` whole GPUs of the pool for the window, or refuse with the reason.
+
+    The answer carries `allocated_gpus` (as selectors.with_allocated_gpus sets them)."""
     now = now or timezone.now()
-    team, pool, gpus = request.team, request.pool, request.gpus
-    if not can_act_for_team(actor, team):
-        raise PermissionDenied(f"You are not a member of team {team.slug}.", field="team", rule="not_a_member")
-    if pool.sharing_mode not in RESERVABLE_MODES:
-        raise ValidationFailed(
-            f"Pool {pool.slug} shares GPUs by {pool.sharing_mode}; only whole-GPU (exclusive) pools can be "
-            "reserved yet.", field="pool", rule="sharing_mode_unsupported",
-        )
+    gpus = request.gpus
     starts_at = _validated_window(request.starts_at, request.ends_at, now)
     ends_at = request.ends_at
 
     try:
         with transaction.atomic():
-            pool = GpuPool.objects.select_for_update().get(pk=pool.pk)
-            quota = _quota_for(team, pool)
-            pool_gpus = selectors.pool_gpus_for_window(pool, starts_at, ends_at)
+            booking = _lock_pool_for(request, actor)
+            pool, team = booking.pool, booking.team
+            if not (actor.is_staff or booking.role is not None):
+                raise PermissionDenied(f"You are not a member of team {team.slug}.", field="team",
+                                       rule="not_a_member")
+            if pool.sharing_mode not in RESERVABLE_MODES:
+                raise ValidationFailed(
+                    f"Pool {pool.slug} shares GPUs by {pool.sharing_mode}; only whole-GPU (exclusive) pools can be "
+                    "reserved yet.", field="pool", rule="sharing_mode_unsupported",
+                )
+            if booking.quota is None:
+                raise PermissionDenied(f"Team {team.slug} has no quota in pool {pool.slug}.", field="pool",
+                                       rule="no_quota")
+            pool_gpus = selectors.pool_gpus_for_window(pool.pk, starts_at, ends_at)
             if gpus > len(pool_gpus):
                 raise ValidationFailed(f"Pool {pool.slug} has {len(pool_gpus)} GPUs; {gpus} requested.", field="gpus",
                                        rule="exceeds_pool_size")
-            _check_quota(quota, gpus=gpus, start=starts_at, end=ends_at)
+            _check_quota(booking.quota, gpus=gpus, start=starts_at, end=ends_at)
             try:
                 chosen = choose_whole_gpus(pool_gpus, gpus, start=starts_at, end=ends_at,
                                            policy=pool.placement_policy)
             except Unplaceable as refused:
                 raise Conflict(refused.message, field="gpus", rule=refused.code) from None
-
-            reservation = Reservation.objects.create(
-                team=team, pool=pool, requested_by=actor, gpus=gpus, starts_at=starts_at, ends_at=ends_at,
-                state=State.SCHEDULED,
-            )
-            Allocation.objects.bulk_create(
-                Allocation(reservation=reservation, gpu_id=gpu_id, starts_at=starts_at, ends_at=ends_at)
-                for gpu_id in chosen
-            )
-            _record(reservation, from_state="", to_state=State.SCHEDULED, actor=actor,
-                    reason=f"{gpus} GPU(s) placed")
+            reservation = _insert_reservation(booking=booking, actor=actor, gpus=gpus, gpu_ids=chosen,
+                                              starts_at=starts_at, ends_at=ends_at, now=now)
             if starts_at <= now:
                 _enqueue_after_commit("activate_reservation", reservation.pk)
     except IntegrityError as exc:
         # Only the exclusion constraint can fire here, and only if the lock above was bypassed.
         raise Conflict("Those GPUs were just taken; try again.", field="gpus", rule="gpus_busy") from exc
+    by_id = {gpu.id: gpu for gpu in pool_gpus}
+    reservation.allocated_gpus = [
+        {"uuid": gpu.uuid, "node": gpu.node_name, "index": gpu.index, "model_name": gpu.model,
+         "starts_at": starts_at, "ends_at": ends_at}
+        for gpu in sorted((by_id[gpu_id] for gpu_id in chosen), key=lambda g: (g.node_id, g.index))
+    ]
     return reservation
 
 
-def _locked_reservation(reservation_id: int) -> Reservation:
-    reservation = (
-        Reservation.objects.select_for_update(of=("self",)).select_related("team", "pool", "requested_by")
-        .filter(pk=reservation_id).order_by().first()
+def _locked_reservation(reservation_id: int, actor: AbstractBaseUser) -> Reservation:
+    """Lock the reservation's row and read it with its team, pool and booker; 404 when it does not
+    exist or the actor may not act for its team (outsiders do not learn that it exists)."""
+    row = sql.fetch_one(
+        "SELECT r.id, r.gpus, r.starts_at, r.ends_at, r.state, r.reason, r.ended_at, r.created_at, r.updated_at, "
+        "r.team_id, t.slug, r.pool_id, p.slug, r.requested_by_id, u.username, m.role "
+        "FROM allocations_reservation r JOIN portal_team t ON t.id = r.team_id "
+        "JOIN inventory_gpupool p ON p.id = r.pool_id "
+        "LEFT JOIN auth_user u ON u.id = r.requested_by_id "
+        "LEFT JOIN portal_membership m ON m.team_id = r.team_id AND m.user_id = %s "
+        "WHERE r.id = %s" + sql.for_update_of("r"),
+        [actor.pk, reservation_id],
     )
-    if reservation is None:
+    if row is None or not (actor.is_staff or row[15] is not None):
         raise NotFound(f"Reservation {reservation_id} does not exist.", field="id", rule="does_not_exist")
+    (rid, gpus, starts_at, ends_at, state, reason, ended_at, created_at, updated_at, team_id, team_slug, pool_id,
+     pool_slug, user_id, username, _role) = row
+    reservation = Reservation.from_db(
+        DEFAULT_DB_ALIAS,
+        ["id", "team_id", "pool_id", "requested_by_id", "gpus", "starts_at", "ends_at", "state", "reason",
+         "ended_at", "created_at", "updated_at"],
+        [rid, team_id, pool_id, user_id, gpus, sql.aware(starts_at), sql.aware(ends_at), state, reason,
+         sql.aware(ended_at), sql.aware(created_at), sql.aware(updated_at)],
+    )
+    reservation.team = Team.from_db(DEFAULT_DB_ALIAS, ["id", "slug"], [team_id, team_slug])
+    reservation.pool = GpuPool.from_db(DEFAULT_DB_ALIAS, ["id", "slug"], [pool_id, pool_slug])
+    reservation.requested_by = (get_user_model().from_db(DEFAULT_DB_ALIAS, ["id", "username"], [user_id, username])
+                                if user_id is not None else None)
     return reservation
-
-
-def _require_actor(actor: AbstractBaseUser, reservation: Reservation) -> None:
-    if not can_act_for_team(actor, reservation.team):
-        # 404, not 403: people outside the team do not learn that the reservation exists.
-        raise NotFound(f"Reservation {reservation.pk} does not exist.", field="id", rule="does_not_exist")
 
 
 @transaction.atomic
@@ -192,18 +273,31 @@ def reservation_release(*, actor: AbstractBaseUser, reservation_id: int, now: da
                         ) -> Reservation:
     """Release early (running) or cancel (not started). The GPUs are free again at once."""
     now = now or timezone.now()
-    reservation = _locked_reservation(reservation_id)
-    _require_actor(actor, reservation)
+    reservation = _locked_reservation(reservation_id, actor)
     if reservation.state not in Reservation.LIVE_STATES:
         raise Conflict(f"A {reservation.state} reservation cannot be released.", field="state", rule="not_live")
     who = getattr(actor, "username", "system")
     if reservation.starts_at > now:
-        reservation.allocations.update(ends_at=reservation.starts_at)
+        # Never used: every allocation shrinks to an empty window at its start.
+        sql.execute("UPDATE allocations_allocation SET ends_at = starts_at WHERE reservation_id = %s",
+                    [reservation.pk])
         _move(reservation, State.RELEASED, actor=actor, reason=f"Cancelled before its start by {who}.", now=now)
         return reservation
-    reservation.allocations.filter(ends_at__gt=now).update(ends_at=now)
+    sql.execute("UPDATE allocations_allocation SET ends_at = %s WHERE reservation_id = %s AND ends_at > %s",
+                [sql.db_datetime(now), reservation.pk, sql.db_datetime(now)])
     _undo(reservation, final_state=State.RELEASED, actor=actor, reason=f"Released early by {who}.", now=now)
     return reservation
+
+
+def _quota_limits(reservation: Reservation) -> QuotaLimits:
+    """The quota binding a held reservation (403 when staff removed it since)."""
+    team, pool = reservation.team.slug, reservation.pool.slug
+    # order_by(): Quota's default ordering would join teams and pools for first().
+    quota = Quota.objects.filter(team_id=reservation.team_id, pool_id=reservation.pool_id).order_by().first()
+    if quota is None:
+        raise PermissionDenied(f"Team {team} has no quota in pool {pool}.", field="pool", rule="no_quota")
+    return QuotaLimits(team_id=reservation.team_id, team_slug=team, pool_id=reservation.pool_id, pool_slug=pool,
+                       max_gpus=quota.max_gpus, gpu_hours_per_month=quota.gpu_hours_per_month)
 
 
 @transaction.atomic
@@ -216,8 +310,7 @@ def reservation_extend(*, actor: AbstractBaseUser, reservation_id: int, ends_at:
         raise NotFound(f"Reservation {reservation_id} does not exist.", field="id", rule="does_not_exist")
     # Same lock order as reservation_create (pool, then reservation): no deadlock between the two.
     GpuPool.objects.select_for_update().get(pk=pool_id)
-    reservation = _locked_reservation(reservation_id)
-    _require_actor(actor, reservation)
+    reservation = _locked_reservation(reservation_id, actor)
     if reservation.state not in Reservation.LIVE_STATES:
         raise Conflict(f"A {reservation.state} reservation cannot be extended.", field="state", rule="not_live")
     old_end = reservation.ends_at
@@ -237,7 +330,7 @@ def reservation_extend(*, actor: AbstractBaseUser, reservation_id: int, ends_at:
             f"GPU {clash.gpu.uuid} is booked by another reservation from {clash.starts_at:%Y-%m-%d %H:%M} UTC; "
             f"the latest possible end is {clash.starts_at.isoformat()}.", field="ends_at", rule="gpus_busy",
         )
-    _check_quota(_quota_for(reservation.team, reservation.pool), gpus=len(gpu_ids), start=old_end, end=ends_at,
+    _check_quota(_quota_limits(reservation), gpus=len(gpu_ids), start=old_end, end=ends_at,
                  exclude_reservation=reservation.pk)
     reservation.allocations.filter(ends_at=old_end).update(ends_at=ends_at)
     reservation.ends_at = ends_at

@@ -1,4 +1,8 @@
-"""State changes of a reservation, each recorded with who, when and why (the caller holds the row lock)."""
+"""State changes of a reservation, each recorded with who, when and why (the caller holds the row lock).
+
+Plain SQL (common/sql.py says why): every create and release records one, and the ORM's
+save() and create() cost ~0.5 ms of CPU each here.
+"""
 from __future__ import annotations
 
 from datetime import datetime
@@ -6,14 +10,18 @@ from datetime import datetime
 from django.contrib.auth.models import AbstractBaseUser
 from django.utils import timezone
 
-from allocations.models import Reservation, ReservationEvent
+from allocations.models import Reservation
+from common import sql
 
 
 def record(reservation: Reservation, *, from_state: str, to_state: str, actor: AbstractBaseUser | None,
-           reason: str = "") -> None:
-    ReservationEvent.objects.create(reservation=reservation, from_state=from_state, to_state=to_state,
-                                    actor=actor if actor is not None and actor.is_authenticated else None,
-                                    reason=reason)
+           reason: str = "", at: datetime | None = None) -> None:
+    actor_id = actor.pk if actor is not None and actor.is_authenticated else None
+    sql.execute(
+        "INSERT INTO allocations_reservationevent (reservation_id, from_state, to_state, actor_id, at, reason) "
+        "VALUES (%s, %s, %s, %s, %s, %s)",
+        [reservation.pk, from_state, to_state, actor_id, sql.db_datetime(at or timezone.now()), reason],
+    )
 
 
 def move(reservation: Reservation, to_state: str, *, actor: AbstractBaseUser | None = None, reason: str = "",
@@ -22,9 +30,12 @@ def move(reservation: Reservation, to_state: str, *, actor: AbstractBaseUser | N
     from_state = reservation.state
     reservation.state = to_state
     reservation.reason = reason  # the reason always describes the current state
-    update = ["state", "reason", "updated_at"]
+    reservation.updated_at = timezone.now()
+    columns = ["state = %s", "reason = %s", "updated_at = %s"]
+    params = [to_state, reason, sql.db_datetime(reservation.updated_at)]
     if to_state in Reservation.FINAL_STATES:
         reservation.ended_at = now or timezone.now()
-        update.append("ended_at")
-    reservation.save(update_fields=update)
+        columns.append("ended_at = %s")
+        params.append(sql.db_datetime(reservation.ended_at))
+    sql.execute(f"UPDATE allocations_reservation SET {', '.join(columns)} WHERE id = %s", [*params, reservation.pk])
     record(reservation, from_state=from_state, to_state=to_state, actor=actor, reason=reason)

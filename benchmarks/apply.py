@@ -360,7 +360,7 @@ def reservation_trip(*, member, team, pool, gpus: int, is_clean, timeout: float,
         before()
     started = time.perf_counter()
     reservation = reservation_create(actor=member, request=ReservationRequest(
-        team=team, pool=pool, gpus=gpus, ends_at=datetime.now(timezone.utc) + timedelta(hours=1)))
+        team=team.slug, pool=pool.slug, gpus=gpus, ends_at=datetime.now(timezone.utc) + timedelta(hours=1)))
     rid = reservation.pk
 
     def state_is(*states):
@@ -567,7 +567,7 @@ def agent_phase(stack: Stack, *, staff, member, run: str, args) -> tuple[dict, d
         if warm.error:
             raise SystemExit(f"agent: warm-up reservation did not make it: {warm.error}")
     held = reservation_create(actor=member, request=ReservationRequest(
-        team=team, pool=pool, gpus=args.gpus, ends_at=datetime.now(timezone.utc) + timedelta(hours=1)))
+        team=team.slug, pool=pool.slug, gpus=args.gpus, ends_at=datetime.now(timezone.utc) + timedelta(hours=1)))
     if not wait_for(lambda: Reservation.objects.filter(pk=held.pk, state=Reservation.State.ACTIVE).exists(),
                     args.timeout, DB_POLL_S)[0]:
         raise SystemExit("agent: the reservation held during the footprint window did not become active")

@@ -19,11 +19,9 @@ from allocations import selectors as alloc_selectors
 from allocations import services as alloc_services
 from allocations.models import Allocation, Reservation
 from common.errors import ApplicationError
-from inventory.models import GpuPool
 from monitoring import views as monitoring_views
 from portal import services as team_services
 from portal.forms import AvailabilityForm, ExtendForm, MemberAddForm, ReservationForm
-from portal.models import Team
 from portal.selectors import can_manage_team, teams_of
 
 ALLOCATIONS = Prefetch("allocations", queryset=Allocation.objects.select_related("gpu__node"))
@@ -81,7 +79,7 @@ def reserve(request: HttpRequest) -> HttpResponse:
         data = form.cleaned_data
         try:
             reservation = alloc_services.reservation_create(actor=request.user, request=alloc_services.ReservationRequest(
-                team=Team.objects.get(slug=data["team"]), pool=GpuPool.objects.get(slug=data["pool"]),
+                team=data["team"], pool=data["pool"],
                 gpus=data["gpus"], starts_at=data["starts_at"], ends_at=data["ends_at"],
             ))
         except ApplicationError as error:

@@ -43,8 +43,9 @@ class SlotSerializer(serializers.Serializer):
 
 
 class ReservationCreateInput(serializers.Serializer):
-    pool = serializers.SlugRelatedField(slug_field="slug", queryset=GpuPool.objects.all())
-    team = serializers.SlugRelatedField(slug_field="slug", queryset=Team.objects.all())
+    # Slugs, resolved by the service in the statement that locks the pool (not one query each here).
+    pool = serializers.SlugField(max_length=64, help_text="The pool's slug")
+    team = serializers.SlugField(max_length=64, help_text="The team's slug")
     gpus = serializers.IntegerField(min_value=1, max_value=MAX_GPUS_PER_REQUEST)
     starts_at = serializers.DateTimeField(required=False, allow_null=True)
     ends_at = serializers.DateTimeField()
@@ -92,6 +93,17 @@ class ReservationSerializer(serializers.Serializer):
     updated_at = serializers.DateTimeField(read_only=True)
     ended_at = serializers.DateTimeField(read_only=True, allow_null=True,
                                          help_text=Reservation._meta.get_field("ended_at").help_text)
+
+
+# DRF deep-copies a serializer's declared fields into every instance it makes: ~1 ms of CPU for this
+# one and its nested GPUs, on every create, release and list. The fields keep no state between
+# calls, so the API answers reservations through this one instance, made once.
+_RESERVATION_OUTPUT = ReservationSerializer()
+
+
+def reservation_data(reservation: Reservation) -> dict:
+    """A reservation as ReservationSerializer shows it (its `allocated_gpus` must be set)."""
+    return _RESERVATION_OUTPUT.to_representation(reservation)
 
 
 class ApplyJobSerializer(serializers.ModelSerializer):

@@ -22,6 +22,7 @@ from allocations.api.serializers import (
     ReservationExtendInput,
     ReservationSerializer,
     SlotSerializer,
+    reservation_data,
 )
 from allocations.filters import ApplyJobFilterSet, QuotaFilterSet, ReservationFilterSet
 from allocations.models import ApplyJob, Quota, Reservation, ReservationEvent
@@ -45,10 +46,10 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
             qs = qs.prefetch_related(EVENTS, APPLY_JOBS)
         return qs
 
-    def paginate_queryset(self, queryset):
-        # Pagination is always on (REST_FRAMEWORK settings), so every listed page gets its GPUs here.
-        page = super().paginate_queryset(queryset)
-        return None if page is None else selectors.with_allocated_gpus(list(page))
+    def list(self, request: Request) -> Response:
+        # Pagination is always on (REST_FRAMEWORK settings): the page gets its GPUs in one query.
+        page = selectors.with_allocated_gpus(list(self.paginate_queryset(self.filter_queryset(self.get_queryset()))))
+        return self.get_paginated_response([reservation_data(reservation) for reservation in page])
 
     def get_object(self) -> Reservation:
         return selectors.with_allocated_gpus([super().get_object()])[0]
@@ -64,7 +65,7 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
         if detail:
             prefetch_related_objects([reservation], EVENTS, APPLY_JOBS)
             return Response(ReservationDetailSerializer(reservation).data, status=code)
-        return Response(ReservationSerializer(reservation).data, status=code)
+        return Response(reservation_data(reservation), status=code)
 
     @extend_schema(request=ReservationCreateInput, responses={201: ReservationSerializer})
     def create(self, request: Request) -> Response:
@@ -72,7 +73,8 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
         data.is_valid(raise_exception=True)
         reservation = services.reservation_create(actor=request.user, request=services.ReservationRequest(
             **data.validated_data))
-        return self._answer(reservation, status.HTTP_201_CREATED)
+        # The service set its GPUs from the rows it placed them with.
+        return Response(reservation_data(reservation), status=status.HTTP_201_CREATED)
 
     @extend_schema(request=None, responses=ReservationSerializer)
     @action(detail=True, methods=["post"])

@@ -58,7 +58,7 @@ def test_leases_follow_the_reservation_across_a_host_failure(worker_env, tmp_pat
         QuotaFactory(team=team, pool=pool, max_gpus=4)
 
         reservation = reservation_create(actor=member, request=ReservationRequest(
-            team=team, pool=pool, gpus=2, ends_at=timezone.now() + timedelta(hours=1)))
+            team=team.slug, pool=pool.slug, gpus=2, ends_at=timezone.now() + timedelta(hours=1)))
         first = reservation.allocations.get(gpu__index=0).gpu.node.name
         other = "sim-02" if first == "sim-01" else "sim-01"
         uuids = sorted(reservation.allocations.values_list("gpu__uuid", flat=True))

@@ -45,7 +45,7 @@ def booked(kube_cluster, core):
     MembershipFactory(user=member, team=team)
     QuotaFactory(team=team, pool=pool, max_gpus=4)
     reservation = reservation_create(actor=member, request=ReservationRequest(
-        team=team, pool=pool, gpus=2, ends_at=timezone.now() + timedelta(hours=1)))
+        team=team.slug, pool=pool.slug, gpus=2, ends_at=timezone.now() + timedelta(hours=1)))
     from allocations.services import reservation_activate
 
     assert reservation_activate(reservation_id=reservation.pk)

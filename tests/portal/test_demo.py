@@ -6,7 +6,6 @@ from allocations import services
 from allocations.models import Quota
 from inventory.models import Gpu, GpuPool
 from portal.demo import load_demo
-from portal.models import Team
 from tests.factories import window
 
 
@@ -25,7 +24,7 @@ def test_a_demo_member_can_reserve_at_once(db):
     bob = get_user_model().objects.get(username="bob")
     _, end = window(0, 1)
     reservation = services.reservation_create(actor=bob, request=services.ReservationRequest(
-        team=Team.objects.get(slug="vision"), pool=GpuPool.objects.get(slug="h100"), gpus=8, ends_at=end))
+        team="vision", pool="h100", gpus=8, ends_at=end))
     assert reservation.allocations.values("gpu__node").distinct().count() == 1
 
 
