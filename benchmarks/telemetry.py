@@ -379,10 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, port, command in commands:
         log_path = Path(var_dir) / f"{name}.log"
         logs.append(log_path)
-        # The WebSocket server touches the database only at connect: no idle connections kept.
-        server_env = dict(env, DB_CONN_MAX_AGE="0") if name == "uvicorn" else env
         with open(log_path, "wb") as log:
-            servers.append(subprocess.Popen(command, env=server_env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT))
+            servers.append(subprocess.Popen(command, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT))
     try:
         import urllib.request
 

