@@ -9,7 +9,11 @@ double bookings (two allocations of one GPU with overlapping windows).
 
 It needs the portal's DATABASE_URL (to create the benchmark's pools, teams and tokens,
 and for the final check). Either point it at a running portal with --url, or let it
-start one with --serve: gunicorn (2 sync workers, as in production) plus a Celery worker.
+start one with --serve: the web server as the Procfile runs it (`python -m portal.web`)
+plus a Celery worker. A quarter of the reservations start at once, so the worker has
+activations to do; it runs at a lower priority (--worker-nice) because in production it
+has its own cores, while here it shares two with the web server, PostgreSQL and the load
+generator. The Celery queue left at the end is reported (what the worker had not got to).
 """
 from __future__ import annotations
 
@@ -201,15 +205,15 @@ def _summary(calls: Calls, seconds: float) -> dict[str, dict]:
 
 # --- serving -------------------------------------------------------------------------------
 
-def _serve(port: int, workers: int) -> list[subprocess.Popen]:
+def _serve(port: int, workers: int, threads: int, worker_nice: int) -> list[subprocess.Popen]:
     env = dict(os.environ, PYTHONUNBUFFERED="1", LOG_LEVEL="WARNING")
-    # gunicorn.conf.py (threaded workers, keep-alive) applies, as in production.
-    web = subprocess.Popen([sys.executable, "-m", "gunicorn", "portal.wsgi",
+    web = subprocess.Popen([sys.executable, "-m", "portal.web", "--port", str(port), "--log-level", "warning",
                             *(["--workers", str(workers)] if workers else []),
-                            "--bind", f"127.0.0.1:{port}", "--backlog", "2048", "--log-level", "warning"],
+                            *(["--threads", str(threads)] if threads else [])],
                            cwd=ROOT, env=env)
-    worker = subprocess.Popen([sys.executable, "-m", "celery", "-A", "portal", "worker", "--pool=solo",
-                               "--loglevel=WARNING", "--without-mingle", "--without-gossip"], cwd=ROOT, env=env)
+    worker = subprocess.Popen(["nice", "-n", str(worker_nice), sys.executable, "-m", "celery", "-A", "portal",
+                               "worker", "--pool=solo", "--loglevel=WARNING", "--without-mingle", "--without-gossip"],
+                              cwd=ROOT, env=env)
     import urllib.request
 
     for _ in range(120):
@@ -224,12 +228,35 @@ def _serve(port: int, workers: int) -> list[subprocess.Popen]:
     raise SystemExit("the portal did not become ready")
 
 
+def celery_queue_length() -> int | None:
+    """Messages waiting in the Celery queue (Redis broker), or None without one."""
+    url = os.environ.get("REDIS_URL")
+    if not url:
+        return None
+    import redis
+
+    return int(redis.Redis.from_url(url).llen("celery"))
+
+
+def _empty_celery_queue() -> None:
+    """Drop what an earlier run left queued: its reservations are gone, and the worker would spend this run on them."""
+    url = os.environ.get("REDIS_URL")
+    if url:
+        import redis
+
+        redis.Redis.from_url(url).delete("celery")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", default="http://127.0.0.1:8000", help="a running portal (ignored with --serve)")
-    parser.add_argument("--serve", action="store_true", help="start gunicorn + a Celery worker for the run")
+    parser.add_argument("--serve", action="store_true", help="start the web server + a Celery worker for the run")
     parser.add_argument("--web-workers", type=int, default=0,
-                        help="gunicorn processes (default: gunicorn.conf.py's, cores + 1, 4 threads each)")
+                        help="web server processes (default: portal.web's, WEB_WORKERS or cores + 1)")
+    parser.add_argument("--web-threads", type=int, default=0,
+                        help="threads per web server process (default: portal.web's, WEB_THREADS or 2)")
+    parser.add_argument("--worker-nice", type=int, default=10,
+                        help="niceness of the Celery worker started with --serve (0: as the web server)")
     parser.add_argument("--port", type=int, default=8077)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=30)
@@ -243,12 +270,15 @@ def main(argv: list[str] | None = None) -> int:
     if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
         raise SystemExit("set DATABASE_URL to the portal's PostgreSQL database (and REDIS_URL, SECRET_KEY)")
     pairs = prepare(args.pools, args.teams, nodes_per_pool=4, gpus_per_node=8)
-    processes = _serve(args.port, args.web_workers) if args.serve else []
+    if args.serve:
+        _empty_celery_queue()
+    processes = _serve(args.port, args.web_workers, args.web_threads, args.worker_nice) if args.serve else []
     base = f"http://127.0.0.1:{args.port}" if args.serve else args.url.rstrip("/")
     try:
         baseline = _summary(asyncio.run(_baseline(base, args.concurrency, args.baseline_seconds)),
                             args.baseline_seconds)
         mix = _summary(asyncio.run(_mix(base, pairs, args.concurrency, args.seconds, args.seed)), args.seconds)
+        queued = celery_queue_length()
     finally:
         for process in processes:
             process.terminate()
@@ -261,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "url": base, "concurrency": args.concurrency, "seconds": args.seconds, "pools": args.pools,
         "teams": args.teams, "web_workers": args.web_workers if args.serve else None,
+        "web_threads": args.web_threads if args.serve else None,
+        "worker_nice": args.worker_nice if args.serve else None, "celery_queue_at_end": queued,
         "reservations_per_s": round(created / args.seconds, 1),
         "latency_ms_p50_create": create.get("p50_ms"), "latency_ms_p95_create": create.get("p95_ms"),
         "latency_ms_p99_create": create.get("p99_ms"),
@@ -278,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"reservations created/s: {result['reservations_per_s']}   create p99: {result['latency_ms_p99_create']} ms"
           f"   create/baseline throughput: {result['create_vs_baseline_throughput']}   "
           f"double bookings: {doubles}")
+    if queued is not None:
+        print(f"Celery messages still queued at the end: {queued}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2))

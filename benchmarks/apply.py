@@ -11,7 +11,7 @@ jobs (`allocations/apply/jobs.py`) run by a real Celery worker process
   backend applies each reservation as the team's ResourceQuota. Measured: creation →
   `active`, and release → the quota's `requests.nvidia.com/gpu` back to what it was before
   (read from the API server).
-* Bare metal: a real portal server (gunicorn, or uvicorn when the agent has the WebSocket
+* Bare metal: a real portal server (`python -m portal.web`, or uvicorn when the agent has the WebSocket
   lease channel) and a real `python -m agent --simulate 8xH100` process. Measured:
   creation → `active` (which needs the agent's acknowledgement), and release → the host's
   lease report (`HostLeaseReport`, what the agent says it holds) without the reservation's
@@ -270,9 +270,8 @@ class Stack:
         if server == "uvicorn":
             argv = [sys.executable, "-m", "uvicorn", "portal.asgi:application", "--host", "127.0.0.1",
                     "--port", str(port), "--log-level", "warning", "--no-access-log"]
-        else:  # as benchmarks.api and the Procfile's web process: 2 sync workers
-            argv = [sys.executable, "-m", "gunicorn", "portal.wsgi", "--workers", "2", "--bind",
-                    f"127.0.0.1:{port}", "--log-level", "warning"]
+        else:  # the Procfile's web process, as benchmarks.api runs it
+            argv = [sys.executable, "-m", "portal.web", "--port", str(port), "--log-level", "warning"]
         process = self.spawn(server, argv)
         base = f"http://127.0.0.1:{port}"
         for _ in range(240):
@@ -526,7 +525,7 @@ def agent_phase(stack: Stack, *, staff, member, run: str, args) -> tuple[dict, d
     from inventory.services import cluster_create, host_token_create
 
     path = lease_path(ROOT)
-    server = args.server if args.server != "auto" else ("uvicorn" if path == "websocket" else "gunicorn")
+    server = args.server if args.server != "auto" else ("uvicorn" if path == "websocket" else "web")
     cluster = cluster_create(actor=staff, name=f"{PREFIX} metal {run}", kind="baremetal")
     host = f"{PREFIX}-host-{run}"
     _, key = host_token_create(actor=staff, cluster=cluster, host_name=host)
@@ -613,7 +612,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--agent-gpus", type=int, default=8, help="simulated H100s on the agent's host")
     parser.add_argument("--agent-seconds", type=float, default=60, help="window for the agent's CPU and memory")
     parser.add_argument("--timeout", type=float, default=120, help="give up on one step after this long")
-    parser.add_argument("--server", choices=("auto", "gunicorn", "uvicorn"), default="auto",
+    parser.add_argument("--server", choices=("auto", "web", "uvicorn"), default="auto",
                         help="portal server for the agent (auto: uvicorn when the WebSocket lease channel exists)")
     parser.add_argument("--port", type=int, default=8078)
     parser.add_argument("--fresh-db", action="store_true",

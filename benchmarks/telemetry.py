@@ -201,7 +201,7 @@ async def _client(session, base: str, pool: str, token: str, stats: dict) -> Non
 
 
 async def _baseline(fleet: dict, per_message: int, seconds: float, env: dict, stats: dict) -> None:
-    """Run publish_baseline in its own process (as the ingest runs in gunicorn's) and keep what the
+    """Run publish_baseline in its own process (as the ingest runs in the web server's) and keep what the
     clients measured during its last `seconds` - 2 as the baseline."""
     publisher = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "benchmarks.telemetry", "--publish-baseline", ",".join(fleet["pool_groups"]),
@@ -330,7 +330,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=0,
                         help="uvicorn processes (default: redis 2, embedded 1)")
     parser.add_argument("--web-workers", type=int, default=0,
-                        help="gunicorn processes in redis mode (default: gunicorn.conf.py's, cores + 1)")
+                        help="web server processes in redis mode (default: portal.web's, WEB_WORKERS or cores + 1)")
+    parser.add_argument("--web-threads", type=int, default=0,
+                        help="threads per web server process (default: portal.web's, WEB_THREADS or 2)")
     parser.add_argument("--warmup", type=float, default=5)
     parser.add_argument("--baseline-seconds", type=float, default=12,
                         help="redis mode: first time a bare Channels fan-out to the same clients (0: skip)")
@@ -365,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     ws_port = _free_port()
     ws_base = f"http://127.0.0.1:{ws_port}"
     # As in production (Procfile): WebSockets from uvicorn; in redis mode the HTTP ingest from
-    # gunicorn (gunicorn.conf.py: threaded workers, keep-alive), in embedded mode everything from one process.
+    # the web server (python -m portal.web), in embedded mode everything from one process.
     commands = [("uvicorn", ws_port, [sys.executable, "-m", "uvicorn", "portal.asgi:application", "--host",
                                       "127.0.0.1", "--port", str(ws_port), "--workers", str(workers),
                                       "--lifespan", "off", "--log-level", "warning", "--no-access-log"])]
@@ -373,9 +375,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode == "redis":
         http_port = _free_port()
         http_base = f"http://127.0.0.1:{http_port}"
-        commands.append(("gunicorn", http_port, [sys.executable, "-m", "gunicorn", "portal.wsgi", "--workers",
-                                                 str(web_workers), "--bind", f"127.0.0.1:{http_port}",
-                                                 "--log-level", "warning"]))
+        commands.append(("web", http_port, [sys.executable, "-m", "portal.web", "--workers", str(web_workers),
+                                            *(["--threads", str(args.web_threads)] if args.web_threads else []),
+                                            "--port", str(http_port), "--log-level", "warning"]))
     for name, port, command in commands:
         log_path = Path(var_dir) / f"{name}.log"
         logs.append(log_path)
@@ -395,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
                         sys.exit("a server did not start:\n" + "".join(p.read_text()[-2000:] for p in logs))
                     time.sleep(0.3)
         print(f"{args.mode}: {args.gpus} GPUs in {agents} agents over {pools} pools, {args.clients} WebSocket "
-              f"clients, {workers} uvicorn{f' + {web_workers} gunicorn' if args.mode == 'redis' else ''} worker(s); {args.warmup:g} s warm-up, "
+              f"clients, {workers} uvicorn{f' + {web_workers} web' if args.mode == 'redis' else ''} worker(s); {args.warmup:g} s warm-up, "
               f"{args.seconds:g} s measured",
               flush=True)
         # uvloop (uvicorn[standard] installs it) when there: the load generator shares the cores
@@ -422,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
         "agents": agents,
         "gpus_per_agent": args.gpus_per_agent,
         "pools": pools,
-        "servers": {"uvicorn": workers, **({"gunicorn": web_workers} if args.mode == "redis" else {})},
+        "servers": {"uvicorn": workers, **({"web": web_workers} if args.mode == "redis" else {})},
         "target_samples_per_s": args.gpus,
         "samples_per_s": round(stats["accepted"] / stats["measured_s"], 1),
         "latency_ms_p50": _percentile(stats["latency_ms"], 50),

@@ -1,4 +1,4 @@
-"""WSGI entry point: production serves the HTTP API and pages from gunicorn workers."""
+"""WSGI entry point: production serves the HTTP API and pages with Granian (`python -m portal.web`)."""
 import os
 
 from django.core.wsgi import get_wsgi_application

@@ -1,6 +1,6 @@
 """End to end: kube-apiserver itself calls the portal's webhooks over TLS when a team pod is created.
 
-The portal runs as a real gunicorn process over HTTPS (a certificate for 127.0.0.1 signed by
+The portal runs as its real web server process (`python -m portal.web`) over HTTPS (a certificate for 127.0.0.1 signed by
 the control plane's CA) on this test's PostgreSQL database; the webhook configurations come
 from ``kube_webhook_config``, narrowed to this test's namespace so nothing else in the
 session is affected, and are deleted at the end.
@@ -28,7 +28,7 @@ from tests.kubernetes.conftest import active_reservation, unique
 
 @pytest.fixture
 def https_portal(worker_env, control_plane, tmp_path):
-    """gunicorn serving the portal over HTTPS on 127.0.0.1, trusted through the control plane's CA."""
+    """The web server serving the portal over HTTPS on 127.0.0.1, trusted through the control plane's CA."""
     pki = control_plane.dir / "pki"
     key, csr, cert, ext = (tmp_path / n for n in ("portal.key", "portal.csr", "portal.crt", "san.ext"))
     ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
@@ -46,9 +46,9 @@ def https_portal(worker_env, control_plane, tmp_path):
             return False
 
     process = start_server(
-        [sys.executable, "-m", "gunicorn", "portal.wsgi", "--workers", "1", "--bind", f"127.0.0.1:{port}",
-         "--certfile", str(cert), "--keyfile", str(key), "--access-logfile", "-"],
-        env=worker_env, log_path=tmp_path / "gunicorn.log", what="the portal over HTTPS", ready=listening,
+        [sys.executable, "-m", "portal.web", "--workers", "1", "--port", str(port),
+         "--ssl-certificate", str(cert), "--ssl-keyfile", str(key), "--access-log"],
+        env=worker_env, log_path=tmp_path / "web.log", what="the portal over HTTPS", ready=listening,
     )
     yield f"https://127.0.0.1:{port}/"
     stop_process_group(process)
