@@ -3,8 +3,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Sequence
 
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db import DEFAULT_DB_ALIAS
 from django.db.models import Count, F, OuterRef, Q, QuerySet, Subquery, Value
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
@@ -29,6 +32,32 @@ def reservations_visible_to(user: User) -> QuerySet[Reservation]:
     if user.is_staff:
         return qs
     return qs.filter(team__in=teams_of(user))
+
+
+# The columns a reservation is shown with, in the order reservation_from_row reads them: the
+# API's list reads them through the ORM (values_list), the release's locked read by hand.
+RESERVATION_ROW = ("id", "gpus", "starts_at", "ends_at", "state", "reason", "ended_at", "created_at", "updated_at",
+                   "team_id", "team__slug", "pool_id", "pool__slug", "requested_by_id", "requested_by__username")
+
+
+def reservation_from_row(row: Sequence) -> Reservation:
+    """A Reservation from a RESERVATION_ROW tuple, with its team, pool and booker as partial instances
+    (id and slug or username set; any other column loads when first used). Building these costs a
+    fraction of what select_related's full instances do, on every page of the API's list."""
+    (rid, gpus, starts_at, ends_at, state, reason, ended_at, created_at, updated_at, team_id, team_slug, pool_id,
+     pool_slug, user_id, username) = row[:15]
+    reservation = Reservation.from_db(
+        DEFAULT_DB_ALIAS,
+        ["id", "team_id", "pool_id", "requested_by_id", "gpus", "starts_at", "ends_at", "state", "reason",
+         "ended_at", "created_at", "updated_at"],
+        [rid, team_id, pool_id, user_id, gpus, sql.aware(starts_at), sql.aware(ends_at), state, reason,
+         sql.aware(ended_at), sql.aware(created_at), sql.aware(updated_at)],
+    )
+    reservation.team = Team.from_db(DEFAULT_DB_ALIAS, ["id", "slug"], [team_id, team_slug])
+    reservation.pool = GpuPool.from_db(DEFAULT_DB_ALIAS, ["id", "slug"], [pool_id, pool_slug])
+    reservation.requested_by = (get_user_model().from_db(DEFAULT_DB_ALIAS, ["id", "username"], [user_id, username])
+                                if user_id is not None else None)
+    return reservation
 
 
 def with_allocated_gpus(reservations: list[Reservation]) -> list[Reservation]:

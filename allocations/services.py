@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.conf import settings
-from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, transaction
 from django.utils import timezone
@@ -173,13 +172,9 @@ def _insert_reservation(*, booking: _Booking, actor: AbstractBaseUser, gpus: int
         + sql.values_rows(len(gpu_ids), 4),
         [value for gpu_id in gpu_ids for value in (reservation_id, gpu_id, start, end)],
     )
-    reservation = Reservation.from_db(
-        DEFAULT_DB_ALIAS,
-        ["id", "team_id", "pool_id", "requested_by_id", "gpus", "starts_at", "ends_at", "state", "reason",
-         "ended_at", "created_at", "updated_at"],
-        [reservation_id, booking.team.pk, booking.pool.pk, actor.pk, gpus, starts_at, ends_at, State.SCHEDULED, "",
-         None, now, now],
-    )
+    reservation = selectors.reservation_from_row(
+        (reservation_id, gpus, starts_at, ends_at, State.SCHEDULED, "", None, now, now, booking.team.pk,
+         booking.team.slug, booking.pool.pk, booking.pool.slug, actor.pk, actor.get_username()))
     reservation.team, reservation.pool, reservation.requested_by = booking.team, booking.pool, actor
     _record(reservation, from_state="", to_state=State.SCHEDULED, actor=actor, reason=f"{gpus} GPU(s) placed",
             at=now)
@@ -241,6 +236,7 @@ def _locked_reservation(reservation_id: int, actor: AbstractBaseUser) -> Reserva
     """Lock the reservation's row and read it with its team, pool and booker; 404 when it does not
     exist or the actor may not act for its team (outsiders do not learn that it exists)."""
     row = sql.fetch_one(
+        # selectors.RESERVATION_ROW's columns, then the actor's role in the team.
         "SELECT r.id, r.gpus, r.starts_at, r.ends_at, r.state, r.reason, r.ended_at, r.created_at, r.updated_at, "
         "r.team_id, t.slug, r.pool_id, p.slug, r.requested_by_id, u.username, m.role "
         "FROM allocations_reservation r JOIN portal_team t ON t.id = r.team_id "
@@ -250,22 +246,9 @@ def _locked_reservation(reservation_id: int, actor: AbstractBaseUser) -> Reserva
         "WHERE r.id = %s" + sql.for_update_of("r"),
         [actor.pk, reservation_id],
     )
-    if row is None or not (actor.is_staff or row[15] is not None):
+    if row is None or not (actor.is_staff or row[-1] is not None):
         raise NotFound(f"Reservation {reservation_id} does not exist.", field="id", rule="does_not_exist")
-    (rid, gpus, starts_at, ends_at, state, reason, ended_at, created_at, updated_at, team_id, team_slug, pool_id,
-     pool_slug, user_id, username, _role) = row
-    reservation = Reservation.from_db(
-        DEFAULT_DB_ALIAS,
-        ["id", "team_id", "pool_id", "requested_by_id", "gpus", "starts_at", "ends_at", "state", "reason",
-         "ended_at", "created_at", "updated_at"],
-        [rid, team_id, pool_id, user_id, gpus, sql.aware(starts_at), sql.aware(ends_at), state, reason,
-         sql.aware(ended_at), sql.aware(created_at), sql.aware(updated_at)],
-    )
-    reservation.team = Team.from_db(DEFAULT_DB_ALIAS, ["id", "slug"], [team_id, team_slug])
-    reservation.pool = GpuPool.from_db(DEFAULT_DB_ALIAS, ["id", "slug"], [pool_id, pool_slug])
-    reservation.requested_by = (get_user_model().from_db(DEFAULT_DB_ALIAS, ["id", "username"], [user_id, username])
-                                if user_id is not None else None)
-    return reservation
+    return selectors.reservation_from_row(row)
 
 
 @transaction.atomic

@@ -1,6 +1,9 @@
 """Input and output serializers of the reservations, pools and quotas API."""
 from __future__ import annotations
 
+from zoneinfo import ZoneInfo
+
+from django.conf import settings
 from rest_framework import serializers
 
 from allocations.models import ApplyJob, Quota, Reservation, ReservationEvent
@@ -55,6 +58,13 @@ class ReservationExtendInput(serializers.Serializer):
     ends_at = serializers.DateTimeField()
 
 
+def _time(**kwargs) -> serializers.DateTimeField:
+    """A read-only time, shown in the portal's zone (TIME_ZONE). Named here once: without it DRF asks
+    Django for the current zone for every value (~20 µs each here), and a page of 20 reservations
+    shows ~200 of them. The API never switches zones per request, so the output is the same."""
+    return serializers.DateTimeField(read_only=True, default_timezone=ZoneInfo(settings.TIME_ZONE), **kwargs)
+
+
 class AllocatedGpuSerializer(serializers.Serializer):
     """One GPU allocated to a reservation, with the window it holds it for."""
 
@@ -62,8 +72,8 @@ class AllocatedGpuSerializer(serializers.Serializer):
     node = serializers.CharField(read_only=True)
     index = serializers.IntegerField(read_only=True)
     model_name = serializers.CharField(read_only=True)
-    starts_at = serializers.DateTimeField(read_only=True)
-    ends_at = serializers.DateTimeField(read_only=True)
+    starts_at = _time()
+    ends_at = _time()
 
 
 class ReservationEventSerializer(serializers.ModelSerializer):
@@ -83,16 +93,15 @@ class ReservationSerializer(serializers.Serializer):
     team = serializers.CharField(source="team.slug", read_only=True)
     pool = serializers.CharField(source="pool.slug", read_only=True)
     gpus = serializers.IntegerField(read_only=True)
-    starts_at = serializers.DateTimeField(read_only=True)
-    ends_at = serializers.DateTimeField(read_only=True)
+    starts_at = _time()
+    ends_at = _time()
     state = serializers.ChoiceField(choices=Reservation.State.choices, read_only=True)
     reason = serializers.CharField(read_only=True, help_text=Reservation._meta.get_field("reason").help_text)
     requested_by = serializers.CharField(source="requested_by.username", default=None, read_only=True)
     allocated_gpus = AllocatedGpuSerializer(many=True, read_only=True)
-    created_at = serializers.DateTimeField(read_only=True)
-    updated_at = serializers.DateTimeField(read_only=True)
-    ended_at = serializers.DateTimeField(read_only=True, allow_null=True,
-                                         help_text=Reservation._meta.get_field("ended_at").help_text)
+    created_at = _time()
+    updated_at = _time()
+    ended_at = _time(allow_null=True, help_text=Reservation._meta.get_field("ended_at").help_text)
 
 
 # DRF deep-copies a serializer's declared fields into every instance it makes: ~1 ms of CPU for this

@@ -47,8 +47,11 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
         return qs
 
     def list(self, request: Request) -> Response:
-        # Pagination is always on (REST_FRAMEWORK settings): the page gets its GPUs in one query.
-        page = selectors.with_allocated_gpus(list(self.paginate_queryset(self.filter_queryset(self.get_queryset()))))
+        # Rows of exactly the shown columns, not model instances; pagination is always on
+        # (REST_FRAMEWORK settings), and the page gets its GPUs in one query.
+        rows = self.filter_queryset(self.get_queryset()).values_list(*selectors.RESERVATION_ROW)
+        page = selectors.with_allocated_gpus([selectors.reservation_from_row(row)
+                                              for row in self.paginate_queryset(rows)])
         return self.get_paginated_response([reservation_data(reservation) for reservation in page])
 
     def get_object(self) -> Reservation:
