@@ -5,9 +5,11 @@ How 10,000 GPUs at 1 Hz fit on a small machine
 The target is 10,000 samples a second. An ORM `save()` per sample would be 10,000
 transactions a second; here each agent request is one transaction whatever its size:
 
-1. validation is plain Python over dicts (no serializer object per sample) and every bad
-   value is rejected or clamped with a named reason, counted in the cache and logged
-   once per request;
+1. an agent's request is decoded straight into typed structs by msgspec (types checked in
+   C; decode_body); a request with any value of the wrong type is read as plain JSON and
+   checked field by field instead, so one bad sample costs only itself. Every bad value
+   is rejected or clamped with a named reason, counted in the cache and logged once per
+   request;
 2. history: one `INSERT … SELECT FROM unnest(arrays) ON CONFLICT DO NOTHING` of narrow
    rows (integer ids and epoch seconds, no foreign-key checks) into the raw table (SQLite:
    one bulk_create). The
@@ -37,6 +39,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import msgspec
+import orjson
 from django.conf import settings
 from django.core.cache import cache
 from django.db import connection
@@ -69,6 +73,50 @@ class Flooding(ApplicationError):
 
 class StorageBusy(ApplicationError):
     status = 503
+
+
+# What `python -m agent` sends, as msgspec decodes it: numbers may be ints or floats (a float field
+# takes both), never booleans; unknown fields are ignored.
+class WireProcess(msgspec.Struct):
+    pid: int
+    used_memory_mib: int
+
+
+class WireSample(msgspec.Struct):
+    uuid: str
+    utilization_gpu_pct: float
+    memory_used_mib: float
+    memory_total_mib: float
+    temperature_c: float
+    utilization_memory_pct: float = 0.0
+    power_w: float = 0.0
+    processes: list[WireProcess] = []
+
+
+class WireBatch(msgspec.Struct):
+    seq: int
+    t: float
+    gpus: list[WireSample]
+
+
+class WirePayload(msgspec.Struct):
+    stream: str
+    batches: list[WireBatch]
+
+
+_DECODER = msgspec.json.Decoder(WirePayload)
+
+
+def decode_body(body: bytes):
+    """An agent's request body: a WirePayload when every value has the type agents send (decoded
+    and type-checked in C, ~0.1 ms for 100 GPUs), else the plain JSON for telemetry_ingest to check
+    value by value. Raises ValueError when the body is not JSON (NaN and Infinity included)."""
+    try:
+        return _DECODER.decode(body)
+    except msgspec.ValidationError:
+        return orjson.loads(body)
+    except msgspec.DecodeError as error:
+        raise ValueError(str(error)) from None
 
 
 class GpuRef(NamedTuple):
@@ -143,16 +191,18 @@ def telemetry_ingest(*, token: HostToken, payload, now: float | None = None) -> 
     the agent forgets everything up to it and resends the rest after a drop.
     """
     now = time.time() if now is None else now
-    if not isinstance(payload, dict) or not isinstance(payload.get("batches"), list):
+    if isinstance(payload, WirePayload):
+        stream, batches = payload.stream, payload.batches
+    elif isinstance(payload, dict) and isinstance(payload.get("batches"), list):
+        stream, batches = payload.get("stream"), payload["batches"]
+    else:
         hot.count({"malformed": 1})
         raise ValidationFailed("Send {\"stream\": ..., \"batches\": [{\"seq\", \"t\", \"gpus\": [...]}]}.",
                                field="batches", rule="malformed")
-    stream = payload.get("stream")
     if not isinstance(stream, str) or not 1 <= len(stream) <= 64:
         hot.count({"malformed": 1})
         raise ValidationFailed("stream must be a string of 1 to 64 characters.", field="stream", rule="malformed")
-    batches = payload["batches"]
-    size = sum(len(b["gpus"]) if isinstance(b, dict) and isinstance(b.get("gpus"), list) else 1 for b in batches)
+    size = sum(_batch_size(b) for b in batches)
     if size > settings.TELEMETRY_MAX_SAMPLES_PER_REQUEST:
         hot.count({"oversized_batch": size})
         log.warning("telemetry from %s/%s refused: %d samples in one request (limit %d)", token.cluster.slug,
@@ -175,16 +225,11 @@ def telemetry_ingest(*, token: HostToken, payload, now: float | None = None) -> 
     max_seq = last_seq
 
     for batch in batches:
-        try:
-            seq = int(_number(batch["seq"]))
-            ts = float(_number(batch["t"]))
-            samples = batch["gpus"]
-            if not isinstance(samples, list):
-                raise TypeError
-        except (TypeError, KeyError, ValueError, OverflowError):
-            result.rejected["malformed"] += len(batch["gpus"]) if isinstance(batch, dict) and isinstance(
-                batch.get("gpus"), list) else 1
+        fields = _batch_fields(batch)
+        if fields is None:
+            result.rejected["malformed"] += _batch_size(batch)
             continue
+        seq, ts, samples = fields
         if seq <= last_seq:
             result.rejected["duplicate"] += len(samples)
             continue
@@ -227,19 +272,46 @@ def telemetry_ingest(*, token: HostToken, payload, now: float | None = None) -> 
     return result
 
 
+def _batch_size(batch) -> int:
+    """Samples in a batch as sent (a batch without a list of samples counts as one)."""
+    if isinstance(batch, WireBatch):
+        return len(batch.gpus)
+    return len(batch["gpus"]) if isinstance(batch, dict) and isinstance(batch.get("gpus"), list) else 1
+
+
+def _batch_fields(batch) -> tuple[int, float, list] | None:
+    """(seq, t, samples) of a batch, or None when it is malformed."""
+    if isinstance(batch, WireBatch):
+        return batch.seq, batch.t, batch.gpus
+    try:
+        samples = batch["gpus"]
+        if not isinstance(samples, list):
+            raise TypeError
+        return int(_number(batch["seq"])), float(_number(batch["t"])), samples
+    except (TypeError, KeyError, ValueError, OverflowError):
+        return None
+
+
+def _sample_values(raw) -> tuple:
+    """(uuid, util, mem_util, used, total, temp, power, processes) of one sample as sent; raises
+    TypeError, KeyError, ... when a value is missing or not a number."""
+    if isinstance(raw, WireSample):
+        return (raw.uuid, raw.utilization_gpu_pct, raw.utilization_memory_pct, raw.memory_used_mib,
+                raw.memory_total_mib, raw.temperature_c, raw.power_w,
+                tuple((p.pid, p.used_memory_mib) for p in raw.processes[:MAX_PROCESSES]))
+    processes = raw.get("processes") or []
+    return (raw["uuid"], _number(raw["utilization_gpu_pct"]), _number(raw.get("utilization_memory_pct", 0)),
+            _number(raw["memory_used_mib"]), _number(raw["memory_total_mib"]), _number(raw["temperature_c"]),
+            _number(raw.get("power_w", 0)),
+            tuple((int(_number(p["pid"])), int(_number(p["used_memory_mib"]))) for p in processes[:MAX_PROCESSES]))
+
+
 def _parse_sample(raw, refs: dict[str, GpuRef], result: IngestResult) -> tuple[GpuRef, tuple, tuple] | None:
-    """One sample dict → (its GPU, (util, mem_util, mem_used, mem_total, temp, power), processes), or None
+    """One sample → (its GPU, (util, mem_util, mem_used, mem_total, temp, power), processes), or None
     with the reason counted. Plain tuples: this runs 10,000 times a second."""
     try:
-        ref = refs.get(raw["uuid"])
-        util = _number(raw["utilization_gpu_pct"])
-        mem_util = _number(raw.get("utilization_memory_pct", 0))
-        used = _number(raw["memory_used_mib"])
-        total = _number(raw["memory_total_mib"])
-        temp = _number(raw["temperature_c"])
-        power = _number(raw.get("power_w", 0))
-        processes = raw.get("processes") or []
-        procs = tuple((int(_number(p["pid"])), int(_number(p["used_memory_mib"]))) for p in processes[:MAX_PROCESSES])
+        uuid, util, mem_util, used, total, temp, power, procs = _sample_values(raw)
+        ref = refs.get(uuid)
     except (TypeError, KeyError, ValueError, AttributeError, OverflowError):
         result.rejected["malformed"] += 1
         return None

@@ -7,12 +7,13 @@ import django_filters
 from django.db import OperationalError
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, permissions, viewsets
+from rest_framework.exceptions import ParseError
+from rest_framework.parsers import JSONParser
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from common.api import FastJSONParser
 from common.errors import NotFound, ValidationFailed
 from inventory.api.agent import AgentView
 from monitoring import ingest, selectors
@@ -23,11 +24,22 @@ from monitoring.models import Alert, AlertRule, Silence
 log = logging.getLogger(__name__)
 
 
+class TelemetryParser(JSONParser):
+    """An agent's JSON body, decoded by ingest.decode_body (typed structs when every value is the type
+    agents send). Strict like DRF's parser: NaN and Infinity are refused."""
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        try:
+            return ingest.decode_body(stream.read())
+        except ValueError as error:
+            raise ParseError(f"JSON parse error - {error}") from None
+
+
 class TelemetryView(AgentView):
     """An agent's batch of samples: {"stream", "batches": [{"seq", "t", "gpus": [...]}]}; answers the ack."""
 
     # JSON only, both ways: no browsable-API negotiation on a path that only agents call.
-    parser_classes = [FastJSONParser]
+    parser_classes = [TelemetryParser]
     renderer_classes = [JSONRenderer]
 
     @extend_schema(request=dict, responses={200: dict})

@@ -138,3 +138,26 @@ def test_a_busy_database_answers_503_so_the_agent_resends(host, monkeypatch):
     monkeypatch.setattr(ingest, "_store_raw", locked)
     response = post(host, payload(batch([sample(host.uuids[0])])))
     assert response.status_code == 503 and response.json()["errors"][0]["rule"] == "busy"
+
+
+def test_typed_and_field_by_field_reading_store_the_same_values(host):
+    """Agents' bodies are decoded into typed structs; one value of the wrong type sends the whole body
+    through the field-by-field reading. Both must keep exactly the same values."""
+    import json
+
+    from monitoring.ingest import WirePayload, decode_body
+
+    good = [sample(u, util=7 * i + 0.4, power_w=150.25, temperature_c=41.6) for i, u in enumerate(host.uuids[:3])]
+    typed = payload(batch(good, seq=1))
+    assert isinstance(decode_body(json.dumps(typed).encode()), WirePayload)
+    assert post(host, typed).json()["accepted"] == 3
+    stored_typed = list(Sample.objects.order_by("gpu_id").values_list(
+        "gpu_id", "util", "mem_util", "mem_used", "mem_total", "temp", "power"))
+    Sample.objects.all().delete()
+
+    mixed = payload(batch([*good, sample(host.uuids[3], temperature_c="hot")], seq=2))
+    assert isinstance(decode_body(json.dumps(mixed).encode()), dict)
+    answer = post(host, mixed).json()
+    assert answer["accepted"] == 3 and answer["rejected"] == {"malformed": 1}
+    assert list(Sample.objects.order_by("gpu_id").values_list(
+        "gpu_id", "util", "mem_util", "mem_used", "mem_total", "temp", "power")) == stored_typed
