@@ -257,6 +257,8 @@ def telemetry_ingest(*, token: HostToken, payload, now: float | None = None) -> 
 
     # One statement, in autocommit: committed when it returns, so what follows is after commit.
     _store_raw(rows)
+    # Live first: the dashboards wait on this push, not on the hot values written below.
+    live.send(_group_payloads(newest))
     _mark_late_minutes(rows, now)
     per_node: dict[int, dict[int, tuple]] = defaultdict(dict)
     for gpu_id, (ref, latest) in newest.items():
@@ -268,7 +270,6 @@ def telemetry_ingest(*, token: HostToken, payload, now: float | None = None) -> 
     # One round trip for the hot values, the stream's new position and the counters.
     hot.exchange(put=entries, put_timeout=hot.STORE_TTL,
                  incr=hot.counter_amounts({"accepted": result.accepted, **result.rejected, **result.clamped}))
-    live.send(_group_payloads(newest))
     if result.rejected or result.clamped:
         log.warning("telemetry from %s/%s: %d accepted, rejected %s, clamped %s", token.cluster.slug, token.host_name,
                     result.accepted, dict(result.rejected), dict(result.clamped))
