@@ -105,12 +105,14 @@ def worker_env(transactional_db, tmp_path, settings):
 
 @pytest.fixture
 def celery_worker_process(worker_env, tmp_path):
-    """A real `celery worker -B` process (solo pool, beat embedded) on this test's database and Redis."""
+    """A real `celery worker -B` process (thread pool as the Procfile runs it, beat embedded) on this test's
+    database and Redis."""
     import redis
 
     redis.Redis.from_url(worker_env["REDIS_URL"]).flushdb()  # no stale task from an earlier run
     process = start_server(
-        [sys.executable, "-m", "celery", "-A", "portal", "worker", "-B", "--pool=solo", "--loglevel=INFO",
+        [sys.executable, "-m", "celery", "-A", "portal", "worker", "-B", "--pool=threads", "--concurrency=2",
+         "--loglevel=INFO",
          "--without-mingle", "--without-gossip", "--schedule", str(tmp_path / "beat-schedule")],
         env=worker_env, log_path=tmp_path / "worker.log", what="the Celery worker",
         ready=lambda: b"ready." in (tmp_path / "worker.log").read_bytes(),
