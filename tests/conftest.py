@@ -140,6 +140,19 @@ def start_server(args: list[str], *, env: dict, log_path: Path, ready, what: str
     return process
 
 
+def healthz_answers(base_url: str):
+    """A readiness check for start_server: the server at base_url answers /healthz with 200."""
+    import httpx
+
+    def answers() -> bool:
+        try:
+            return httpx.get(f"{base_url}/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    return answers
+
+
 def free_port() -> int:
     """A TCP port nothing listens on now (the server started next binds it)."""
     import socket
@@ -179,21 +192,12 @@ def wait_for(predicate, timeout: float = 20.0, interval: float = 0.2, message: s
 @pytest.fixture
 def asgi_server(worker_env, tmp_path):
     """The real ASGI app under uvicorn (2 workers, Redis channel layer) on this test's database; yields its URL."""
-    import httpx
-
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-
-    def answers() -> bool:
-        try:
-            return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
     process = start_server(
         [sys.executable, "-m", "uvicorn", "portal.asgi:application", "--host", "127.0.0.1", "--port", str(port),
          "--workers", "2", "--lifespan", "off", "--log-level", "warning"],
-        env=worker_env, log_path=tmp_path / "uvicorn.log", what="uvicorn", ready=answers,
+        env=worker_env, log_path=tmp_path / "uvicorn.log", what="uvicorn", ready=healthz_answers(url),
     )
     yield url
     stop_process_group(process)

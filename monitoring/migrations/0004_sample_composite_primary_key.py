@@ -14,37 +14,39 @@ TABLE = "monitoring_sample"
 COLUMNS = "gpu_id, pool_id, ts, util, mem_util, mem_used, mem_total, temp, power"
 
 
-def to_composite(apps, schema_editor):
+def _sqlite_remake(schema_editor, create_table) -> None:
+    """SQLite cannot change a primary key in place: move the rows to a table made by create_table()."""
     run = schema_editor.execute
-    if schema_editor.connection.vendor == "postgresql":
-        run(f"ALTER TABLE {TABLE} DROP CONSTRAINT {TABLE}_pkey")
-        run(f"ALTER TABLE {TABLE} DROP COLUMN id")
-        run(f"ALTER TABLE {TABLE} ADD CONSTRAINT {TABLE}_pkey PRIMARY KEY (gpu_id, ts)")
-        run(f"ALTER TABLE {TABLE} DROP CONSTRAINT sample_one_per_gpu_second")
-        return
-    # SQLite cannot change a primary key in place: the table is made anew (as the model now says) and filled.
-    run(f"ALTER TABLE {TABLE} RENAME TO {TABLE}__old")
-    schema_editor.create_model(apps.get_model("monitoring", "Sample"))
-    run(f"INSERT INTO {TABLE} ({COLUMNS}) SELECT {COLUMNS} FROM {TABLE}__old")
-    run(f"DROP TABLE {TABLE}__old")
+    run(f"ALTER TABLE {TABLE} RENAME TO {TABLE}__before")
+    create_table()
+    run(f"INSERT INTO {TABLE} ({COLUMNS}) SELECT {COLUMNS} FROM {TABLE}__before")
+    run(f"DROP TABLE {TABLE}__before")
     run(f"CREATE INDEX IF NOT EXISTS sample_ts ON {TABLE} (ts)")
+
+
+def to_composite(apps, schema_editor):
+    if schema_editor.connection.vendor != "postgresql":
+        # As the model now says (this runs after the state change below).
+        _sqlite_remake(schema_editor, lambda: schema_editor.create_model(apps.get_model("monitoring", "Sample")))
+        return
+    for statement in (f"ALTER TABLE {TABLE} DROP CONSTRAINT {TABLE}_pkey", f"ALTER TABLE {TABLE} DROP COLUMN id",
+                      f"ALTER TABLE {TABLE} ADD CONSTRAINT {TABLE}_pkey PRIMARY KEY (gpu_id, ts)",
+                      f"ALTER TABLE {TABLE} DROP CONSTRAINT sample_one_per_gpu_second"):
+        schema_editor.execute(statement)
 
 
 def to_id(apps, schema_editor):
-    run = schema_editor.execute
-    if schema_editor.connection.vendor == "postgresql":
-        run(f"ALTER TABLE {TABLE} ADD CONSTRAINT sample_one_per_gpu_second UNIQUE (gpu_id, ts)")
-        run(f"ALTER TABLE {TABLE} DROP CONSTRAINT {TABLE}_pkey")
-        run(f"ALTER TABLE {TABLE} ADD COLUMN id bigserial PRIMARY KEY")
+    if schema_editor.connection.vendor != "postgresql":
+        _sqlite_remake(schema_editor, lambda: schema_editor.execute(
+            f'CREATE TABLE {TABLE} ("id" integer NOT NULL PRIMARY KEY AUTOINCREMENT, "gpu_id" bigint NOT NULL, '
+            '"pool_id" bigint NULL, "ts" bigint NOT NULL, "util" smallint NOT NULL, "mem_util" smallint NOT NULL, '
+            '"mem_used" integer NOT NULL, "mem_total" integer NOT NULL, "temp" smallint NOT NULL, '
+            '"power" real NOT NULL, CONSTRAINT "sample_one_per_gpu_second" UNIQUE ("gpu_id", "ts"))'))
         return
-    run(f"ALTER TABLE {TABLE} RENAME TO {TABLE}__new")
-    run(f'CREATE TABLE {TABLE} ("id" integer NOT NULL PRIMARY KEY AUTOINCREMENT, "gpu_id" bigint NOT NULL, '
-        '"pool_id" bigint NULL, "ts" bigint NOT NULL, "util" smallint NOT NULL, "mem_util" smallint NOT NULL, '
-        '"mem_used" integer NOT NULL, "mem_total" integer NOT NULL, "temp" smallint NOT NULL, "power" real NOT NULL, '
-        'CONSTRAINT "sample_one_per_gpu_second" UNIQUE ("gpu_id", "ts"))')
-    run(f"INSERT INTO {TABLE} ({COLUMNS}) SELECT {COLUMNS} FROM {TABLE}__new")
-    run(f"DROP TABLE {TABLE}__new")
-    run(f"CREATE INDEX IF NOT EXISTS sample_ts ON {TABLE} (ts)")
+    for statement in (f"ALTER TABLE {TABLE} ADD CONSTRAINT sample_one_per_gpu_second UNIQUE (gpu_id, ts)",
+                      f"ALTER TABLE {TABLE} DROP CONSTRAINT {TABLE}_pkey",
+                      f"ALTER TABLE {TABLE} ADD COLUMN id bigserial PRIMARY KEY"):
+        schema_editor.execute(statement)
 
 
 class Migration(migrations.Migration):

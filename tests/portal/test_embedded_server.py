@@ -12,7 +12,7 @@ from datetime import datetime, timedelta, timezone
 import httpx
 import pytest
 
-from tests.conftest import free_port, start_server, stop_process_group
+from tests.conftest import free_port, healthz_answers, start_server, stop_process_group
 
 
 @pytest.fixture
@@ -21,15 +21,8 @@ def embedded(tmp_path):
     env = {key: value for key, value in os.environ.items() if key not in ("DATABASE_URL", "REDIS_URL")}
     env.update(PORTAL_VAR_DIR=str(tmp_path), DEMO_ADMIN_PASSWORD="admin-pw", PYTHONUNBUFFERED="1")
     base = f"http://127.0.0.1:{port}"
-
-    def ready() -> bool:
-        try:
-            return httpx.get(f"{base}/healthz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
     process = start_server([sys.executable, "manage.py", "runembedded", "--port", str(port), "--no-agents"],
-                           env=env, log_path=tmp_path / "embedded.log", ready=ready, what="runembedded")
+                           env=env, log_path=tmp_path / "embedded.log", ready=healthz_answers(base), what="runembedded")
     passwords = dict(line.split(" ", 1) for line in (tmp_path / "demo-credentials.txt").read_text().splitlines())
     try:
         yield base, passwords

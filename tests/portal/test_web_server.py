@@ -7,22 +7,15 @@ import sys
 
 import httpx
 
-from tests.conftest import BASE_DIR, free_port, start_server, stop_process_group
+from tests.conftest import BASE_DIR, free_port, healthz_answers, start_server, stop_process_group
 
 
 def test_it_serves_the_portal_over_keep_alive_connections(tmp_path):
     port = free_port()
     env = dict(os.environ, WEB_WORKERS="1", WEB_THREADS="2", PORT=str(port))
     base = f"http://127.0.0.1:{port}"
-
-    def ready() -> bool:
-        try:
-            return httpx.get(f"{base}/healthz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
     process = start_server([sys.executable, "-m", "portal.web"], env=env, log_path=tmp_path / "web.log",
-                           ready=ready, what="python -m portal.web")
+                           ready=healthz_answers(base), what="python -m portal.web")
     try:
         with httpx.Client(base_url=base) as client:
             answers = [client.get("/healthz") for _ in range(20)]
