@@ -11,9 +11,9 @@ It needs the portal's DATABASE_URL (to create the benchmark's pools, teams and t
 and for the final check). Either point it at a running portal with --url, or let it
 start one with --serve: the web server as the Procfile runs it (`python -m portal.web`)
 plus a Celery worker. A quarter of the reservations start at once, so the worker has
-activations to do; it runs at a lower priority (--worker-nice) because in production it
-has its own cores, while here it shares two with the web server, PostgreSQL and the load
-generator. The Celery queue left at the end is reported (what the worker had not got to).
+activations to do; here it shares the cores with the web server, PostgreSQL and the load
+generator (--worker-nice lowers its priority, as if it had cores of its own). The Celery
+queue left at the end is reported: what the worker had not got to.
 """
 from __future__ import annotations
 
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="web server processes (default: portal.web's, WEB_WORKERS or cores + 1)")
     parser.add_argument("--web-threads", type=int, default=0,
                         help="threads per web server process (default: portal.web's, WEB_THREADS or 2)")
-    parser.add_argument("--worker-nice", type=int, default=10,
+    parser.add_argument("--worker-nice", type=int, default=0,
                         help="niceness of the Celery worker started with --serve (0: as the web server)")
     parser.add_argument("--port", type=int, default=8077)
     parser.add_argument("--concurrency", type=int, default=32)
