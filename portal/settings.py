@@ -118,8 +118,11 @@ else:
     # caches), while closing a pooled connection hands it back. The threads of a web worker share
     # its pool, and so do the ASGI server's sync_to_async threads.
     DATABASES["default"]["CONN_MAX_AGE"] = 0
-    # Checked when taken from the pool: a connection PostgreSQL dropped is replaced, not handed out.
-    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    # Django's PostgreSQL backend, whose pooled connections are checked before use only after
+    # sitting idle (common/postgresql/base.py), not on every request as CONN_HEALTH_CHECKS does.
+    DATABASES["default"]["ENGINE"] = "common.postgresql"
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = False
+    DB_POOL_CHECK_AFTER_IDLE_SECONDS = env.float("DB_POOL_CHECK_AFTER_IDLE_SECONDS", default=1.0)
     _db_options = DATABASES["default"].setdefault("OPTIONS", {})
     _db_options["pool"] = {
         "min_size": env.int("DB_POOL_MIN_SIZE", default=1),
