@@ -8,8 +8,13 @@ client stands in for the HTTP server), and the CPU time of the process is read a
 `/healthz` through the same client is the baseline beside it, so runs on a machine whose
 speed drifts compare by their ratios.
 
-All reservations are booked ahead (none starts at once), so no Celery task is queued:
-what the worker does is `benchmarks.api`'s business. Needs DATABASE_URL (PostgreSQL),
+The request rounds book ahead (nothing starts at once). Then, with --worker-calls, the
+worker's share of a reservation that starts at once: `activate` (scheduled → applying and
+its apply job queued), `apply job` (the job run against the cluster's backend: the
+benchmark's hosts run no agent, so it ends at once, as for a host added by hand) and,
+after the release, `undo job`; each task's service called in this process as the Celery
+worker calls it (Celery's own message handling is not in these figures). The messages the
+requests queue are removed from the broker at the end. Needs DATABASE_URL (PostgreSQL),
 REDIS_URL and SECRET_KEY, like `benchmarks.api`, whose fixtures it shares.
 """
 from __future__ import annotations
@@ -25,9 +30,10 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 CALLS = ("healthz", "create", "release", "list")
+WORKER_CALLS = ("activate", "apply job", "undo job")
 
 
-def measure(calls: int, warmup: int, seed: int) -> dict[str, list[float]]:
+def measure(calls: int, warmup: int, seed: int, worker_calls: int = 0) -> dict[str, list[float]]:
     """CPU milliseconds of each call, by call name."""
     from django.test import Client
 
@@ -36,7 +42,7 @@ def measure(calls: int, warmup: int, seed: int) -> dict[str, list[float]]:
     pairs = prepare(pools=16, teams=32, nodes_per_pool=4, gpus_per_node=8)
     client = Client()
     rng = random.Random(seed)
-    cpu_ms: dict[str, list[float]] = {name: [] for name in CALLS}
+    cpu_ms: dict[str, list[float]] = {name: [] for name in CALLS + (WORKER_CALLS if worker_calls else ())}
 
     def timed(name: str, record: bool, send, *args, **kwargs):
         started = time.process_time()
@@ -58,13 +64,50 @@ def measure(calls: int, warmup: int, seed: int) -> dict[str, list[float]]:
             raise SystemExit(f"create answered {created.status_code}: {created.content[:300]!r}")
         timed("release", record, client.post, f"/api/v1/reservations/{created.json()['id']}/release/", **headers)
         timed("list", record, client.get, "/api/v1/reservations/?limit=20", **headers)
+    if worker_calls:
+        measure_worker(cpu_ms, timed, client, pairs, worker_calls, warmup, rng)
     return cpu_ms
+
+
+def measure_worker(cpu_ms, timed, client, pairs, calls: int, warmup: int, rng: random.Random) -> None:
+    """The worker's tasks for reservations that start at once, called as the tasks call them."""
+    from benchmarks.api import reservation_body
+
+    from allocations import services
+    from allocations.apply import jobs
+    from allocations.models import ApplyJob
+    from portal.celery import app
+
+    def open_job(reservation_id: int, action: str) -> int:
+        return ApplyJob.objects.filter(reservation_id=reservation_id, action=action).order_by("-pk").values_list(
+            "pk", flat=True)[0]
+
+    for i in range(warmup + calls):
+        record = i >= warmup
+        pair = pairs[(i * 7) % len(pairs)]
+        headers = {"HTTP_AUTHORIZATION": f"Token {pair['token']}"}
+        created = client.post("/api/v1/reservations/", json.dumps(reservation_body(pair, datetime.now(timezone.utc), rng)),
+                              content_type="application/json", **headers)
+        if created.status_code != 201:
+            raise SystemExit(f"create answered {created.status_code}: {created.content[:300]!r}")
+        reservation_id = created.json()["id"]
+        if not timed("activate", record, services.reservation_activate, reservation_id=reservation_id):
+            raise SystemExit(f"reservation {reservation_id} was not activated")
+        status = timed("apply job", record, jobs.job_run, job_id=open_job(reservation_id, ApplyJob.Action.APPLY))
+        if status != ApplyJob.Status.SUCCEEDED:
+            raise SystemExit(f"apply job of reservation {reservation_id} ended {status!r}")
+        client.post(f"/api/v1/reservations/{reservation_id}/release/", **headers)
+        status = timed("undo job", record, jobs.job_run, job_id=open_job(reservation_id, ApplyJob.Action.UNDO))
+        if status != ApplyJob.Status.SUCCEEDED:
+            raise SystemExit(f"undo job of reservation {reservation_id} ended {status!r}")
+    with app.connection_for_write() as connection:
+        app.control.purge(connection=connection)
 
 
 def summarize(cpu_ms: dict[str, list[float]]) -> dict[str, dict[str, float]]:
     base = statistics.median(cpu_ms["healthz"])
     out = {}
-    for name in CALLS:
+    for name in cpu_ms:
         values = cpu_ms[name]
         median = statistics.median(values)
         out[name] = {"calls": len(values), "cpu_ms_median": round(median, 3),
@@ -73,9 +116,9 @@ def summarize(cpu_ms: dict[str, list[float]]) -> dict[str, dict[str, float]]:
 
 
 def format_table(summary: dict[str, dict[str, float]]) -> str:
-    lines = [f"{'call':<10}{'calls':>8}{'CPU ms (median)':>18}{'mean':>10}{'× healthz':>12}"]
+    lines = [f"{'call':<12}{'calls':>8}{'CPU ms (median)':>18}{'mean':>10}{'× healthz':>12}"]
     for name, row in summary.items():
-        lines.append(f"{name:<10}{row['calls']:>8}{row['cpu_ms_median']:>18}{row['cpu_ms_mean']:>10}"
+        lines.append(f"{name:<12}{row['calls']:>8}{row['cpu_ms_median']:>18}{row['cpu_ms_mean']:>10}"
                      f"{row['vs_healthz']:>12}")
     return "\n".join(lines)
 
@@ -85,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=200, help="measured rounds of healthz, create, release, list")
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--worker-calls", type=int, default=100,
+                        help="reservations starting at once whose worker tasks are measured (0: none)")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
     if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
@@ -93,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     import django
 
     django.setup()
-    summary = summarize(measure(args.calls, args.warmup, args.seed))
+    summary = summarize(measure(args.calls, args.warmup, args.seed, args.worker_calls))
     print(f"CPU per API call in one process ({args.calls} rounds after {args.warmup} warm-up)")
     print(format_table(summary))
     if args.json:

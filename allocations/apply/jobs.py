@@ -104,7 +104,8 @@ def job_run(*, job_id: int, now: datetime | None = None) -> str:
     try:
         backend = backend_for(job.cluster)
         teams = None if reservation is None else [reservation.team.slug]
-        report = backend.sync(cluster_desired(job.cluster, now=now, teams=teams), teams=teams)
+        desired = cluster_desired(job.cluster, now=now, teams=teams, with_pools=backend.reads_pools)
+        report = backend.sync(desired, teams=teams)
     except BackendRejected as refused:
         return _failed(job, f"{job.cluster.slug} refused: {refused}", now=timezone.now())
     except BackendError as error:
@@ -121,8 +122,8 @@ def _still_wanted(job: ApplyJob, reservation: Reservation) -> bool:
     return reservation.state == State.RELEASING
 
 
-@transaction.atomic
 def _finish(job: ApplyJob, status: str, *, now: datetime, error: str = "", changes: list[str] | None = None) -> None:
+    # One statement: atomic by itself, and no savepoint inside the callers' transactions.
     ApplyJob.objects.filter(pk=job.pk).update(status=status, finished_at=now, error=error,
                                               changes=changes if changes is not None else job.changes)
 
@@ -206,7 +207,8 @@ def cluster_reconcile(*, cluster_id: int, now: datetime | None = None) -> dict:
     if cluster.kind == Cluster.Kind.KUBERNETES and not cluster.has_credentials:
         return {"cluster": cluster.slug, "skipped": "no credentials registered"}
     try:
-        report = backend_for(cluster).sync(cluster_desired(cluster, now=now), teams=None)
+        backend = backend_for(cluster)
+        report = backend.sync(cluster_desired(cluster, now=now, with_pools=backend.reads_pools), teams=None)
     except BackendError as error:
         _record_failed_reconcile(cluster, str(error), now=now)
         return {"cluster": cluster.slug, "error": str(error)}

@@ -26,6 +26,7 @@ class ScriptedBackend:
     """Stands in for a cluster: answers each sync with the next scripted outcome."""
 
     name = "scripted"
+    reads_pools = True
 
     def __init__(self, outcomes):
         self.outcomes = list(outcomes)
@@ -159,6 +160,25 @@ def test_an_agent_host_must_confirm_its_leases_before_the_reservation_is_active(
     undo.refresh_from_db()
     assert jobs.job_run(job_id=undo.pk, now=undo.next_attempt_at) == "succeeded"
     assert Reservation.objects.get(pk=reservation.pk).state == State.RELEASED
+
+
+def test_a_teams_apply_looks_only_at_the_hosts_it_concerns_and_the_reconcile_at_all(world, api):
+    node_a, node_b = with_agent("node-a"), with_agent("node-b")
+    client = api(world.member)
+    old, _ = activated(client)
+    Reservation.objects.filter(pk=old.pk).update(state=State.RELEASED)
+    stale = lease_key(old.pk, "GPU-stale")  # node-b never dropped a lease of the team's earlier reservation
+    host_lease_report(node=node_b, held=[stale])
+
+    reservation, job = activated(client)
+    assert set(reservation.allocations.values_list("gpu__node__name", flat=True)) == {"node-a"}
+    keys = [lease_key(reservation.pk, uuid) for uuid in reservation.allocations.values_list("gpu__uuid", flat=True)]
+    host_lease_report(node=node_a, held=keys)
+    # node-b's stale lease of the team's released reservation does not hold up this apply ...
+    assert jobs.job_run(job_id=job.pk) == "succeeded"
+    # ... the reconcile finds it and sends node-b its right set.
+    report = AgentBackend(node_a.cluster).sync(cluster_desired(node_a.cluster), teams=None)
+    assert report.changes == [f"host node-b still holds lease(s) {stale}; the right set was sent to its agent again"]
 
 
 def test_the_lease_api_gives_a_host_its_leases_and_records_what_it_holds(world, api):

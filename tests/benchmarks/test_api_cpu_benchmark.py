@@ -19,3 +19,11 @@ def test_table_has_a_row_per_call_in_order():
     lines = format_table(summary).splitlines()
     assert [line.split()[0] for line in lines[1:]] == ["healthz", "create", "release", "list"]
     assert lines[2].split()[-1] == "3.0"
+
+
+def test_worker_rows_follow_the_request_rows_when_measured():
+    summary = summarize({"healthz": [2.0], "create": [6.0], "release": [4.0], "list": [8.0],
+                         "activate": [10.0], "apply job": [20.0], "undo job": [22.0]})
+    assert list(summary) == ["healthz", "create", "release", "list", "activate", "apply job", "undo job"]
+    assert summary["apply job"]["vs_healthz"] == 10.0
+    assert format_table(summary).splitlines()[-1].split()[:2] == ["undo", "job"]

@@ -23,6 +23,7 @@ from collections.abc import Collection
 from datetime import datetime
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from allocations.apply.backends.base import BackendPending, BackendRejected, SyncReport
@@ -91,6 +92,7 @@ def host_lease_report(*, node: Node, held: list[str], failed: dict[str, str] | N
 
 class AgentBackend:
     name = "agent"
+    reads_pools = False  # leases are per GPU; a host's sharing setup is not the agent's business
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
@@ -102,6 +104,9 @@ class AgentBackend:
                 for grant in team.grants:
                     wanted[grant.node_name].add(lease_key(grant.reservation_id, grant.gpu_uuid))
         nodes = Node.objects.filter(cluster=self.cluster).select_related("lease_report").order_by("name")
+        if teams is not None:
+            nodes = nodes.filter(Q(name__in=list(wanted)) | Q(pk__in=self._undoing_on(teams)))
+        nodes = list(nodes)
         reports = {node.name: _report_of(node) for node in nodes}
         held = {name: set(r.held) if r else set() for name, r in reports.items()}
         relevant = self._relevant_reservations(teams, held)
@@ -138,6 +143,16 @@ class AgentBackend:
         if waiting:
             raise BackendPending("waiting for host agents to confirm: " + "; ".join(waiting))
         return report
+
+    def _undoing_on(self, teams: Collection[str]):
+        """Hosts holding GPUs of the teams' reservations being undone (a subquery of node ids).
+
+        A team's apply or undo looks only at these and at the hosts the team should hold
+        leases on, so its cost does not grow with the cluster; a stale lease anywhere else
+        is the reconcile's business (``teams=None`` looks at every host)."""
+        return (Allocation.objects.filter(gpu__node__cluster=self.cluster, reservation__team__slug__in=list(teams),
+                                          reservation__state=Reservation.State.RELEASING)
+                .values("gpu__node_id"))
 
     @staticmethod
     def _relevant_reservations(teams: Collection[str] | None, held: dict[str, set[str]]) -> set[int] | None:

@@ -44,5 +44,8 @@ class SyncReport:
 
 class ApplyBackend(Protocol):
     name: str  # "kubernetes" | "agent"
+    # Whether sync reads ``desired.pools`` and the teams that hold nothing (quotas to zero). When
+    # not, cluster_desired skips those queries: an apply then reads only the team's grants.
+    reads_pools: bool
 
     def sync(self, desired: ClusterDesired, *, teams: Collection[str] | None = None) -> SyncReport: ...

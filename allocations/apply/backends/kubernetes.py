@@ -79,6 +79,7 @@ _KINDS = {
 
 class KubernetesBackend:
     name = "kubernetes"
+    reads_pools = True  # the sharing ConfigMaps and node labels; every team's ResourceQuota
 
     def __init__(self, cluster: Any, *, system_namespace: str = m.SYSTEM_NAMESPACE,
                  quota_wait_seconds: float = 5.0) -> None:
