@@ -8,7 +8,7 @@ PORT ?= 8000
 TEST_DATABASE_URL ?= postgres://gpupool:gpupool@127.0.0.1:5432/gpupool
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/14
 
-.PHONY: run test venv dev-venv services benchmark-api benchmark-api-cpu benchmark-apply clean
+.PHONY: run test venv dev-venv services benchmark-api benchmark-api-cpu benchmark-history benchmark-apply clean
 
 $(VENV)/.runtime: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,11 @@ benchmark-api-cpu: $(VENV)/.dev services
 	PGPASSWORD=gpupool createdb -h 127.0.0.1 -U gpupool gpupool_bench 2>/dev/null || true
 	DATABASE_URL=$(BENCH_DATABASE_URL) REDIS_URL=redis://127.0.0.1:6379/13 SECRET_KEY=bench-only \
 		$(PY) -m benchmarks.api_cpu --calls 200 --json benchmarks/results/api-cpu.json
+
+benchmark-history: $(VENV)/.dev services
+	PGPASSWORD=gpupool createdb -h 127.0.0.1 -U gpupool gpupool_bench 2>/dev/null || true
+	DATABASE_URL=$(BENCH_DATABASE_URL) REDIS_URL=redis://127.0.0.1:6379/13 SECRET_KEY=bench-only \
+		$(PY) -m benchmarks.history --past 200000 --calls 50 --json benchmarks/results/history.json
 
 # Reservation → active / release → clean on a real Kubernetes control plane and through a simulated-host
 # agent, plus the agent's memory and CPU. --fresh-db drops and recreates this database (and empties this Redis db).

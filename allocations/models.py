@@ -68,6 +68,9 @@ class Reservation(models.Model):
             models.Index(fields=["state", "starts_at"], name="reservation_state_start"),
             models.Index(fields=["state", "ends_at"], name="reservation_state_end"),
             models.Index(fields=["team", "state"], name="reservation_team_state"),
+            # Quota checks read a team's reservations in a pool that end after some moment: with this
+            # they skip the team's history (an allocation never ends after its reservation).
+            models.Index(fields=["team", "pool", "ends_at"], name="reservation_team_pool_end"),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(ends_at__gt=F("starts_at")), name="reservation_ends_after_start"),
@@ -92,7 +95,12 @@ class Allocation(models.Model):
 
     class Meta:
         ordering = ["reservation_id", "gpu__node_id", "gpu__index"]
-        indexes = [models.Index(fields=["gpu", "ends_at", "starts_at"], name="allocation_gpu_window")]
+        indexes = [
+            models.Index(fields=["gpu", "ends_at", "starts_at"], name="allocation_gpu_window"),
+            # "Held now" across the fleet (metrics, alerts, dashboards, failover) reads only the
+            # allocations that have not ended, however long the history grows.
+            models.Index(fields=["ends_at", "starts_at"], name="allocation_window"),
+        ]
         constraints = [
             # Equal bounds (an empty window) mark a booking cancelled before it began.
             models.CheckConstraint(condition=Q(ends_at__gte=F("starts_at")), name="allocation_window_ordered"),

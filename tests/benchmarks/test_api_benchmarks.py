@@ -1,4 +1,4 @@
-"""The CPU-per-call benchmark's pure parts: the summary against the healthz baseline and the table."""
+"""The API benchmarks' pure parts (CPU per call, history): summaries against their baselines and the tables."""
 from __future__ import annotations
 
 from benchmarks.api_cpu import format_table, summarize
@@ -27,3 +27,14 @@ def test_worker_rows_follow_the_request_rows_when_measured():
     assert list(summary) == ["healthz", "create", "release", "list", "activate", "apply job", "undo job"]
     assert summary["apply job"]["vs_healthz"] == 10.0
     assert format_table(summary).splitlines()[-1].split()[:2] == ["undo", "job"]
+
+
+def test_history_summary_compares_with_the_create_without_history():
+    from benchmarks.history import format_table as history_table
+    from benchmarks.history import summarize as history_summary
+
+    summary = history_summary({"create (with history)": [30.0, 32.0, 31.0], "create (no history)": [8.0, 7.0, 9.0],
+                               "held now (fleet)": [0.8]})
+    assert summary["create (with history)"] == {"calls": 3, "wall_ms_median": 31.0, "vs_create_without_history": 3.88}
+    assert summary["held now (fleet)"]["vs_create_without_history"] == 0.1
+    assert history_table(summary).splitlines()[1].startswith("create (with history)")

@@ -1,0 +1,135 @@
+"""Does a long history slow the portal down? `python -m benchmarks.history --past 200000 --json FILE`.
+
+A portal keeps every reservation it ever made (the history is the audit trail), so the
+queries that run on every request must not read it. This gives one benchmark team
+`--past` ended reservations in one pool (one GPU each, half an hour apiece, going back in
+time), then times, by the wall clock in one process on PostgreSQL:
+
+- `create (with history)`: a reservation for that team and pool through the API (its quota
+  check reads the team's bookings in the pool), release included;
+- `create (no history)`: the same for a team without any, the baseline beside it;
+- `held now (fleet)`: the allocations held at this moment across the fleet, the read behind
+  /metrics, the alert rules and the dashboards.
+
+Needs DATABASE_URL (PostgreSQL), REDIS_URL and SECRET_KEY like `benchmarks.api`, whose
+fixtures it shares; its history goes away with the benchmark's other reservations at the
+start of the next run of either.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+
+def add_history(team_slug: str, pool_slug: str, count: int) -> None:
+    """`count` released half-hour reservations of one GPU each, ending 100 minutes ago and earlier."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """WITH ids AS (
+                   SELECT t.id AS team_id, p.id AS pool_id,
+                          array(SELECT g.id FROM inventory_gpu g WHERE g.pool_id = p.id ORDER BY g.id) AS gpus
+                   FROM portal_team t, inventory_gpupool p WHERE t.slug = %s AND p.slug = %s),
+               r AS (
+                   INSERT INTO allocations_reservation (team_id, pool_id, requested_by_id, gpus, starts_at, ends_at,
+                                                        state, reason, ended_at, created_at, updated_at)
+                   SELECT ids.team_id, ids.pool_id, NULL, 1, now() - (i + 30) * interval '1 minute',
+                          now() - i * interval '1 minute', 'released', 'benchmark history',
+                          now() - i * interval '1 minute', now() - (i + 30) * interval '1 minute', now()
+                   FROM ids, generate_series(100, 99 + %s) AS i
+                   RETURNING id, starts_at, ends_at)
+               INSERT INTO allocations_allocation (reservation_id, gpu_id, starts_at, ends_at)
+               SELECT r.id, ids.gpus[1 + r.id %% array_length(ids.gpus, 1)], r.starts_at, r.ends_at FROM r, ids""",
+            [team_slug, pool_slug, count],
+        )
+        cursor.execute("ANALYZE allocations_reservation")
+        cursor.execute("ANALYZE allocations_allocation")
+
+
+def measure(past: int, calls: int, seed: int) -> dict[str, list[float]]:
+    """Wall milliseconds of each measured call, by name."""
+    from django.test import Client
+    from django.utils import timezone as dj_timezone
+
+    from allocations.models import Allocation
+    from benchmarks.api import prepare, reservation_body
+
+    pairs = prepare(pools=16, teams=32, nodes_per_pool=4, gpus_per_node=8)
+    with_history, without = pairs[0], next(p for p in pairs if p["team"] != pairs[0]["team"]
+                                            and p["pool"] == pairs[0]["pool"])
+    add_history(with_history["team"], with_history["pool"], past)
+    client, rng = Client(), random.Random(seed)
+    wall_ms: dict[str, list[float]] = {"create (with history)": [], "create (no history)": [], "held now (fleet)": []}
+
+    def create_and_release(pair: dict) -> float:
+        headers = {"HTTP_AUTHORIZATION": f"Token {pair['token']}"}
+        start = datetime.now(timezone.utc) + timedelta(minutes=rng.randrange(10, 7 * 24 * 60))
+        started = time.perf_counter()
+        created = client.post("/api/v1/reservations/", json.dumps(reservation_body(pair, start, rng)),
+                              content_type="application/json", **headers)
+        elapsed = (time.perf_counter() - started) * 1000
+        if created.status_code != 201:
+            raise SystemExit(f"create answered {created.status_code}: {created.content[:300]!r}")
+        client.post(f"/api/v1/reservations/{created.json()['id']}/release/", **headers)
+        return elapsed
+
+    for i in range(calls + 5):  # the first five warm up connections and caches
+        record = i >= 5
+        for name, pair in (("create (with history)", with_history), ("create (no history)", without)):
+            elapsed = create_and_release(pair)
+            if record:
+                wall_ms[name].append(elapsed)
+        now = dj_timezone.now()
+        started = time.perf_counter()
+        Allocation.objects.filter(starts_at__lte=now, ends_at__gt=now).count()
+        if record:
+            wall_ms["held now (fleet)"].append((time.perf_counter() - started) * 1000)
+    return wall_ms
+
+
+def summarize(wall_ms: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    base = statistics.median(wall_ms["create (no history)"])
+    return {name: {"calls": len(values), "wall_ms_median": round(statistics.median(values), 3),
+                   "vs_create_without_history": round(statistics.median(values) / base, 2)}
+            for name, values in wall_ms.items()}
+
+
+def format_table(summary: dict[str, dict[str, float]]) -> str:
+    lines = [f"{'call':<24}{'calls':>7}{'wall ms (median)':>18}{'× create without history':>26}"]
+    for name, row in summary.items():
+        lines.append(f"{name:<24}{row['calls']:>7}{row['wall_ms_median']:>18}{row['vs_create_without_history']:>26}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.history", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--past", type=int, default=200_000, help="ended reservations given to one team in one pool")
+    parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--json", type=Path, help="write the results here")
+    args = parser.parse_args(argv)
+    if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
+        raise SystemExit("set DATABASE_URL to a PostgreSQL database (and REDIS_URL, SECRET_KEY)")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+    import django
+
+    django.setup()
+    summary = summarize(measure(args.past, args.calls, args.seed))
+    print(f"Wall time per call with {args.past:,} past reservations for one team ({args.calls} calls each)")
+    print(format_table(summary))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"past": args.past, "calls": args.calls, "results": summary}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
