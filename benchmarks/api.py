@@ -44,6 +44,19 @@ def _django() -> None:
     django.setup()
 
 
+def django_on_postgresql() -> None:
+    """For the in-process benchmarks: stop unless DATABASE_URL names PostgreSQL, then set Django up."""
+    if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
+        raise SystemExit("set DATABASE_URL to a PostgreSQL database (and REDIS_URL, SECRET_KEY)")
+    _django()
+
+
+def write_json(path: Path | None, result: dict) -> None:
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2) + "\n")
+
+
 def prepare(pools: int, teams: int, nodes_per_pool: int, gpus_per_node: int) -> list[dict]:
     """Create (idempotently) the benchmark fleet and accounts; clear earlier benchmark reservations.
 

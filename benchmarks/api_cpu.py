@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
 import sys
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+
+from benchmarks.api import django_on_postgresql, write_json
 
 CALLS = ("healthz", "create", "release", "list")
 WORKER_CALLS = ("activate", "apply job", "undo job")
@@ -132,18 +133,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="reservations starting at once whose worker tasks are measured (0: none)")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
-    if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
-        raise SystemExit("set DATABASE_URL to a PostgreSQL database (and REDIS_URL, SECRET_KEY)")
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
-    import django
-
-    django.setup()
+    django_on_postgresql()
     summary = summarize(measure(args.calls, args.warmup, args.seed, args.worker_calls))
     print(f"CPU per API call in one process ({args.calls} rounds after {args.warmup} warm-up)")
     print(format_table(summary))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"calls": args.calls, "results": summary}, indent=2) + "\n")
+    write_json(args.json, {"calls": args.calls, "results": summary})
     return 0
 
 

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
 import sys
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+
+from benchmarks.api import django_on_postgresql, write_json
 
 
 def add_history(team_slug: str, pool_slug: str, count: int) -> None:
@@ -116,18 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
-    if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
-        raise SystemExit("set DATABASE_URL to a PostgreSQL database (and REDIS_URL, SECRET_KEY)")
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
-    import django
-
-    django.setup()
+    django_on_postgresql()
     summary = summarize(measure(args.past, args.calls, args.seed))
     print(f"Wall time per call with {args.past:,} past reservations for one team ({args.calls} calls each)")
     print(format_table(summary))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"past": args.past, "calls": args.calls, "results": summary}, indent=2) + "\n")
+    write_json(args.json, {"past": args.past, "calls": args.calls, "results": summary})
     return 0
 
 
