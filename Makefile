@@ -8,7 +8,7 @@ PORT ?= 8000
 TEST_DATABASE_URL ?= postgres://gpupool:gpupool@127.0.0.1:5432/gpupool
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/14
 
-.PHONY: run test venv dev-venv services benchmark-api benchmark-api-cpu benchmark-history benchmark-apply clean
+.PHONY: run test venv dev-venv services benchmark-api benchmark-api-cpu benchmark-history benchmark-telemetry-history benchmark-apply clean
 
 $(VENV)/.runtime: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -64,6 +64,12 @@ benchmark-apply: $(VENV)/.dev services
 # mode (PostgreSQL + Redis, 2 uvicorn workers, the web server as portal/web.py runs it), then the embedded
 # mode (SQLite, in-process). 15 s of warm-up: 100 agents and 1,000 sockets start within seconds of
 # each other and the first requests fill the caches.
+benchmark-telemetry-history: $(VENV)/.dev services
+	PGPASSWORD=gpupool createdb -h 127.0.0.1 -U gpupool gpupool_bench 2>/dev/null || true
+	DATABASE_URL=$(BENCH_DATABASE_URL) REDIS_URL=redis://127.0.0.1:6379/13 SECRET_KEY=bench-only \
+		$(PY) -m benchmarks.telemetry_history --fleets 1000,10000 --calls 20 \
+		--json benchmarks/results/telemetry-history.json
+
 benchmark-telemetry: $(VENV)/.dev services
 	PGPASSWORD=gpupool createdb -h 127.0.0.1 -U gpupool gpupool_bench 2>/dev/null || true
 	DATABASE_URL=$(BENCH_DATABASE_URL) REDIS_URL=redis://127.0.0.1:6379/13 SECRET_KEY=bench-only \

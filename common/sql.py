@@ -40,9 +40,15 @@ def for_update_of(*aliases: str) -> str:
     return " FOR UPDATE OF " + ", ".join(aliases)
 
 
-def fetch_all(sql: str, params: Sequence[Any] = ()) -> list[tuple]:
+def fetch_all(sql: str, params: Sequence[Any] = (), *, plan_each_time: bool = False) -> list[tuple]:
+    """All rows. `plan_each_time`: on PostgreSQL never through a prepared statement, so each run is
+    planned for its actual values. For a query whose best plan depends on them: a generic plan
+    of the pool history read scanned the time index across the whole fleet."""
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        if plan_each_time and connection.vendor == "postgresql":
+            cursor.cursor.execute(sql, params, prepare=False)  # psycopg's own cursor: Django's takes no options
+        else:
+            cursor.execute(sql, params)
         return cursor.fetchall()
 
 

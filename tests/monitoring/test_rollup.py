@@ -95,6 +95,12 @@ def test_the_history_query_picks_the_resolution_by_range(settings):
     short = pool_history([1], "15m", now=HOUR0 + 3 * 3600)
     assert short.resolution == "raw" and set(short.series) == {1}
     assert len(short.series[1]["util"]) <= 360
+    # A raw point is the average and max of the samples in its step, numbers as JSON wants them.
+    ts, avg, top = short.series[1]["power"][3]
+    samples = [r.power for r in rows if r.gpu_id == 1 and ts <= r.ts < ts + short.step]
+    assert avg == pytest.approx(sum(samples) / len(samples)) and top == max(samples)
+    assert isinstance(avg, float) and isinstance(short.series[1]["util"][3][2], int)
+    assert pool_history([], "15m").series == {}
     day = pool_history([1, 2], "24h", now=HOUR0 + 3 * 3600)
     assert day.resolution == "minute" and day.step == 300
     # A 5-minute point's max is the max of its raw samples.
