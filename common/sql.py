@@ -4,8 +4,9 @@ on PostgreSQL and SQLite alike.
 Why by hand: the ORM compiles every query anew on every call. On our 2-core machine one
 simple `filter(...).first()` costs ~0.6 ms of CPU, against ~0.08 ms for the same
 statement through a cursor, and a reservation create or release is a dozen of them.
-Only the calls scripts make hundreds of times a second (create, release, list) use
-these; everything else stays on the ORM. The tests run every statement on PostgreSQL,
+Only the calls scripts make hundreds of times a second (create, release, list) and the
+pool history read (tens of thousands of aggregated rows) use these; everything else stays
+on the ORM. The tests run every statement on PostgreSQL,
 and the embedded demo runs them on SQLite.
 
 Two things differ between the backends and are handled here: SQLite stores datetimes as
