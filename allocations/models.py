@@ -71,6 +71,8 @@ class Reservation(models.Model):
             # Quota checks read a team's reservations in a pool that end after some moment: with this
             # they skip the team's history (an allocation never ends after its reservation).
             models.Index(fields=["team", "pool", "ends_at"], name="reservation_team_pool_end"),
+            # A team's newest first (the default ordering): its list pages without sorting its history.
+            models.Index(fields=["team", "-starts_at", "-id"], name="reservation_team_newest"),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(ends_at__gt=F("starts_at")), name="reservation_ends_after_start"),

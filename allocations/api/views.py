@@ -49,9 +49,10 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
     def list(self, request: Request) -> Response:
         # Rows of exactly the shown columns, not model instances; pagination is always on
         # (REST_FRAMEWORK settings), and the page gets its GPUs in one query.
-        rows = self.filter_queryset(self.get_queryset()).values_list(*selectors.RESERVATION_ROW)
-        page = selectors.with_allocated_gpus([selectors.reservation_from_row(row)
-                                              for row in self.paginate_queryset(rows)])
+        reservations = self.filter_queryset(self.get_queryset())
+        rows = self.paginator.paginate_rows(reservations.values_list(*selectors.RESERVATION_ROW), self.request,
+                                            self, count_of=reservations)
+        page = selectors.with_allocated_gpus([selectors.reservation_from_row(row) for row in rows])
         return self.get_paginated_response([reservation_data(reservation) for reservation in page])
 
     def get_object(self) -> Reservation:
