@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.allocations.test_reservation_lifecycle import reserve
 from tests.factories import ClusterFactory, UserFactory, window
 
 
@@ -167,3 +168,16 @@ def test_staff_rename_and_delete_teams_members_cannot(world, api):
         "name"] == "Machine Learning"
     assert api(world.staff).post("/api/v1/teams/", {"slug": "empty", "name": "Empty"}, format="json").status_code == 201
     assert api(world.staff).delete("/api/v1/teams/empty/").status_code == 204
+
+
+def test_the_reservation_list_pages_newest_first_with_the_total(world, api):
+    client = api(world.member)
+    ids = [reserve(client, hours_from_now=h)["id"] for h in (1, 3, 2)]
+    first = client.get("/api/v1/reservations/?limit=2").json()
+    assert first["count"] == 3 and [r["id"] for r in first["results"]] == [ids[1], ids[2]]
+    assert "offset=2" in first["next"]
+    rest = client.get(first["next"]).json()
+    assert rest["count"] == 3 and [r["id"] for r in rest["results"]] == [ids[0]] and rest["next"] is None
+    assert client.get("/api/v1/reservations/?limit=2&pool=l4").json()["count"] == 0
+    assert api(world.outsider).get("/api/v1/reservations/?limit=2").json() == {
+        "count": 0, "next": None, "previous": None, "results": []}
