@@ -73,6 +73,8 @@ class Reservation(models.Model):
             models.Index(fields=["team", "pool", "ends_at"], name="reservation_team_pool_end"),
             # A team's newest first (the default ordering): its list pages without sorting its history.
             models.Index(fields=["team", "-starts_at", "-id"], name="reservation_team_newest"),
+            # A team's last ended ones (the reservations page), set once when a reservation ends.
+            models.Index(fields=["team", "-ended_at", "-id"], name="reservation_team_ended"),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(ends_at__gt=F("starts_at")), name="reservation_ends_after_start"),

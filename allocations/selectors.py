@@ -8,8 +8,8 @@ from typing import Sequence
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import DEFAULT_DB_ALIAS
-from django.db.models import Count, F, OuterRef, Q, QuerySet, Subquery, Value
-from django.db.models.functions import Coalesce, Greatest
+from django.db.models import Count, DateTimeField, DurationField, F, OuterRef, Q, QuerySet, Subquery, Sum, Value
+from django.db.models.functions import Coalesce, Greatest, Least
 from django.utils import timezone
 
 from allocations import quota_math
@@ -177,20 +177,40 @@ class QuotaUse:
 
 
 def quota_use(team: Team, now: datetime | None = None) -> list[QuotaUse]:
-    """For each quota of the team: GPUs held now and GPU-hours booked this calendar month."""
+    """For each quota of the team: GPUs held now and GPU-hours booked this calendar month (one query)."""
     now = now or timezone.now()
     month = (quota_math.month_start(now), quota_math.next_month(quota_math.month_start(now)))
-    out = []
-    for quota in Quota.objects.filter(team=team).select_related("pool", "team"):
-        windows = list(
-            Allocation.objects.filter(reservation__team=team, reservation__pool=quota.pool,
-                                      reservation__ends_at__gt=month[0],  # skips the past (see team_windows)
-                                      starts_at__lt=month[1], ends_at__gt=month[0])
-            .values_list("starts_at", "ends_at")
-        )
-        held = sum(1 for a, b in windows if a <= now < b)
-        out.append(QuotaUse(quota=quota, held_now=held, gpu_hours_this_month=quota_math.gpu_hours_in(windows, month)))
-    return out
+    quotas = list(Quota.objects.filter(team=team).select_related("pool", "team"))
+    per_pool = {pool_id: (held, hours) for pool_id, held, hours in _month_bookings(
+        team.pk, [quota.pool_id for quota in quotas], month,
+        held=Count("pk", filter=Q(starts_at__lte=now, ends_at__gt=now)))}
+    return [QuotaUse(quota=quota, held_now=per_pool.get(quota.pool_id, (0, 0.0))[0],
+                     gpu_hours_this_month=per_pool.get(quota.pool_id, (0, 0.0))[1]) for quota in quotas]
+
+
+def month_gpu_hours(team_id: int, pool_id: int, month: quota_math.Window,
+                    exclude_reservation: int | None = None) -> float:
+    """GPU-hours the team has booked in the pool within `month` (allocations clipped to it)."""
+    rows = _month_bookings(team_id, [pool_id], month, exclude_reservation=exclude_reservation)
+    return rows[0][-1] if rows else 0.0
+
+
+def _month_bookings(team_id: int, pool_ids: list[int], month: quota_math.Window, *,
+                    exclude_reservation: int | None = None, **more) -> list[tuple]:
+    """(pool id, *more, GPU-hours) per pool, summed by the database: a busy team books tens of
+    thousands of allocations a month, which it costs far more to bring back and add up here.
+    `reservation__ends_at__gt` skips the team's past through reservation_team_pool_end (an
+    allocation never outlives its reservation)."""
+    month_start, month_end = (Value(bound, output_field=DateTimeField()) for bound in month)
+    allocations = Allocation.objects.filter(
+        reservation__team_id=team_id, reservation__pool_id__in=pool_ids, reservation__ends_at__gt=month[0],
+        starts_at__lt=month[1], ends_at__gt=month[0])
+    if exclude_reservation is not None:
+        allocations = allocations.exclude(reservation_id=exclude_reservation)
+    booked = Sum(Least("ends_at", month_end) - Greatest("starts_at", month_start), output_field=DurationField())
+    rows = (allocations.order_by().values("reservation__pool_id").annotate(**more, booked=booked)
+            .values_list("reservation__pool_id", *more, "booked"))
+    return [(*row[:-1], row[-1] / timedelta(hours=1) if row[-1] else 0.0) for row in rows]
 
 
 def pool_gpus_for_window(pool_id: int, start: datetime, end: datetime) -> list[PoolGpu]:

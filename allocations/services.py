@@ -83,10 +83,8 @@ def _check_quota(quota: QuotaLimits, *, gpus: int, start: datetime, end: datetim
         )
     if quota.gpu_hours_per_month is None:
         return
-    months = quota_math.months_between(start, end)
-    booked = selectors.team_windows(quota.team_id, quota.pool_id, months[0][0], months[-1][1], exclude_reservation)
-    for month in months:
-        used = quota_math.gpu_hours_in(booked, month)
+    for month in quota_math.months_between(start, end):
+        used = selectors.month_gpu_hours(quota.team_id, quota.pool_id, month, exclude_reservation)
         asked = gpus * quota_math.overlap_hours((start, end), month)
         if used + asked > quota.gpu_hours_per_month + 1e-9:
             over = used + asked - quota.gpu_hours_per_month

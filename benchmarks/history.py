@@ -10,6 +10,8 @@ time), then times, by the wall clock in one process on PostgreSQL:
 - `create (no history)`: the same for a team without any, the baseline beside it;
 - `list (with history)` / `list (no history)`: the first page of each team's reservations
   (`GET /api/v1/reservations/?limit=20`: newest first, with the total count);
+- `reservations page` and `team page` for each team, signed in as its member (the team page
+  sums this month's GPU-hours per quota);
 - `held now (fleet)`: the allocations held at this moment across the fleet, the read behind
   /metrics, the alert rules and the dashboards.
 
@@ -25,6 +27,7 @@ import random
 import statistics
 import sys
 import time
+from collections import defaultdict
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -60,6 +63,7 @@ def add_history(team_slug: str, pool_slug: str, count: int) -> None:
 
 def measure(past: int, calls: int, seed: int) -> dict[str, list[float]]:
     """Wall milliseconds of each measured call, by name."""
+    from django.contrib.auth import get_user_model
     from django.test import Client
     from django.utils import timezone as dj_timezone
 
@@ -71,53 +75,55 @@ def measure(past: int, calls: int, seed: int) -> dict[str, list[float]]:
                                             and p["pool"] == pairs[0]["pool"])
     add_history(with_history["team"], with_history["pool"], past)
     client, rng = Client(), random.Random(seed)
-    wall_ms: dict[str, list[float]] = {"create (with history)": [], "create (no history)": [],
-                                       "list (with history)": [], "list (no history)": [], "held now (fleet)": []}
+    wall_ms: dict[str, list[float]] = defaultdict(list)
+    teams = {"with history": with_history, "no history": without}
+    browsers = {}  # a signed-in browser per team, for the pages
+    for label, pair in teams.items():
+        browsers[label] = Client()
+        browsers[label].force_login(get_user_model().objects.get(auth_token__key=pair["token"]))
 
-    def create_and_release(pair: dict) -> float:
-        headers = {"HTTP_AUTHORIZATION": f"Token {pair['token']}"}
-        start = datetime.now(timezone.utc) + timedelta(minutes=rng.randrange(10, 7 * 24 * 60))
+    def held_now() -> None:
+        now = dj_timezone.now()
+        Allocation.objects.filter(starts_at__lte=now, ends_at__gt=now).count()
+
+    def timed(name: str, record: bool, send, *args, **kwargs):
         started = time.perf_counter()
-        created = client.post("/api/v1/reservations/", json.dumps(reservation_body(pair, start, rng)),
-                              content_type="application/json", **headers)
-        elapsed = (time.perf_counter() - started) * 1000
-        if created.status_code != 201:
-            raise SystemExit(f"create answered {created.status_code}: {created.content[:300]!r}")
-        client.post(f"/api/v1/reservations/{created.json()['id']}/release/", **headers)
-        return elapsed
+        response = send(*args, **kwargs)
+        if record:
+            wall_ms[name].append((time.perf_counter() - started) * 1000)
+        if response is not None and response.status_code >= 300:
+            raise SystemExit(f"{name} answered {response.status_code}: {response.content[:300]!r}")
+        return response
 
     for i in range(calls + 5):  # the first five warm up connections and caches
         record = i >= 5
-        for name, pair in (("create (with history)", with_history), ("create (no history)", without)):
-            elapsed = create_and_release(pair)
-            if record:
-                wall_ms[name].append(elapsed)
-        for name, pair in (("list (with history)", with_history), ("list (no history)", without)):
-            started = time.perf_counter()
-            listed = client.get("/api/v1/reservations/?limit=20", HTTP_AUTHORIZATION=f"Token {pair['token']}")
-            if record:
-                wall_ms[name].append((time.perf_counter() - started) * 1000)
-            if listed.status_code != 200:
-                raise SystemExit(f"list answered {listed.status_code}: {listed.content[:300]!r}")
-        now = dj_timezone.now()
-        started = time.perf_counter()
-        Allocation.objects.filter(starts_at__lte=now, ends_at__gt=now).count()
-        if record:
-            wall_ms["held now (fleet)"].append((time.perf_counter() - started) * 1000)
+        for label, pair in teams.items():
+            headers = {"HTTP_AUTHORIZATION": f"Token {pair['token']}"}
+            start = datetime.now(timezone.utc) + timedelta(minutes=rng.randrange(10, 7 * 24 * 60))
+            created = timed(f"create ({label})", record, client.post, "/api/v1/reservations/",
+                            json.dumps(reservation_body(pair, start, rng)), content_type="application/json", **headers)
+            client.post(f"/api/v1/reservations/{created.json()['id']}/release/", **headers)
+            timed(f"list ({label})", record, client.get, "/api/v1/reservations/?limit=20", **headers)
+            timed(f"reservations page ({label})", record, browsers[label].get, "/reservations/")
+            timed(f"team page ({label})", record, browsers[label].get, f"/teams/{pair['team']}/")
+        timed("held now (fleet)", record, held_now)
     return wall_ms
 
 
 def summarize(wall_ms: dict[str, list[float]]) -> dict[str, dict[str, float]]:
     base = statistics.median(wall_ms["create (no history)"])
-    return {name: {"calls": len(values), "wall_ms_median": round(statistics.median(values), 3),
-                   "vs_create_without_history": round(statistics.median(values) / base, 2)}
-            for name, values in wall_ms.items()}
+    # Each call's two teams side by side, in the order the calls were made.
+    calls = list(dict.fromkeys(name.split(" (")[0] for name in wall_ms))
+    names = sorted(wall_ms, key=lambda name: (calls.index(name.split(" (")[0]), "(no history)" in name))
+    return {name: {"calls": len(wall_ms[name]), "wall_ms_median": round(statistics.median(wall_ms[name]), 3),
+                   "vs_create_without_history": round(statistics.median(wall_ms[name]) / base, 2)}
+            for name in names}
 
 
 def format_table(summary: dict[str, dict[str, float]]) -> str:
-    lines = [f"{'call':<22}{'calls':>7}{'wall ms (median)':>18}{'× create without history':>26}"]
+    lines = [f"{'call':<34}{'calls':>7}{'wall ms (median)':>18}{'× create without history':>26}"]
     for name, row in summary.items():
-        lines.append(f"{name:<22}{row['calls']:>7}{row['wall_ms_median']:>18}{row['vs_create_without_history']:>26}")
+        lines.append(f"{name:<34}{row['calls']:>7}{row['wall_ms_median']:>18}{row['vs_create_without_history']:>26}")
     return "\n".join(lines)
 
 

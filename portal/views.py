@@ -41,7 +41,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
     mine = (
         alloc_selectors.reservations_visible_to(request.user)
-        .filter(team__in=teams_of(request.user), state__in=Reservation.LIVE_STATES + (Reservation.State.RELEASING,))
+        .filter(state__in=Reservation.LIVE_STATES + (Reservation.State.RELEASING,))
         .prefetch_related(ALLOCATIONS).order_by("starts_at")
     )
     return render(request, "portal/dashboard.html", {
@@ -102,9 +102,10 @@ def availability_partial(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def reservations(request: HttpRequest) -> HttpResponse:
-    visible = alloc_selectors.reservations_visible_to(request.user).filter(team__in=teams_of(request.user))
+    visible = alloc_selectors.reservations_visible_to(request.user)
     live = visible.filter(state__in=Reservation.LIVE_STATES + (Reservation.State.RELEASING,))
-    ended = visible.filter(state__in=Reservation.FINAL_STATES).order_by("-updated_at")[:50]
+    # Newest ended first through reservation_team_ended: the page must not sort a team's whole history.
+    ended = visible.filter(state__in=Reservation.FINAL_STATES).order_by("-ended_at", "-id")[:50]
     return render(request, "portal/reservations.html", {
         "live": live.prefetch_related(ALLOCATIONS).order_by("starts_at"),
         "ended": ended.prefetch_related(ALLOCATIONS),
