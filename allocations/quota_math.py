@@ -53,6 +53,3 @@ def overlap_hours(a: Window, b: Window) -> float:
     lo, hi = max(a[0], b[0]), min(a[1], b[1])
     return max((hi - lo) / timedelta(hours=1), 0.0)
 
-
-def gpu_hours_in(windows: Iterable[Window], month: Window) -> float:
-    return sum(overlap_hours(window, month) for window in windows)

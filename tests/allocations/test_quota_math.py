@@ -42,4 +42,4 @@ def test_gpu_hours_are_clipped_to_the_month():
     january = (datetime(2026, 1, 1, tzinfo=timezone.utc), datetime(2026, 2, 1, tzinfo=timezone.utc))
     # 20:00 Jan 31 to 02:00 Feb 1 on two GPUs: 4 hours each land in January.
     ws = [(at(0), at(360)), (at(0), at(360))]
-    assert quota_math.gpu_hours_in(ws, january) == 8.0
+    assert sum(quota_math.overlap_hours(w, january) for w in ws) == 8.0
