@@ -188,15 +188,13 @@ def quota_use(team: Team, now: datetime | None = None) -> list[QuotaUse]:
                      gpu_hours_this_month=per_pool.get(quota.pool_id, (0, 0.0))[1]) for quota in quotas]
 
 
-def month_gpu_hours(team_id: int, pool_id: int, month: quota_math.Window,
-                    exclude_reservation: int | None = None) -> float:
+def month_gpu_hours(team_id: int, pool_id: int, month: quota_math.Window) -> float:
     """GPU-hours the team has booked in the pool within `month` (allocations clipped to it)."""
-    rows = _month_bookings(team_id, [pool_id], month, exclude_reservation=exclude_reservation)
+    rows = _month_bookings(team_id, [pool_id], month)
     return rows[0][-1] if rows else 0.0
 
 
-def _month_bookings(team_id: int, pool_ids: list[int], month: quota_math.Window, *,
-                    exclude_reservation: int | None = None, **more) -> list[tuple]:
+def _month_bookings(team_id: int, pool_ids: list[int], month: quota_math.Window, **more) -> list[tuple]:
     """(pool id, *more, GPU-hours) per pool, summed by the database: a busy team books tens of
     thousands of allocations a month, which it costs far more to bring back and add up here.
     `reservation__ends_at__gt` skips the team's past through reservation_team_pool_end (an
@@ -205,8 +203,6 @@ def _month_bookings(team_id: int, pool_ids: list[int], month: quota_math.Window,
     allocations = Allocation.objects.filter(
         reservation__team_id=team_id, reservation__pool_id__in=pool_ids, reservation__ends_at__gt=month[0],
         starts_at__lt=month[1], ends_at__gt=month[0])
-    if exclude_reservation is not None:
-        allocations = allocations.exclude(reservation_id=exclude_reservation)
     booked = Sum(Least("ends_at", month_end) - Greatest("starts_at", month_start), output_field=DurationField())
     rows = (allocations.order_by().values("reservation__pool_id").annotate(**more, booked=booked)
             .values_list("reservation__pool_id", *more, "booked"))

@@ -84,7 +84,9 @@ def _check_quota(quota: QuotaLimits, *, gpus: int, start: datetime, end: datetim
     if quota.gpu_hours_per_month is None:
         return
     for month in quota_math.months_between(start, end):
-        used = selectors.month_gpu_hours(quota.team_id, quota.pool_id, month, exclude_reservation)
+        # Not excluding the reservation being extended: its booked hours count, and [start, end) is
+        # only the extension, which its allocations do not cover yet.
+        used = selectors.month_gpu_hours(quota.team_id, quota.pool_id, month)
         asked = gpus * quota_math.overlap_hours((start, end), month)
         if used + asked > quota.gpu_hours_per_month + 1e-9:
             over = used + asked - quota.gpu_hours_per_month

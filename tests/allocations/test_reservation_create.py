@@ -274,3 +274,20 @@ def test_quota_set_by_staff_through_the_api_is_created_once(world, api):
     again = staff.post("/api/v1/quotas/", {"team": "ml", "pool": "l4", "max_gpus": 2}, format="json")
     assert again.status_code == 201
     assert QuotaFactory._meta.model.objects.filter(team=world.team, pool=world.other_pool).get().max_gpus == 2
+
+
+def test_an_extension_counts_the_hours_already_booked_by_the_same_reservation(world, api):
+    quota = world.team.quotas.get(pool=world.pool)
+    quota.gpu_hours_per_month = 10
+    quota.save()
+    start = month_start(timezone.now() + timedelta(days=32)) + timedelta(days=1)
+    client = api(world.member)
+    booked = client.post(URL, body(gpus=2, starts_at=start.isoformat(),
+                                   ends_at=(start + timedelta(hours=4)).isoformat()), format="json")
+    assert booked.status_code == 201  # 8 of the 10 GPU-hours
+    extend = f"{URL}{booked.json()['id']}/extend/"
+    refused = client.post(extend, {"ends_at": (start + timedelta(hours=6)).isoformat()}, format="json")
+    assert refused.status_code == 409  # 8 + 4 = 12 > 10
+    assert errors_of(refused) == [("ends_at", "gpu_hours_exceeded")]
+    assert "8.0 booked + 4.0 asked > 10 (2.0 over)" in refused.json()["detail"]
+    assert client.post(extend, {"ends_at": (start + timedelta(hours=5)).isoformat()}, format="json").status_code == 200
