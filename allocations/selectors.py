@@ -35,7 +35,8 @@ def reservations_visible_to(user: User) -> QuerySet[Reservation]:
     qs = Reservation.objects.select_related("team", "pool", "requested_by")
     if user.is_staff:
         return qs
-    return qs.filter(team_id__in=list(Membership.objects.filter(user_id=user.pk).order_by().values_list("team_id", flat=True)))
+    team_ids = Membership.objects.filter(user_id=user.pk).order_by().values_list("team_id", flat=True)
+    return qs.filter(team_id__in=list(team_ids))
 
 
 # The columns a reservation is shown with, in the order reservation_from_row reads them: the

@@ -87,7 +87,8 @@ def measure_worker(cpu_ms, timed, client, pairs, calls: int, warmup: int, rng: r
         record = i >= warmup
         pair = pairs[(i * 7) % len(pairs)]
         headers = {"HTTP_AUTHORIZATION": f"Token {pair['token']}"}
-        created = client.post("/api/v1/reservations/", json.dumps(reservation_body(pair, datetime.now(timezone.utc), rng)),
+        body = json.dumps(reservation_body(pair, datetime.now(timezone.utc), rng))
+        created = client.post("/api/v1/reservations/", body,
                               content_type="application/json", **headers)
         if created.status_code != 201:
             raise SystemExit(f"create answered {created.status_code}: {created.content[:300]!r}")

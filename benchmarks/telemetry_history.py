@@ -38,7 +38,8 @@ def fill(first: int, count: int, now: int) -> None:
     gpus = f"generate_series({first}, {first + count - 1}) AS g"
     with connection.cursor() as cursor:
         cursor.execute(
-            f"INSERT INTO {Sample._meta.db_table} (gpu_id, pool_id, ts, util, mem_util, mem_used, mem_total, temp, power) "
+            f"INSERT INTO {Sample._meta.db_table} "
+            "(gpu_id, pool_id, ts, util, mem_util, mem_used, mem_total, temp, power) "
             f"SELECT g, NULL, t, (g + t) %% 101, (g + t) %% 51, 800 * ((g + t) %% 101), 81559, 35 + (g + t) %% 50, "
             f"100.0 + (g + t) %% 600 FROM {gpus}, generate_series(%s, %s) AS t",
             [now - 15 * 60, now])
