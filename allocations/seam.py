@@ -92,7 +92,8 @@ def choose_whole_gpus(gpus: Sequence[PoolGpu], count: int, *, start: datetime, e
     per_node: dict[int, list[PoolGpu]] = defaultdict(list)
     for gpu in gpus:
         per_node[gpu.node_id].append(gpu)
-    if count <= max(len(node_gpus) for node_gpus in per_node.values()):
+    # "Fits on one node" counts the GPUs a node can give: a dead one does not make a node big enough.
+    if count <= max(sum(g.usable for g in node_gpus) for node_gpus in per_node.values()):
         return _one_node(per_node, count, start=start, end=end, policy=policy)
     return _whole_nodes(free, count)
 

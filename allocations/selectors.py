@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 from typing import Sequence
 
 from django.contrib.auth import get_user_model
@@ -24,6 +25,9 @@ from portal.selectors import teams_of
 User = AbstractBaseUser | AnonymousUser
 
 MAX_AVAILABILITY_SLOTS = 500
+# Availability is asked for windows before this: far past any booking, and far enough from the end
+# of Python's calendar (year 9999) that adding a slot or a day cannot overflow.
+LATEST_INSTANT = datetime(9000, 1, 1, tzinfo=dt_timezone.utc)
 
 
 def reservations_visible_to(user: User) -> QuerySet[Reservation]:
@@ -129,6 +133,8 @@ def pool_availability(pool: GpuPool, start: datetime, end: datetime, slot: timed
     """
     if end <= start:
         raise ValidationFailed("end must be after start.", field="end", rule="after_start")
+    if end > LATEST_INSTANT:
+        raise ValidationFailed(f"end must be before {LATEST_INSTANT:%Y-%m-%d}.", field="end", rule="max_value")
     if slot <= timedelta(0):
         raise ValidationFailed("slot must be positive.", field="slot", rule="min_value")
     count = -(-(end - start) // slot)
@@ -145,7 +151,7 @@ def pool_availability(pool: GpuPool, start: datetime, end: datetime, slot: timed
     windows: dict[int, list[tuple[datetime, datetime]]] = {}
     for gpu_id, a_start, a_end in Allocation.objects.filter(
         gpu_id__in=node_of, starts_at__lt=end, ends_at__gt=start
-    ).values_list("gpu_id", "starts_at", "ends_at"):
+    ).filter(ends_at__gt=F("starts_at")).values_list("gpu_id", "starts_at", "ends_at"):  # not cancelled ones
         windows.setdefault(gpu_id, []).append((a_start, a_end))
 
     slots = []
@@ -218,7 +224,7 @@ def pool_gpus_for_window(pool_id: int, start: datetime, end: datetime) -> list[P
         'SELECT g.id, g.node_id, n.name, g."index", g.uuid, g.model_name, g.memory_mib, '
         "g.healthy AND n.healthy AND n.schedulable, "
         "EXISTS (SELECT 1 FROM allocations_allocation a "
-        "        WHERE a.gpu_id = g.id AND a.starts_at < %s AND a.ends_at > %s), "
+        "        WHERE a.gpu_id = g.id AND a.starts_at < %s AND a.ends_at > %s AND a.ends_at > a.starts_at), "
         "n.cpu_milli, n.memory_mib "
         "FROM inventory_gpu g JOIN inventory_node n ON n.id = g.node_id "
         'WHERE g.pool_id = %s ORDER BY n.name, g.node_id, g."index"',

@@ -6,6 +6,7 @@ from datetime import timedelta
 from django import forms
 from django.utils import timezone
 
+from allocations.selectors import LATEST_INSTANT
 from portal.models import Membership
 
 DATETIME_LOCAL = "%Y-%m-%dT%H:%M"
@@ -53,3 +54,9 @@ class AvailabilityForm(forms.Form):
     pool = forms.SlugField()
     start = forms.DateTimeField(required=False, widget=DateTimeLocalInput())
     range = forms.ChoiceField(choices=[(k, k) for k in RANGES], required=False)
+
+    def clean_start(self):
+        start = self.cleaned_data.get("start")
+        if start is not None and start >= LATEST_INSTANT - timedelta(days=7):
+            raise forms.ValidationError(f"Start before {LATEST_INSTANT:%Y-%m-%d}.", code="max_value")
+        return start

@@ -56,6 +56,8 @@ def dashboard(request: HttpRequest) -> HttpResponse:
 def _availability_context(user, data) -> dict:
     form = AvailabilityForm(data)
     if not form.is_valid():
+        if "start" in form.errors:
+            return {"availability_error": form.errors["start"][0]}
         return {"availability_error": "Pick a pool to see when its GPUs are free."}
     pool = alloc_selectors.pools_visible_to(user).filter(slug=form.cleaned_data["pool"]).first()
     if pool is None:

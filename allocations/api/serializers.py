@@ -7,6 +7,7 @@ from django.conf import settings
 from rest_framework import serializers
 
 from allocations.models import ApplyJob, Quota, Reservation, ReservationEvent
+from allocations.selectors import LATEST_INSTANT
 from allocations.placement import DEFAULT_POLICY, POLICY_NAMES
 from common.api import CleanModelSerializer
 from inventory.models import GpuPool
@@ -31,9 +32,15 @@ class PoolSerializer(CleanModelSerializer):
                   "gpus_total", "gpus_healthy", "gpus_allocated", "gpus_free", "created_at"]
 
 
+def _before_latest(value):
+    if value >= LATEST_INSTANT:
+        raise serializers.ValidationError(f"Must be before {LATEST_INSTANT:%Y-%m-%d}.", code="max_value")
+    return value
+
+
 class AvailabilityQuery(serializers.Serializer):
-    start = serializers.DateTimeField(required=False)
-    end = serializers.DateTimeField(required=False)
+    start = serializers.DateTimeField(required=False, validators=[_before_latest])
+    end = serializers.DateTimeField(required=False, validators=[_before_latest])
     slot = serializers.IntegerField(required=False, min_value=60, max_value=7 * 86400, default=3600,
                                     help_text="Slot length in seconds")
 

@@ -98,9 +98,12 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
     def _id(self, pk: str) -> int:
         # The service answers 404 for reservations the caller's teams do not own.
         try:
-            return int(pk)
+            reservation_id = int(pk)
         except ValueError:
-            raise NotFound(f"Reservation {pk!r} does not exist.", field="id", rule="does_not_exist") from None
+            reservation_id = 0
+        if not 1 <= reservation_id < 2**63:  # beyond a bigint SQLite's driver refuses outright
+            raise NotFound(f"Reservation {pk!r} does not exist.", field="id", rule="does_not_exist")
+        return reservation_id
 
 
 class PoolViewSet(viewsets.ModelViewSet):

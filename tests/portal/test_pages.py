@@ -103,3 +103,8 @@ def test_the_team_page_shows_quota_use_and_lets_managers_add_members(world, brow
 def test_admin_is_reachable_for_staff_only(world, browser):
     assert browser(world.staff).get("/admin/allocations/quota/").status_code == 200
     assert browser(world.member).get("/admin/").status_code == 302
+
+
+def test_the_availability_timeline_at_the_end_of_the_calendar_says_why(world, browser):
+    page = browser(world.member).get("/reserve/availability/?pool=a100&start=9999-12-31T12:00")
+    assert page.status_code == 200 and "Start before 9000-01-01" in page.content.decode()

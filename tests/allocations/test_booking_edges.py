@@ -1,0 +1,94 @@
+"""Edges of booking found in review: cancelled bookings, extensions after a failover, dead nodes, and
+inputs at the end of the calendar or of the integers (each answered, never a 500)."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from allocations import selectors
+from allocations.failover import node_failover
+from allocations.models import Allocation, Quota
+from inventory.models import Gpu, Node
+from tests.allocations.test_reservation_lifecycle import URL, reserve
+from tests.factories import add_node
+
+
+def later(hours: float) -> str:
+    return (timezone.now() + timedelta(hours=hours)).isoformat()
+
+
+def test_a_cancelled_booking_blocks_nobody(world, api):
+    # infra books the whole pool for [+2 h, +4 h) and cancels before it starts: its GPUs keep an empty window.
+    cancelled = reserve(api(world.outsider), team="infra", gpus=8, hours_from_now=2, hours=2)
+    assert api(world.outsider).post(f"{URL}{cancelled['id']}/release/").status_code == 200
+    now = timezone.now()
+    [slot] = selectors.pool_availability(world.pool, now + timedelta(hours=1), now + timedelta(hours=5),
+                                         timedelta(hours=4))
+    assert (slot.free, slot.free_on_one_node) == (8, 4)
+    created = api(world.member).post(URL, {"pool": "a100", "team": "ml", "gpus": 4, "starts_at": later(1),
+                                           "ends_at": later(5)}, format="json")
+    assert created.status_code == 201, created.content
+
+
+def test_an_extension_runs_past_a_cancelled_booking(world, api):
+    running = reserve(api(world.outsider), team="infra", gpus=8, hours=2)
+    cancelled = reserve(api(world.member), gpus=4, hours_from_now=3, hours=1)
+    assert api(world.member).post(f"{URL}{cancelled['id']}/release/").status_code == 200
+    extended = api(world.outsider).post(f"{URL}{running['id']}/extend/", {"ends_at": later(5)}, format="json")
+    assert extended.status_code == 200, extended.content
+
+
+def fail_over(reservation_id: int) -> int:
+    """Kill the node the reservation is on, move it, bring the node back; returns the old node's id."""
+    node_id = Allocation.objects.filter(reservation_id=reservation_id).values_list("gpu__node_id", flat=True)[0]
+    Node.objects.filter(pk=node_id).update(healthy=False)
+    assert node_failover(node_id=node_id)["moved"] == [reservation_id]
+    Node.objects.filter(pk=node_id).update(healthy=True)
+    return node_id
+
+
+def test_after_a_failover_an_extension_counts_the_gpus_held_now(world, api):
+    moved = reserve(api(world.member), gpus=2, hours=2)
+    fail_over(moved["id"])
+    reserve(api(world.member), gpus=2, hours=4)
+    Quota.objects.filter(team=world.team, pool=world.pool).update(max_gpus=4)  # ml holds exactly 4
+    extended = api(world.member).post(f"{URL}{moved['id']}/extend/", {"ends_at": later(3)}, format="json")
+    assert extended.status_code == 200, extended.content
+
+
+def test_after_a_failover_an_extension_ignores_the_gpus_it_left(world, api):
+    moved = reserve(api(world.member), gpus=4, hours=2)
+    old_node = fail_over(moved["id"])
+    later_booking = reserve(api(world.outsider), team="infra", gpus=4, hours_from_now=2.01, hours=1)
+    assert set(Allocation.objects.filter(reservation_id=later_booking["id"])
+               .values_list("gpu__node_id", flat=True)) == {old_node}
+    extended = api(world.member).post(f"{URL}{moved['id']}/extend/", {"ends_at": later(4)}, format="json")
+    assert extended.status_code == 200, extended.content
+
+
+def test_a_dead_node_does_not_force_a_request_onto_one_node(world, api):
+    dead = add_node(world.pool, "node-big", 8)
+    Gpu.objects.filter(node=dead).update(healthy=False)
+    created = api(world.member).post(URL, {"pool": "a100", "team": "ml", "gpus": 6, "ends_at": later(2)},
+                                     format="json")
+    assert created.status_code == 201, created.content  # 4 + 2 over the two live nodes, as availability says
+    assert len({gpu["node"] for gpu in created.json()["allocated_gpus"]}) == 2
+
+
+@pytest.mark.parametrize("query, field", [
+    ("start=9999-12-31T12:00:00Z", "start"),
+    ("start=8999-12-30T00:00:00Z&end=9999-12-31T00:00:00Z&slot=604800", "end"),
+])
+def test_availability_at_the_end_of_the_calendar_is_a_400(world, api, query, field):
+    answer = api(world.member).get(f"/api/v1/pools/a100/availability/?{query}")
+    assert answer.status_code == 400
+    assert [(e["field"], e["rule"]) for e in answer.json()["errors"]] == [(field, "max_value")]
+
+
+@pytest.mark.parametrize("action", ["release", "extend"])
+@pytest.mark.parametrize("reservation_id", ["99999999999999999999", "0", "-3"])
+def test_an_id_no_reservation_can_have_is_a_404(world, api, action, reservation_id):
+    answer = api(world.member).post(f"{URL}{reservation_id}/{action}/", {"ends_at": later(3)}, format="json")
+    assert answer.status_code == 404
