@@ -87,7 +87,12 @@ class Fleet:
                 continue
             value = self.gpu_value(rule.metric, latest)
             if rule.scope == Scope.GPU:
-                out[f"gpu:{gpu_id}"] = Observation(value, f"{cluster}/{node} GPU {index}", pool_id, node_id, team_id)
+                # "Allocated but idle" is about a holder: a new holder starts its own for-duration and is
+                # the one told, so the holder is part of the subject.
+                subject = f"gpu:{gpu_id}"
+                if rule.metric == Metric.GPU_IDLE_ALLOCATED:
+                    subject += f":team:{team_id}"
+                out[subject] = Observation(value, f"{cluster}/{node} GPU {index}", pool_id, node_id, team_id)
             elif rule.scope == Scope.NODE:
                 groups[f"node:{node_id}"].append((value, f"{cluster}/{node}", pool_id, node_id, None))
             elif rule.scope == Scope.POOL and pool_id is not None:
@@ -126,6 +131,11 @@ def alerts_evaluate(*, now: datetime | None = None) -> dict[str, int]:
     for rule in AlertRule.objects.filter(enabled=True).select_related("pool"):
         for key, n in _evaluate_rule(rule, fleet.observe(rule), now, silences).items():
             totals[key] += n
+    # A disabled rule observes nothing: its open alerts resolve (with the resolved mail if one fired).
+    disabled = AlertRule.objects.filter(enabled=False, alerts__state__in=Alert.OPEN_STATES).distinct()
+    for rule in disabled.select_related("pool"):
+        for key, n in _evaluate_rule(rule, {}, now, silences).items():
+            totals[key] += n
     return dict(totals)
 
 
@@ -150,8 +160,11 @@ def _evaluate_rule(rule: AlertRule, observed: dict[str, Observation], now: datet
             if _transition(alert, Alert.State.PENDING, Alert.State.FIRING, fired_at=now):
                 counts["fired"] += 1
                 counts["mails"] += _notify(alert, "firing", now, silences)
-        elif (alert.state == Alert.State.FIRING and rule.repeat_seconds and alert.notified_firing
-              and alert.last_notified_at and now - alert.last_notified_at >= timedelta(seconds=rule.repeat_seconds)):
+        elif alert.state == Alert.State.FIRING and not alert.notified_firing:
+            # It fired while silenced: the first evaluation after the silence ends tells (as Alertmanager does).
+            counts["mails"] += _notify(alert, "firing", now, silences)
+        elif (alert.state == Alert.State.FIRING and rule.repeat_seconds and alert.last_notified_at
+              and now - alert.last_notified_at >= timedelta(seconds=rule.repeat_seconds)):
             counts["mails"] += _notify(alert, "firing", now, silences, repeat=True)
     if new:
         Alert.objects.bulk_create(new, ignore_conflicts=True)

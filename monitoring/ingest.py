@@ -58,8 +58,11 @@ HOST_MAP_TTL = 30
 MAX_PROCESSES = 64
 
 # Every reason a sample (or a request) can be rejected or clamped for; /metrics reports each.
-REJECT_REASONS = ("malformed", "unknown_gpu", "negative_memory", "future_timestamp", "too_old",
+REJECT_REASONS = ("malformed", "unknown_gpu", "negative_memory", "memory_out_of_range", "future_timestamp", "too_old",
                   "temperature_out_of_range", "power_out_of_range", "duplicate", "oversized_batch", "flood")
+# Memory columns are 32-bit integers (MiB): 2 PiB, far above any GPU. Beyond it one sample would fail
+# the whole request's INSERT on PostgreSQL.
+MAX_MEMORY_MIB = 2**31 - 1
 CLAMP_REASONS = ("utilization_clamped", "memory_clamped")
 
 
@@ -325,6 +328,9 @@ def _parse_sample(raw, refs: dict[str, GpuRef], result: IngestResult) -> tuple[G
     if used < 0 or total <= 0:
         result.rejected["negative_memory"] += 1
         return None
+    if total > MAX_MEMORY_MIB:
+        result.rejected["memory_out_of_range"] += 1
+        return None
     if not -40 <= temp <= 150:
         result.rejected["temperature_out_of_range"] += 1
         return None
@@ -364,11 +370,13 @@ def _store_raw(rows: list[tuple]) -> None:
 
 
 def _mark_late_minutes(rows: list[tuple], now: float) -> None:
-    """Samples for minutes the rollup already did (an agent resending after an outage) mark them dirty."""
-    from monitoring.rollup import mark_dirty
+    """Samples for minutes the rollup may already have done (an agent resending after an outage) mark
+    them dirty. The rollup does a minute GRACE seconds after it ends; 10 s of slack covers a rollup that
+    read the raw table just before these rows committed. Samples on time (~1 s old) never qualify."""
+    from monitoring.rollup import GRACE, MINUTE, mark_dirty
 
-    cutoff = int(now) - 120
-    late = {row[2] - row[2] % 60 for row in rows if row[2] < cutoff}
+    latest_done = int(now) + 10 - GRACE[MINUTE] - MINUTE  # a minute starting at or before this may be done
+    late = {minute for minute in {row[2] - row[2] % MINUTE for row in rows} if minute <= latest_done}
     if late:
         mark_dirty(late)
 

@@ -110,7 +110,10 @@ def pool_history(gpu_ids: list[int], range_key: str, now: float | None = None) -
     else:
         model = MinuteRollup if table == "minute" else HourRollup
         db_table, time_column, first = model._meta.db_table, "bucket", start - start % step
-        columns = ", ".join(f"CAST(avg({m}_avg) AS DOUBLE PRECISION), max({m}_max)" for m in HISTORY_METRICS)
+        # Each bucket's average weighted by its sample count: a minute with one sample must not count
+        # as much as one with sixty.
+        columns = ", ".join(f"CAST(sum({m}_avg * n) AS DOUBLE PRECISION) / sum(n), max({m}_max)"
+                            for m in HISTORY_METRICS)
     placeholders = ", ".join(["%s"] * len(gpu_ids))
     rows = sql.fetch_all(
         f"SELECT gpu_id, {time_column} - {time_column} %% %s AS b, {columns} FROM {db_table} "

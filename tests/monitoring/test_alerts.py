@@ -202,3 +202,58 @@ def test_staff_manage_rules_and_members_see_only_their_alerts(api, world, rule, 
     assert api(world.staff).get("/api/v1/alerts/").json()["count"] == 1
     stranger = __import__("tests.factories", fromlist=["UserFactory"]).UserFactory(username="stranger")
     assert api(stranger).get("/api/v1/alerts/").json()["count"] == 0
+
+
+def test_an_alert_that_fired_while_silenced_is_mailed_once_the_silence_ends(smtp, rule, host, world):
+    t0 = timezone.now()
+    Silence.objects.create(rule=rule, starts_at=t0 - timedelta(minutes=1), ends_at=t0 + timedelta(seconds=400),
+                           created_by=world.staff)
+    _report(host, 99)
+    alerts_evaluate(now=t0)
+    alerts_evaluate(now=t0 + timedelta(seconds=301))  # fires, silenced: no mail
+    time.sleep(0.3)
+    assert smtp.messages == []
+    _report(host, 99)
+    alerts_evaluate(now=t0 + timedelta(seconds=500))  # the silence is over and it still fires
+    alerts_evaluate(now=t0 + timedelta(seconds=600))  # told once, not on every evaluation
+    _report(host, 5)
+    alerts_evaluate(now=t0 + timedelta(seconds=700))
+    _wait_for(smtp, 2)
+    time.sleep(0.3)
+    assert [m["Subject"].split("]")[0] for _, m in smtp.messages] == ["[FIRING warning", "[RESOLVED warning"]
+
+
+def test_disabling_a_rule_resolves_its_alerts_with_the_resolved_mail(smtp, rule, host):
+    t0 = timezone.now()
+    _report(host, 99)
+    alerts_evaluate(now=t0)
+    alerts_evaluate(now=t0 + timedelta(seconds=301))
+    rule.enabled = False
+    rule.save()
+    alerts_evaluate(now=t0 + timedelta(seconds=400))
+    assert Alert.objects.get().state == "resolved"
+    _wait_for(smtp, 2)
+    time.sleep(0.3)
+    assert [m["Subject"].split("]")[0] for _, m in smtp.messages] == ["[FIRING warning", "[RESOLVED warning"]
+    assert alerts_evaluate(now=t0 + timedelta(seconds=500)) == {}  # nothing left to do for it
+
+
+def test_an_idle_gpu_that_changes_hands_starts_a_new_for_duration_for_the_new_holder(world, host):
+    AlertRule.objects.update(enabled=False)
+    idle = AlertRule.objects.create(name="Idle (test)", metric="gpu_idle_allocated", scope="gpu", comparison="<=",
+                                    threshold=1, for_seconds=1800, notify_team_members=True)
+    t0 = timezone.now()
+    gpu = host.gpus[0]
+    for team, start, end in ((world.team, t0 - timedelta(minutes=1), t0 + timedelta(minutes=25)),
+                             (world.other_team, t0 + timedelta(minutes=25), t0 + timedelta(hours=5))):
+        reservation = Reservation.objects.create(team=team, pool=world.pool, requested_by=world.member, gpus=1,
+                                                 starts_at=start, ends_at=end, state="active")
+        Allocation.objects.create(reservation=reservation, gpu=gpu, starts_at=start, ends_at=end)
+    for minutes in (0, 20, 31):  # infra has held it 6 minutes at the last one
+        _report(host, 0)
+        alerts_evaluate(now=t0 + timedelta(minutes=minutes))
+    [alert] = Alert.objects.filter(rule=idle, state__in=Alert.OPEN_STATES)
+    assert alert.state == "pending" and alert.team == world.other_team
+    _report(host, 0)
+    alerts_evaluate(now=t0 + timedelta(minutes=31 + 30))  # 30 minutes after infra's alert went pending
+    assert Alert.objects.get(rule=idle, state="firing").team == world.other_team

@@ -37,6 +37,7 @@ def test_a_resent_batch_is_acknowledged_but_not_stored_twice(host):
 @pytest.mark.parametrize("bad, reason", [
     ({"memory_used_mib": -5}, "negative_memory"),
     ({"memory_total_mib": 0}, "negative_memory"),
+    ({"memory_total_mib": 3_000_000_000}, "memory_out_of_range"),  # past a 32-bit column: failed the INSERT
     ({"uuid": "GPU-00000000-0000-0000-0000-000000000000"}, "unknown_gpu"),
     ({"utilization_gpu_pct": "lots"}, "malformed"),
     ({"temperature_c": None}, "malformed"),

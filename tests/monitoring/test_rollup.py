@@ -110,3 +110,38 @@ def test_the_history_query_picks_the_resolution_by_range(settings):
     month = pool_history([1, 2], "30d", now=HOUR0 + 3 * 3600)
     assert month.resolution == "hour" and month.step == 7200
     assert len(month.series[1]["util"]) == 2
+
+
+def test_a_sample_arriving_after_its_minute_was_rolled_up_gets_the_minute_redone(host, settings):
+    from monitoring.ingest import telemetry_ingest
+    from tests.monitoring.conftest import batch, payload, sample
+
+    settings.TELEMETRY_RAW_RETENTION = timedelta(days=3650)
+    gpu, minute = host.gpus[0], HOUR0
+    for second in range(0, 60, 2):  # on time
+        telemetry_ingest(token=host.token, payload=payload(batch([sample(host.uuids[0], util=10)], t=minute + second,
+                                                                 seq=second + 1)), now=minute + second)
+    telemetry_rollup(now=minute + 90)  # the minute is done 30 s after it ends
+    assert MinuteRollup.objects.get(gpu_id=gpu.pk, bucket=minute).util_max == 10
+    # A lost sample resent 65 s late, 6 s after the rollup did its minute.
+    late = telemetry_ingest(token=host.token, payload=payload(batch([sample(host.uuids[0], util=100)], t=minute + 31,
+                                                                    seq=1000)), now=minute + 96)
+    assert late.accepted == 1
+    telemetry_rollup(now=minute + 150)
+    redone = MinuteRollup.objects.get(gpu_id=gpu.pk, bucket=minute)
+    assert (redone.n, redone.util_max) == (31, 100)
+
+
+def test_a_history_point_over_several_minutes_weights_each_by_its_samples(settings):
+    settings.TELEMETRY_RAW_RETENTION = timedelta(days=3650)
+    settings.TELEMETRY_MINUTE_RETENTION = timedelta(days=3650)
+    # One sample at 100 in the first minute, 59 at 0 in the second: the 5-minute point averages 100/60.
+    rows = [Sample(gpu_id=1, pool_id=7, ts=HOUR0, util=100, mem_util=0, mem_used=1, mem_total=2, temp=40, power=1.0)]
+    rows += [Sample(gpu_id=1, pool_id=7, ts=HOUR0 + 60 + i, util=0, mem_util=0, mem_used=1, mem_total=2, temp=40,
+                    power=1.0) for i in range(59)]
+    Sample.objects.bulk_create(rows)
+    telemetry_rollup(now=HOUR0 + 3 * 3600)
+    settings.TELEMETRY_RAW_RETENTION = timedelta(hours=1)
+    day = pool_history([1], "24h", now=HOUR0 + 3600)
+    point = next(p for p in day.series[1]["util"] if p[0] == HOUR0)
+    assert point[1] == pytest.approx(100 / 60) and point[2] == 100
