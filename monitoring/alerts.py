@@ -131,12 +131,26 @@ def alerts_evaluate(*, now: datetime | None = None) -> dict[str, int]:
     for rule in AlertRule.objects.filter(enabled=True).select_related("pool"):
         for key, n in _evaluate_rule(rule, fleet.observe(rule), now, silences).items():
             totals[key] += n
-    # A disabled rule observes nothing: its open alerts resolve (with the resolved mail if one fired).
     disabled = AlertRule.objects.filter(enabled=False, alerts__state__in=Alert.OPEN_STATES).distinct()
     for rule in disabled.select_related("pool"):
-        for key, n in _evaluate_rule(rule, {}, now, silences).items():
+        for key, n in rule_retired(rule, now=now, silences=silences).items():
             totals[key] += n
     return dict(totals)
+
+
+def rule_retired(rule: AlertRule, *, now: datetime | None = None,
+                 silences: list[Silence] | None = None) -> dict[str, int]:
+    """A disabled or deleted rule observes nothing: its open alerts resolve, with the resolved mail
+    where a firing one went out."""
+    now = now or timezone.now()
+    if silences is None:
+        silences = list(Silence.objects.filter(starts_at__lte=now, ends_at__gt=now))
+    return _evaluate_rule(rule, {}, now, silences)
+
+
+def on_rule_deleted(sender, instance: AlertRule, **kwargs) -> None:
+    """pre_delete of a rule (API, admin, shell): its firing alerts are told resolved before they go."""
+    rule_retired(instance)
 
 
 @transaction.atomic

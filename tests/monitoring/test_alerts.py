@@ -257,3 +257,15 @@ def test_an_idle_gpu_that_changes_hands_starts_a_new_for_duration_for_the_new_ho
     _report(host, 0)
     alerts_evaluate(now=t0 + timedelta(minutes=31 + 30))  # 30 minutes after infra's alert went pending
     assert Alert.objects.get(rule=idle, state="firing").team == world.other_team
+
+
+def test_deleting_a_rule_while_it_fires_sends_the_resolved_mail(smtp, rule, host, api, world):
+    t0 = timezone.now()
+    _report(host, 99)
+    alerts_evaluate(now=t0)
+    alerts_evaluate(now=t0 + timedelta(seconds=301))
+    assert api(world.staff).delete(f"/api/v1/alert-rules/{rule.pk}/").status_code == 204
+    assert not Alert.objects.exists()
+    _wait_for(smtp, 2)
+    time.sleep(0.3)
+    assert [m["Subject"].split("]")[0] for _, m in smtp.messages] == ["[FIRING warning", "[RESOLVED warning"]
