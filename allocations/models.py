@@ -89,8 +89,17 @@ class Reservation(models.Model):
         return self.state in self.LIVE_STATES
 
 
+class AllocationQuerySet(models.QuerySet):
+    def booked_during(self, start, end) -> "AllocationQuerySet":
+        """Allocations holding their GPU at some instant of [start, end). A cancelled booking's empty
+        window [s, s) holds nothing, even where s falls inside. (pool_gpus_for_window says the same in SQL.)"""
+        return self.filter(starts_at__lt=end, ends_at__gt=start).filter(ends_at__gt=F("starts_at"))
+
+
 class Allocation(models.Model):
     """One GPU held by one reservation over [starts_at, ends_at)."""
+
+    objects = AllocationQuerySet.as_manager()
 
     reservation = models.ForeignKey(Reservation, on_delete=models.CASCADE, related_name="allocations")
     gpu = models.ForeignKey(Gpu, on_delete=models.PROTECT, related_name="allocations")

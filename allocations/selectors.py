@@ -149,9 +149,8 @@ def pool_availability(pool: GpuPool, start: datetime, end: datetime, slot: timed
     )
     node_of = dict(gpus)
     windows: dict[int, list[tuple[datetime, datetime]]] = {}
-    for gpu_id, a_start, a_end in Allocation.objects.filter(
-        gpu_id__in=node_of, starts_at__lt=end, ends_at__gt=start
-    ).filter(ends_at__gt=F("starts_at")).values_list("gpu_id", "starts_at", "ends_at"):  # not cancelled ones
+    for gpu_id, a_start, a_end in Allocation.objects.filter(gpu_id__in=node_of).booked_during(start, end).values_list(
+            "gpu_id", "starts_at", "ends_at"):
         windows.setdefault(gpu_id, []).append((a_start, a_end))
 
     slots = []
@@ -191,8 +190,11 @@ def quota_use(team: Team, now: datetime | None = None) -> list[QuotaUse]:
     per_pool = {pool_id: (held, hours) for pool_id, held, hours in _month_bookings(
         team.pk, [quota.pool_id for quota in quotas], month,
         held=Count("pk", filter=Q(starts_at__lte=now, ends_at__gt=now)))}
-    return [QuotaUse(quota=quota, held_now=per_pool.get(quota.pool_id, (0, 0.0))[0],
-                     gpu_hours_this_month=per_pool.get(quota.pool_id, (0, 0.0))[1]) for quota in quotas]
+    out = []
+    for quota in quotas:
+        held, hours = per_pool.get(quota.pool_id, (0, 0.0))
+        out.append(QuotaUse(quota=quota, held_now=held, gpu_hours_this_month=hours))
+    return out
 
 
 def month_gpu_hours(team_id: int, pool_id: int, month: quota_math.Window) -> float:
@@ -209,7 +211,7 @@ def _month_bookings(team_id: int, pool_ids: list[int], month: quota_math.Window,
     month_start, month_end = (Value(bound, output_field=DateTimeField()) for bound in month)
     allocations = Allocation.objects.filter(
         reservation__team_id=team_id, reservation__pool_id__in=pool_ids, reservation__ends_at__gt=month[0],
-        starts_at__lt=month[1], ends_at__gt=month[0])
+    ).booked_during(*month)
     booked = Sum(Least("ends_at", month_end) - Greatest("starts_at", month_start), output_field=DurationField())
     rows = (allocations.order_by().values("reservation__pool_id").annotate(**more, booked=booked)
             .values_list("reservation__pool_id", *more, "booked"))
@@ -223,7 +225,7 @@ def pool_gpus_for_window(pool_id: int, start: datetime, end: datetime) -> list[P
     rows = sql.fetch_all(
         'SELECT g.id, g.node_id, n.name, g."index", g.uuid, g.model_name, g.memory_mib, '
         "g.healthy AND n.healthy AND n.schedulable, "
-        "EXISTS (SELECT 1 FROM allocations_allocation a "
+        "EXISTS (SELECT 1 FROM allocations_allocation a "  # AllocationQuerySet.booked_during, by hand:
         "        WHERE a.gpu_id = g.id AND a.starts_at < %s AND a.ends_at > %s AND a.ends_at > a.starts_at), "
         "n.cpu_milli, n.memory_mib "
         "FROM inventory_gpu g JOIN inventory_node n ON n.id = g.node_id "

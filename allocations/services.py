@@ -14,7 +14,6 @@ from datetime import datetime
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, transaction
-from django.db.models import F
 from django.utils import timezone
 
 from allocations import quota_math, selectors
@@ -307,8 +306,7 @@ def reservation_extend(*, actor: AbstractBaseUser, reservation_id: int, ends_at:
     # The GPUs it holds up to its end: not those a failover moved it off (their rows end earlier).
     gpu_ids = list(reservation.allocations.filter(ends_at=old_end).values_list("gpu_id", flat=True))
     clash = (
-        Allocation.objects.filter(gpu_id__in=gpu_ids, starts_at__lt=ends_at, ends_at__gt=old_end)
-        .filter(ends_at__gt=F("starts_at"))  # a cancelled booking's empty window blocks nobody
+        Allocation.objects.filter(gpu_id__in=gpu_ids).booked_during(old_end, ends_at)
         .exclude(reservation=reservation).select_related("gpu").order_by("starts_at").first()
     )
     if clash is not None:

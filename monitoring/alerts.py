@@ -126,7 +126,7 @@ def alerts_evaluate(*, now: datetime | None = None) -> dict[str, int]:
     """Evaluate every enabled rule once; returns how many alerts went pending, fired, resolved and mails sent."""
     now = now or timezone.now()
     fleet = Fleet(now)
-    silences = list(Silence.objects.filter(starts_at__lte=now, ends_at__gt=now))
+    silences = _silences_at(now)
     totals: dict[str, int] = defaultdict(int)
     for rule in AlertRule.objects.filter(enabled=True).select_related("pool"):
         for key, n in _evaluate_rule(rule, fleet.observe(rule), now, silences).items():
@@ -143,9 +143,11 @@ def rule_retired(rule: AlertRule, *, now: datetime | None = None,
     """A disabled or deleted rule observes nothing: its open alerts resolve, with the resolved mail
     where a firing one went out."""
     now = now or timezone.now()
-    if silences is None:
-        silences = list(Silence.objects.filter(starts_at__lte=now, ends_at__gt=now))
-    return _evaluate_rule(rule, {}, now, silences)
+    return _evaluate_rule(rule, {}, now, _silences_at(now) if silences is None else silences)
+
+
+def _silences_at(now: datetime) -> list[Silence]:
+    return list(Silence.objects.filter(starts_at__lte=now, ends_at__gt=now))
 
 
 def on_rule_deleted(sender, instance: AlertRule, **kwargs) -> None:

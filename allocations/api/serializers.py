@@ -7,8 +7,8 @@ from django.conf import settings
 from rest_framework import serializers
 
 from allocations.models import ApplyJob, Quota, Reservation, ReservationEvent
-from allocations.selectors import LATEST_INSTANT
 from allocations.placement import DEFAULT_POLICY, POLICY_NAMES
+from allocations.selectors import LATEST_INSTANT
 from common.api import CleanModelSerializer
 from inventory.models import GpuPool
 from portal.models import Team
