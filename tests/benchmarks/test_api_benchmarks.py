@@ -38,3 +38,56 @@ def test_history_summary_compares_with_the_create_without_history():
     assert summary["create (with history)"] == {"calls": 3, "wall_ms_median": 31.0, "vs_create_without_history": 3.88}
     assert summary["held now (fleet)"]["vs_create_without_history"] == 0.1
     assert history_table(summary).splitlines()[1].startswith("create (with history)")
+
+
+def _statements_of(run) -> list[str]:
+    """The SQL texts (placeholders, not values) a call sends, whitespace-normalized."""
+    from django.db import connection
+
+    sent: list[str] = []
+
+    def record(execute, sql, params, many, context):
+        sent.append(" ".join(sql.split()))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        run()
+    return sent
+
+
+def test_floor_sql_tier_sends_the_statements_the_services_send(world):
+    """benchmarks.api_floor's `sql` tier claims to be what a create and a release cost the database:
+    it must stay the services' statements (a change to either makes this fail)."""
+    from datetime import timedelta
+
+    from django.db import connection
+    from django.utils import timezone
+
+    from allocations import services
+    from benchmarks import api_floor
+
+    if connection.vendor != "postgresql":
+        import pytest
+
+        pytest.fail("needs PostgreSQL, as the benchmark does: run it with `make test`")
+    start = timezone.now() + timedelta(hours=1)
+    created: list = []
+    sent = _statements_of(lambda: created.append(services.reservation_create(
+        actor=world.member, request=services.ReservationRequest(
+            team="ml", pool="a100", gpus=2, starts_at=start, ends_at=start + timedelta(minutes=30)))))
+    sent += _statements_of(lambda: services.reservation_release(actor=world.member, reservation_id=created[0].pk))
+    sent += _statements_of(lambda: services.selectors.with_allocated_gpus(created))
+
+    def normalized(statement: str) -> str:
+        return " ".join(statement.split())
+
+    floor = [api_floor.LOCK_POOL, api_floor.POOL_GPUS, api_floor.TEAM_WINDOWS, api_floor.INSERT_RESERVATION,
+             api_floor.INSERT_ALLOCATION, api_floor.INSERT_EVENT, api_floor.LOCK_RESERVATION,
+             api_floor.CANCEL_ALLOCATIONS, api_floor.RELEASE_RESERVATION]
+    for statement in floor:
+        assert any(s.startswith(normalized(statement)) for s in sent), f"the services no longer send: {statement}\n{sent}"
+    # ALLOCATED_GPUS reads one reservation's; the services' read takes a list (IN (...)).
+    assert any(s.startswith(normalized(api_floor.ALLOCATED_GPUS).split(" WHERE ")[0]) for s in sent)
+    # Nothing the services send is missing from the floor (savepoints aside: the test's own transaction
+    # turns the services' BEGIN/COMMIT into them). INSERT_EVENT runs twice, once in each transaction.
+    assert len([s for s in sent if not s.startswith(("SAVEPOINT", "RELEASE SAVEPOINT"))]) == len(floor) + 2, sent
