@@ -101,9 +101,8 @@ def pools_visible_to(user: User) -> QuerySet[GpuPool]:
 def with_occupancy(pools: QuerySet[GpuPool], now: datetime | None = None) -> QuerySet[GpuPool]:
     """Annotate gpus_total, gpus_healthy, gpus_allocated (held at `now`) and gpus_free."""
     now = now or timezone.now()
-    healthy = Q(healthy=True, node__healthy=True, node__schedulable=True)
     total = Gpu.objects.filter(pool=OuterRef("pk")).values("pool").annotate(n=Count("id")).values("n")
-    good = Gpu.objects.filter(healthy, pool=OuterRef("pk")).values("pool").annotate(n=Count("id")).values("n")
+    good = Gpu.objects.usable().filter(pool=OuterRef("pk")).values("pool").annotate(n=Count("id")).values("n")
     allocated = (
         Allocation.objects.filter(gpu__pool=OuterRef("pk"), starts_at__lte=now, ends_at__gt=now)
         .values("gpu__pool").annotate(n=Count("gpu_id", distinct=True)).values("n")
@@ -144,8 +143,7 @@ def pool_availability(pool: GpuPool, start: datetime, end: datetime, slot: timed
             field="slot", rule="max_slots",
         )
     gpus = list(
-        Gpu.objects.filter(pool=pool, healthy=True, node__healthy=True, node__schedulable=True)
-        .values_list("id", "node_id")
+        Gpu.objects.usable().filter(pool=pool).values_list("id", "node_id")
     )
     node_of = dict(gpus)
     windows: dict[int, list[tuple[datetime, datetime]]] = {}
@@ -224,7 +222,7 @@ def pool_gpus_for_window(pool_id: int, start: datetime, end: datetime) -> list[P
     ORM version cost ~2.8 ms of CPU). Callers hold the pool's row lock."""
     rows = sql.fetch_all(
         'SELECT g.id, g.node_id, n.name, g."index", g.uuid, g.model_name, g.memory_mib, '
-        "g.healthy AND n.healthy AND n.schedulable, "
+        "g.healthy AND n.healthy AND n.schedulable, "  # GpuQuerySet.USABLE, by hand
         "EXISTS (SELECT 1 FROM allocations_allocation a "  # AllocationQuerySet.booked_during, by hand:
         "        WHERE a.gpu_id = g.id AND a.starts_at < %s AND a.ends_at > %s AND a.ends_at > a.starts_at), "
         "n.cpu_milli, n.memory_mib "

@@ -24,7 +24,7 @@ from allocations.transitions import move as _move
 from allocations.transitions import record as _record
 from common import sql
 from common.errors import Conflict, FieldError, NotFound, PermissionDenied, ValidationFailed
-from inventory.models import GpuPool
+from inventory.models import Gpu, GpuPool
 from inventory.sharing import RESERVABLE_MODES
 from portal.models import Team
 
@@ -254,12 +254,18 @@ def _locked_reservation(reservation_id: int, actor: AbstractBaseUser) -> Reserva
 @transaction.atomic
 def reservation_release(*, actor: AbstractBaseUser, reservation_id: int, now: datetime | None = None
                         ) -> Reservation:
-    """Release early (running) or cancel (not started). The GPUs are free again at once."""
+    """Release early (running) or cancel (not started). The GPUs are free again at once. One whose
+    window is already over expires, as the sweep would have it."""
     now = now or timezone.now()
     reservation = _locked_reservation(reservation_id, actor)
     if reservation.state not in Reservation.LIVE_STATES:
         raise Conflict(f"A {reservation.state} reservation cannot be released.", field="state", rule="not_live")
     who = getattr(actor, "username", "system")
+    if reservation.ends_at <= now:
+        # The window is already over and the sweep has not got to it yet: do what the sweep would,
+        # so it ends as expired (its GPUs were held to the end, not given back early).
+        _undo(reservation, final_state=State.EXPIRED, actor=actor, reason="Window ended.", now=now)
+        return reservation
     if reservation.starts_at > now:
         # Never used: every allocation shrinks to an empty window at its start.
         sql.execute("UPDATE allocations_allocation SET ends_at = starts_at WHERE reservation_id = %s",
@@ -305,6 +311,15 @@ def reservation_extend(*, actor: AbstractBaseUser, reservation_id: int, ends_at:
                                field="ends_at", rule="max_duration")
     # The GPUs it holds up to its end: not those a failover moved it off (their rows end earlier).
     gpu_ids = list(reservation.allocations.filter(ends_at=old_end).values_list("gpu_id", flat=True))
+    # Longer on a broken or drained GPU is a booking placement would not make: refuse, as create would.
+    broken = (Gpu.objects.filter(pk__in=gpu_ids).unusable().select_related("node")
+              .order_by("node__name", "index").first())
+    if broken is not None:
+        why = "is unhealthy" if not broken.healthy else (
+            "is on an unhealthy node" if not broken.node.healthy else "is on a node drained for new bookings")
+        raise Conflict(f"GPU {broken.uuid} ({broken.node.name}, index {broken.index}) {why}; the reservation "
+                       "cannot be extended on it. Book again for the extra time.", field="ends_at",
+                       rule="gpus_unusable")
     clash = (
         Allocation.objects.filter(gpu_id__in=gpu_ids).booked_during(old_end, ends_at)
         .exclude(reservation=reservation).select_related("gpu").order_by("starts_at").first()

@@ -97,6 +97,18 @@ class GpuPool(models.Model):
             raise ValidationError({"sharing_config": errors})
 
 
+class GpuQuerySet(models.QuerySet):
+    # What a new booking may use: a healthy GPU on a healthy, schedulable node (placement's
+    # SQL in allocations.selectors.pool_gpus_for_window spells the same test).
+    USABLE = models.Q(healthy=True, node__healthy=True, node__schedulable=True)
+
+    def usable(self) -> GpuQuerySet:
+        return self.filter(self.USABLE)
+
+    def unusable(self) -> GpuQuerySet:
+        return self.exclude(self.USABLE)
+
+
 class Gpu(models.Model):
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
     pool = models.ForeignKey(GpuPool, on_delete=models.SET_NULL, null=True, blank=True, related_name="gpus")
@@ -109,6 +121,8 @@ class Gpu(models.Model):
     cuda_version = models.CharField(max_length=16, blank=True)
     healthy = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = GpuQuerySet.as_manager()
 
     class Meta:
         ordering = ["node_id", "index"]

@@ -9,6 +9,7 @@ from datetime import timedelta
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
 from django.db.models import Prefetch
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -24,6 +25,7 @@ from portal import services as team_services
 from portal.forms import AvailabilityForm, ExtendForm, MemberAddForm, ReservationForm
 from portal.selectors import can_manage_team, teams_of
 
+LIVE_RESERVATIONS_PER_PAGE = 50
 ALLOCATIONS = Prefetch("allocations", queryset=Allocation.objects.select_related("gpu__node"))
 
 
@@ -106,10 +108,14 @@ def availability_partial(request: HttpRequest) -> HttpResponse:
 def reservations(request: HttpRequest) -> HttpResponse:
     visible = alloc_selectors.reservations_visible_to(request.user)
     live = visible.filter(state__in=Reservation.LIVE_STATES + (Reservation.State.RELEASING,))
+    # Pages of live ones: staff see the whole fleet's, which can run into thousands.
+    # get_page answers a missing, malformed or too-large ?page= with the first or last page.
+    live_page = Paginator(live.prefetch_related(ALLOCATIONS).order_by("starts_at", "id"),
+                          LIVE_RESERVATIONS_PER_PAGE).get_page(request.GET.get("page"))
     # Newest ended first through reservation_team_ended: the page must not sort a team's whole history.
     ended = visible.filter(state__in=Reservation.FINAL_STATES).order_by("-ended_at", "-id")[:50]
     return render(request, "portal/reservations.html", {
-        "live": live.prefetch_related(ALLOCATIONS).order_by("starts_at"),
+        "live": live_page,
         "ended": ended.prefetch_related(ALLOCATIONS),
         "extend_form": ExtendForm(),
         "now": timezone.now(),
@@ -140,11 +146,14 @@ def reservation_detail(request: HttpRequest, reservation_id: int) -> HttpRespons
 def reservation_release(request: HttpRequest, reservation_id: int) -> HttpResponse:
     reservation = _visible_reservation(request, reservation_id)
     try:
-        alloc_services.reservation_release(actor=request.user, reservation_id=reservation.pk)
+        released = alloc_services.reservation_release(actor=request.user, reservation_id=reservation.pk)
     except ApplicationError as error:
         messages.error(request, error.message)
     else:
-        messages.success(request, f"Reservation #{reservation.pk} released.")
+        if released.ends_at <= timezone.now():
+            messages.success(request, f"Reservation #{reservation.pk} had already ended; it expires now.")
+        else:
+            messages.success(request, f"Reservation #{reservation.pk} released.")
     return redirect(request.POST.get("next") or "reservations")
 
 

@@ -1,5 +1,6 @@
-"""Edges of booking found in review: cancelled bookings, extensions after a failover, dead nodes, and
-inputs at the end of the calendar or of the integers (each answered, never a 500)."""
+"""Edges of booking found in review: cancelled bookings, extensions after a failover, dead nodes,
+extensions on broken or drained GPUs, a release after the window ended, and inputs at the end of
+the calendar or of the integers (each answered, never a 500)."""
 from __future__ import annotations
 
 from datetime import timedelta
@@ -9,9 +10,10 @@ from django.utils import timezone
 
 from allocations import selectors
 from allocations.failover import node_failover
-from allocations.models import Allocation, Quota
+from allocations import services
+from allocations.models import Allocation, Quota, Reservation
 from inventory.models import Gpu, Node
-from tests.allocations.test_reservation_lifecycle import URL, reserve
+from tests.allocations.test_reservation_lifecycle import URL, reserve, run_open_jobs, states
 from tests.factories import add_node
 
 
@@ -92,3 +94,60 @@ def test_availability_at_the_end_of_the_calendar_is_a_400(world, api, query, fie
 def test_an_id_no_reservation_can_have_is_a_404(world, api, action, reservation_id):
     answer = api(world.member).post(f"{URL}{reservation_id}/{action}/", {"ends_at": later(3)}, format="json")
     assert answer.status_code == 404
+
+
+@pytest.mark.parametrize("breakage, why", [
+    ("gpu", "is unhealthy"), ("node", "is on an unhealthy node"), ("drain", "is on a node drained for new bookings"),
+])
+def test_an_extension_is_refused_on_a_gpu_placement_would_not_use(world, api, breakage, why):
+    client = api(world.member)
+    r = reserve(client, gpus=2, hours=2)
+    gpu = Gpu.objects.select_related("node").get(uuid=r["allocated_gpus"][1]["uuid"])
+    if breakage == "gpu":
+        Gpu.objects.filter(pk=gpu.pk).update(healthy=False)
+    else:
+        Node.objects.filter(pk=gpu.node_id).update(**({"healthy": False} if breakage == "node" else
+                                                      {"schedulable": False}))
+    response = client.post(f"{URL}{r['id']}/extend/", {"ends_at": later(5)}, format="json")
+    assert response.status_code == 409, response.content
+    error = response.json()["errors"][0]
+    assert (error["field"], error["rule"]) == ("ends_at", "gpus_unusable")
+    named = gpu.uuid if breakage == "gpu" else r["allocated_gpus"][0]["uuid"]  # the first on the node
+    assert named in error["message"] and why in error["message"]
+    # Nothing written: the reservation and its allocations keep their end.
+    assert Reservation.objects.get(pk=r["id"]).ends_at.isoformat().replace("+00:00", "Z") == r["ends_at"]
+    assert set(Allocation.objects.filter(reservation_id=r["id"]).values_list("ends_at", flat=True)) == {
+        Reservation.objects.get(pk=r["id"]).ends_at}
+
+
+def test_an_extension_is_allowed_once_a_failover_moved_it_to_healthy_gpus(world, api):
+    client = api(world.member)
+    r = reserve(client, gpus=2, hours=2)
+    # Its node dies and stays dead; the failover moves it to the other node.
+    node_id = Allocation.objects.filter(reservation_id=r["id"]).values_list("gpu__node_id", flat=True)[0]
+    Node.objects.filter(pk=node_id).update(healthy=False)
+    assert node_failover(node_id=node_id)["moved"] == [r["id"]]
+    response = client.post(f"{URL}{r['id']}/extend/", {"ends_at": later(3)}, format="json")
+    assert response.status_code == 200, response.content
+
+
+def test_a_release_after_the_window_ended_expires_the_reservation(world, api):
+    client = api(world.member)
+    r = reserve(client, gpus=2, hours=2)
+    services.reservation_activate(reservation_id=r["id"])
+    run_open_jobs()
+    # Its window ends; the sweep has not run yet when the member presses release.
+    ended = timezone.now() - timedelta(minutes=1)
+    began = ended - timedelta(hours=2)
+    Reservation.objects.filter(pk=r["id"]).update(starts_at=began, ends_at=ended)
+    Allocation.objects.filter(reservation_id=r["id"]).update(starts_at=began, ends_at=ended)
+    response = client.post(f"{URL}{r['id']}/release/")
+    assert response.status_code == 200, response.content
+    assert response.json()["state"] == "releasing"
+    assert run_open_jobs() == ["succeeded"]
+    reservation = Reservation.objects.get(pk=r["id"])
+    assert reservation.state == Reservation.State.EXPIRED, reservation.reason
+    assert "Released early" not in reservation.reason
+    assert states(r["id"])[-2:] == [("active", "releasing"), ("releasing", "expired")]
+    # The allocations keep the window they were held for.
+    assert set(Allocation.objects.filter(reservation_id=r["id"]).values_list("ends_at", flat=True)) == {ended}

@@ -108,3 +108,36 @@ def test_admin_is_reachable_for_staff_only(world, browser):
 def test_the_availability_timeline_at_the_end_of_the_calendar_says_why(world, browser):
     page = browser(world.member).get("/reserve/availability/?pool=a100&start=9999-12-31T12:00")
     assert page.status_code == 200 and "Start before 9000-01-01" in page.content.decode()
+
+
+def test_the_live_reservations_come_in_pages(world, browser):
+    """Staff see the whole fleet's live reservations: 50 to a page, never one page of thousands."""
+    start = timezone.now() + timedelta(hours=1)
+    Reservation.objects.bulk_create(
+        Reservation(team=world.team, pool=world.pool, requested_by=world.member, gpus=1,
+                    starts_at=start + timedelta(hours=i), ends_at=start + timedelta(hours=i, minutes=30),
+                    state=Reservation.State.SCHEDULED)
+        for i in range(62)
+    )
+    client = browser(world.staff)
+    first = client.get("/reservations/").content.decode()
+    assert first.count('<tr id="reservation-') == 50
+    assert "1–50 of 62" in first and 'rel="next"' in first and 'rel="prev"' not in first
+    second = client.get("/reservations/?page=2").content.decode()
+    assert second.count('<tr id="reservation-') == 12 and "51–62 of 62" in second and 'rel="prev"' in second
+    # The earliest first, the latest on the last page.
+    assert timezone.localtime(start).strftime("%Y-%m-%d %H:%M") in first
+    for junk in ("abc", "99", "-1", "0"):
+        assert client.get(f"/reservations/?page={junk}").status_code == 200
+
+
+def test_a_release_after_the_window_ended_says_it_expires(world, browser, api):
+    _, end = window(0, 2)
+    rid = api(world.member).post("/api/v1/reservations/", {"pool": "a100", "team": "ml", "gpus": 1,
+                                                           "ends_at": end.isoformat()}, format="json").json()["id"]
+    ended = timezone.now() - timedelta(minutes=1)
+    Reservation.objects.filter(pk=rid).update(starts_at=ended - timedelta(hours=1), ends_at=ended)
+    Reservation.objects.get(pk=rid).allocations.update(starts_at=ended - timedelta(hours=1), ends_at=ended)
+    page = browser(world.member).post(f"/reservations/{rid}/release/", follow=True).content.decode()
+    assert f"Reservation #{rid} had already ended; it expires now." in page
+    assert Reservation.objects.get(pk=rid).state == Reservation.State.EXPIRED
