@@ -80,13 +80,18 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
         # The service set its GPUs from the rows it placed them with.
         return Response(reservation_data(reservation), status=status.HTTP_201_CREATED)
 
-    @extend_schema(request=None, responses=ReservationSerializer)
+    @extend_schema(request=None, responses=ReservationSerializer, description=(
+        "Release a running reservation early, or cancel one that has not started: its GPUs are free again at "
+        "once. One whose window has already ended expires instead. 409 `not_live` once it is over."))
     @action(detail=True, methods=["post"])
     def release(self, request: Request, pk: str) -> Response:
         reservation = services.reservation_release(actor=request.user, reservation_id=self._id(pk))
         return self._answer(reservation)
 
-    @extend_schema(request=ReservationExtendInput, responses=ReservationDetailSerializer)
+    @extend_schema(request=ReservationExtendInput, responses=ReservationDetailSerializer, description=(
+        "Move `ends_at` later on the same GPUs. Refused with 409 `gpus_busy` (another booking takes one of them "
+        "sooner; the answer gives the latest possible end), `gpus_unusable` (one of them is unhealthy or its "
+        "node is drained), `quota_exceeded` or `gpu_hours_exceeded`; 400 `after_current_end` or `max_duration`."))
     @action(detail=True, methods=["post"])
     def extend(self, request: Request, pk: str) -> Response:
         data = ReservationExtendInput(data=request.data)
