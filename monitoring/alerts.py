@@ -10,9 +10,11 @@ inventory, then per subject:
 - condition false or no data → a firing alert becomes `resolved` with one mail (only if
   its firing mail went out); a pending one is dropped, as Prometheus does.
 
-Each transition is a conditional UPDATE on the row's state, so two evaluations running
-at once send each mail once; mails go out after commit. A partial unique index keeps at
-most one open alert per rule and subject (the dedup rule).
+Each transition is a conditional UPDATE on the row's state, and so is each mail no
+transition claims (a repeat, or a firing mail a silence held back), on what the row says
+of its mails; so two evaluations running at once send each mail once. Mails go out after
+commit. A partial unique index keeps at most one open alert per rule and subject (the
+dedup rule).
 """
 from __future__ import annotations
 
@@ -178,10 +180,12 @@ def _evaluate_rule(rule: AlertRule, observed: dict[str, Observation], now: datet
                 counts["mails"] += _notify(alert, "firing", now, silences)
         elif alert.state == Alert.State.FIRING and not alert.notified_firing:
             # It fired while silenced: the first evaluation after the silence ends tells (as Alertmanager does).
-            counts["mails"] += _notify(alert, "firing", now, silences)
+            counts["mails"] += _notify(alert, "firing", now, silences,
+                                       claim={"state": Alert.State.FIRING, "notified_firing": False})
         elif (alert.state == Alert.State.FIRING and rule.repeat_seconds and alert.last_notified_at
               and now - alert.last_notified_at >= timedelta(seconds=rule.repeat_seconds)):
-            counts["mails"] += _notify(alert, "firing", now, silences, repeat=True)
+            counts["mails"] += _notify(alert, "firing", now, silences, repeat=True,
+                                       claim={"state": Alert.State.FIRING, "last_notified_at": alert.last_notified_at})
     if new:
         Alert.objects.bulk_create(new, ignore_conflicts=True)
         counts["pending"] += len(new)
@@ -227,18 +231,28 @@ def _silenced(alert: Alert, silences: list[Silence]) -> bool:
     return any(s.matches(alert) for s in silences)
 
 
-def _notify(alert: Alert, kind: str, now: datetime, silences: list[Silence], repeat: bool = False) -> int:
-    """Queue one mail about the alert (after commit). Returns 1 if it will go, 0 if silenced or nobody to tell."""
+def _notify(alert: Alert, kind: str, now: datetime, silences: list[Silence], repeat: bool = False,
+            claim: dict | None = None) -> int:
+    """Queue one mail about the alert (after commit). Returns 1 if it will go, 0 if silenced, claimed by
+    another evaluation or nobody to tell.
+
+    A mail that follows a claimed transition (firing, resolved) is this evaluation's alone. One that no
+    transition claims (a repeat, or the firing mail a silence held back) is due to every evaluation that
+    read the row, so `claim` is what the row said then: like _transition, only the evaluation whose
+    conditional UPDATE still matches it sends.
+    """
     if _silenced(alert, silences):
         log.info("alert %s %s silenced", alert, kind)
         return 0
-    to = recipients(alert)
     fields = {"last_notified_at": now, "notifications": alert.notifications + 1}
     if kind == "firing":
         fields["notified_firing"] = True
-    Alert.objects.filter(pk=alert.pk).update(**fields)
+    changed = Alert.objects.filter(pk=alert.pk, **(claim or {})).update(**fields)
+    if claim and not changed:
+        return 0  # another evaluation sent it, or resolved the alert
     for key, value in fields.items():
         setattr(alert, key, value)
+    to = recipients(alert)
     if not to:
         log.warning("alert %s %s: nobody to mail", alert, kind)
         return 0

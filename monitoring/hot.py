@@ -1,12 +1,17 @@
 """The latest sample of every GPU, kept hot in the cache (Redis in production, local memory embedded).
 
-One key per node (`tm:node:<id>` → {gpu id: values}), written with one `set` per agent
-batch (an agent reports all its GPUs at once) and read with one `get_many` for a page, a
-scrape or an alert evaluation: nothing here touches the database. A GPU whose agent stopped reporting drops out after LATEST_TTL seconds.
+One entry per node (`tm:hot:<id>`) with the newest sample of each of its GPUs, merged per
+GPU by timestamp: a request updates only the GPUs it carries good samples of, and an older
+sample (a backlog arriving after newer ones) never replaces a newer one. It is written in
+the ingest's pipelined round trip and read with one round trip for a page, a scrape or an
+alert evaluation: nothing here touches the database. A GPU whose agent stopped reporting
+drops out after LATEST_TTL seconds.
 """
 from __future__ import annotations
 
+import threading
 import time
+from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -14,7 +19,7 @@ from django.core.cache import cache
 
 # A sample older than this is "no data" (the GPU's agent stopped reporting).
 LATEST_TTL = 120
-# Keys live longer than that (they share one write with the agent's stream position);
+# Keys live longer than that (as long as the agent's stream position, written with them);
 # readers drop stale values by their timestamp.
 STORE_TTL = 7 * 86400
 
@@ -36,21 +41,60 @@ class Latest:
 
 
 def node_key(node_id: int) -> str:
-    """The cache key of one node's newest samples: {gpu id: a tuple in Latest's field order}."""
-    return f"tm:node:{node_id}"
+    """The cache key of one node's newest samples, per GPU: on Redis a hash (field "<gpu id>": a tuple in
+    Latest's field order, "t:<gpu id>": its timestamp), in local memory a dict {gpu id: the tuple}. Named
+    anew (it was `tm:node:<id>`, one plain value) so that no old value meets a hash command."""
+    return f"tm:hot:{node_id}"
 
 
 def latest_get(gpus: Iterable[tuple[int, int]]) -> dict[int, Latest]:
-    """(gpu id, node id) pairs → the latest sample of each GPU that has one (one cache read for them all)."""
-    pairs = list(gpus)
-    found = cache.get_many({node_key(node_id) for _, node_id in pairs})
+    """(gpu id, node id) pairs → the latest sample of each GPU that has one (one cache round trip for them all)."""
+    wanted: dict[int, list[int]] = defaultdict(list)
+    for gpu_id, node_id in gpus:
+        wanted[node_id].append(gpu_id)
+    if not wanted:
+        return {}
+    client = _redis_client()
+    found: dict[int, tuple] = {}
+    if client is None:
+        nodes = cache.get_many([node_key(node_id) for node_id in wanted])
+        for node_id, gpu_ids in wanted.items():
+            values = nodes.get(node_key(node_id), {})
+            found.update((gpu_id, values[gpu_id]) for gpu_id in gpu_ids if gpu_id in values)
+    else:
+        pipe = client.pipeline(transaction=False)
+        for node_id, gpu_ids in wanted.items():
+            pipe.hmget(cache.make_and_validate_key(node_key(node_id)), gpu_ids)
+        loads = cache._cache._serializer.loads
+        for gpu_ids, values in zip(wanted.values(), pipe.execute()):
+            found.update((gpu_id, loads(raw)) for gpu_id, raw in zip(gpu_ids, values) if raw is not None)
     fresh_after = time.time() - LATEST_TTL
-    out = {}
-    for gpu_id, node_id in pairs:
-        raw = found.get(node_key(node_id), {}).get(gpu_id)
-        if raw is not None and raw[0] >= fresh_after:
-            out[gpu_id] = Latest(*raw)
-    return out
+    return {gpu_id: Latest(*raw) for gpu_id, raw in found.items() if raw[0] >= fresh_after}
+
+
+# Merges one node's new samples into its hash: a GPU's values are replaced only by newer ones.
+# KEYS[1]: the node's hash; ARGV: its TTL, then gpu id, timestamp, values for each GPU. Redis runs
+# a script whole, with no other command in between, so two requests of one node (an agent
+# resending a request that timed out while the first is still being handled, on another web
+# worker) cannot both read the old timestamp and let the older one write last.
+_MERGE_NEWEST = """
+for i = 2, #ARGV, 3 do
+  local seen = redis.call('HGET', KEYS[1], 't:' .. ARGV[i])
+  if not seen or tonumber(seen) <= tonumber(ARGV[i + 1]) then
+    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 2], 't:' .. ARGV[i], ARGV[i + 1])
+  end
+end
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+"""
+# Without Redis (local memory: one process's own cache, every writer a thread of it) a lock
+# makes the read-merge-write of a node's entry whole.
+_merge_lock = threading.Lock()
+
+
+def _redis_client():
+    """The redis-py client behind the cache, or None for another cache (local memory, embedded)."""
+    backend = getattr(cache, "_cache", None)
+    return backend.get_client(None, write=True) if hasattr(backend, "get_client") else None
 
 
 # --- counters of the ingest (accepted, and rejected or clamped by reason) -------------------
@@ -59,11 +103,12 @@ COUNTER_PREFIX = "tm:count:"
 
 
 def exchange(*, incr: dict[str, int] | None = None, incr_timeout: int | None = None, get: Iterable[str] = (),
-             put: dict | None = None, put_timeout: int | None = None) -> tuple[dict[str, int], dict]:
-    """Add to counters, read keys and write values in one cache round trip; returns (the
-    counters' new values, the values found).
+             put: dict | None = None, put_timeout: int | None = None,
+             newest: dict[int, dict[int, tuple]] | None = None) -> tuple[dict[str, int], dict]:
+    """Add to counters, read keys, write values and merge GPUs' newest samples ({node id: {gpu id:
+    values}}, see node_key) in one cache round trip; returns (the counters' new values, the values found).
 
-    On Redis it is one pipeline (INCRBY/EXPIRE, GET, SET EX), values serialized as Django's
+    On Redis it is one pipeline (INCRBY/EXPIRE, GET, SET EX, EVAL), values serialized as Django's
     cache does, so `cache.get` reads them back. The ingest calls this twice per agent
     request; through the cache API it took five round trips, and Django's cache.incr
     asks EXISTS before every INCRBY. Other caches (local memory, embedded) go through the
@@ -72,11 +117,14 @@ def exchange(*, incr: dict[str, int] | None = None, incr_timeout: int | None = N
     incr = {k: n for k, n in (incr or {}).items() if n}
     get = list(get)
     put = put or {}
-    backend = getattr(cache, "_cache", None)
-    if not hasattr(backend, "get_client"):
+    newest = newest or {}
+    client = _redis_client()
+    if client is None:
+        _merge_by_api(newest)
         return _exchange_by_api(incr, incr_timeout, get, put, put_timeout)
+    backend = cache._cache
     key = cache.make_and_validate_key
-    pipe = backend.get_client(None, write=True).pipeline(transaction=False)
+    pipe = client.pipeline(transaction=False)
     for name, n in incr.items():
         pipe.incrby(key(name), n)
         if incr_timeout is not None:
@@ -85,6 +133,13 @@ def exchange(*, incr: dict[str, int] | None = None, incr_timeout: int | None = N
         pipe.get(key(name))
     for name, value in put.items():
         pipe.set(key(name), backend._serializer.dumps(value), ex=put_timeout)
+    for node_id, gpus in newest.items():
+        # EVAL, not EVALSHA through a redis-py Script: in a pipeline a Script first asks SCRIPT EXISTS,
+        # one more round trip per request; Redis keeps the compiled script by its digest either way.
+        args = [STORE_TTL]
+        for gpu_id, values in gpus.items():
+            args += (gpu_id, values[0], backend._serializer.dumps(values))
+        pipe.eval(_MERGE_NEWEST, 1, key(node_key(node_id)), *args)
     replies = pipe.execute()
     step = 1 if incr_timeout is None else 2
     counts = {name: int(replies[i * step]) for i, name in enumerate(incr)}
@@ -92,6 +147,19 @@ def exchange(*, incr: dict[str, int] | None = None, incr_timeout: int | None = N
     found = {name: backend._serializer.loads(raw)
              for name, raw in zip(get, replies[offset:offset + len(get)]) if raw is not None}
     return counts, found
+
+
+def _merge_by_api(newest: dict[int, dict[int, tuple]]) -> None:
+    if not newest:
+        return
+    with _merge_lock:
+        entries = cache.get_many([node_key(node_id) for node_id in newest])
+        for node_id, gpus in newest.items():
+            entry = entries.setdefault(node_key(node_id), {})
+            for gpu_id, values in gpus.items():
+                if gpu_id not in entry or entry[gpu_id][0] <= values[0]:
+                    entry[gpu_id] = values
+        cache.set_many(entries, timeout=STORE_TTL)
 
 
 def _exchange_by_api(incr, incr_timeout, get, put, put_timeout) -> tuple[dict[str, int], dict]:

@@ -19,7 +19,8 @@ transactions a second; here each agent request is one transaction whatever its s
    only in Redis so that rollups are exact SQL aggregates over what was accepted and the
    embedded mode (SQLite, no Redis) works the same way;
 3. hot values: one cache entry per node with the newest sample of each of its GPUs,
-   written in the same pipelined round trip as the stream position and the counters;
+   merged per GPU by timestamp (hot.py) in the same pipelined round trip as the stream
+   position and the counters;
 4. live: one message per WebSocket group (pool, node, team) per request, with every GPU
    of that group the batch carried, sent after commit (live.py).
 
@@ -266,12 +267,15 @@ def telemetry_ingest(*, token: HostToken, payload, now: float | None = None) -> 
     per_node: dict[int, dict[int, tuple]] = defaultdict(dict)
     for gpu_id, (ref, latest) in newest.items():
         per_node[ref.node_id][gpu_id] = latest
-    entries = {hot.node_key(node_id): values for node_id, values in per_node.items()}
+    entries = {}
     if max_seq > last_seq:
         entries[stream_key] = (stream, max_seq)
         result.ack = max_seq
-    # One round trip for the hot values, the stream's new position and the counters.
-    hot.exchange(put=entries, put_timeout=hot.STORE_TTL,
+    # One round trip for the hot values, the stream's new position and the counters. The hot values
+    # are merged per GPU, not put: a GPU whose samples were all rejected here keeps its last good one,
+    # and a backlog arriving after newer samples (or a resent request finishing after the one that
+    # replaced it) never puts older values back.
+    hot.exchange(put=entries, put_timeout=hot.STORE_TTL, newest=per_node,
                  incr=hot.counter_amounts({"accepted": result.accepted, **result.rejected, **result.clamped}))
     if result.rejected or result.clamped:
         log.warning("telemetry from %s/%s: %d accepted, rejected %s, clamped %s", token.cluster.slug, token.host_name,

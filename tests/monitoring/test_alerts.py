@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import email
 import socket
+import threading
 import time
 from datetime import timedelta
 from email import policy
@@ -269,3 +270,60 @@ def test_deleting_a_rule_while_it_fires_sends_the_resolved_mail(smtp, rule, host
     _wait_for(smtp, 2)
     time.sleep(0.3)
     assert [m["Subject"].split("]")[0] for _, m in smtp.messages] == ["[FIRING warning", "[RESOLVED warning"]
+
+
+def _race_the_next_evaluation(monkeypatch, now) -> None:
+    """The next evaluation reads its rule's open alerts, then a rival evaluation at the same time runs whole
+    (in its own connection and transaction, as a second Celery worker or a beat run overlapping a slow one
+    would) before it goes on with the rows as it read them."""
+    from django.db import connection
+
+    holds, raced = AlertRule.holds, []
+
+    def rival() -> None:
+        try:
+            alerts_evaluate(now=now)
+        finally:
+            connection.close()
+
+    def holds_after_a_rival(self, value):
+        if not raced:
+            raced.append(True)
+            thread = threading.Thread(target=rival)
+            thread.start()
+            thread.join()
+        return holds(self, value)
+
+    monkeypatch.setattr(AlertRule, "holds", holds_after_a_rival)
+
+
+def test_two_evaluations_at_once_send_a_repeat_mail_once(smtp, rule, host, monkeypatch):
+    rule.repeat_seconds = 600
+    rule.save()
+    t0 = timezone.now()
+    _report(host, 99)
+    alerts_evaluate(now=t0)
+    alerts_evaluate(now=t0 + timedelta(seconds=301))  # fires: the first mail
+    _report(host, 99)
+    _race_the_next_evaluation(monkeypatch, t0 + timedelta(seconds=902))
+    alerts_evaluate(now=t0 + timedelta(seconds=902))  # the repeat is due for both evaluations
+    _wait_for(smtp, 3)
+    time.sleep(0.3)
+    assert [m["Subject"].split("]")[0] for _, m in smtp.messages] == ["[FIRING warning", "[FIRING warning"]
+    assert Alert.objects.get().notifications == 2
+
+
+def test_two_evaluations_at_once_mail_an_alert_that_fired_while_silenced_once(smtp, rule, host, world, monkeypatch):
+    t0 = timezone.now()
+    Silence.objects.create(rule=rule, starts_at=t0 - timedelta(minutes=1), ends_at=t0 + timedelta(seconds=400),
+                           created_by=world.staff)
+    _report(host, 99)
+    alerts_evaluate(now=t0)
+    alerts_evaluate(now=t0 + timedelta(seconds=301))  # fires, silenced: no mail
+    _report(host, 99)
+    _race_the_next_evaluation(monkeypatch, t0 + timedelta(seconds=500))
+    alerts_evaluate(now=t0 + timedelta(seconds=500))  # the silence is over: both see a firing mail owed
+    _wait_for(smtp, 2)
+    time.sleep(0.3)
+    assert [m["Subject"].split("]")[0] for _, m in smtp.messages] == ["[FIRING warning"]
+    assert Alert.objects.get().notifications == 1

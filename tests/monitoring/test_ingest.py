@@ -162,3 +162,62 @@ def test_typed_and_field_by_field_reading_store_the_same_values(host):
     assert answer["accepted"] == 3 and answer["rejected"] == {"malformed": 1}
     assert list(Sample.objects.order_by("gpu_id").values_list(
         "gpu_id", "util", "mem_util", "mem_used", "mem_total", "temp", "power")) == stored_typed
+
+
+@pytest.fixture(params=["redis", "locmem"])
+def either_cache(request, settings):
+    """The hot cache as production keeps it (Redis, the suite's cache) and as the embedded mode does (local memory)."""
+    if request.param == "locmem":
+        settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+                                       "LOCATION": "hot-cache-test"}}
+        from django.core.cache import caches
+        from django.core.cache.backends.locmem import LocMemCache
+
+        assert isinstance(caches["default"], LocMemCache)
+        caches["default"].clear()
+
+
+def _hot(host) -> dict:
+    """gpu index → (its hot sample's timestamp, util)."""
+    latest = hot.latest_get((g.pk, g.node_id) for g in host.gpus)
+    return {i: (latest[g.pk].ts, latest[g.pk].util) for i, g in enumerate(host.gpus) if g.pk in latest}
+
+
+def test_a_gpu_whose_sample_is_rejected_keeps_its_previous_hot_sample(host, either_cache):
+    t = time.time() - 5
+    assert post(host, payload(batch([sample(u, util=70) for u in host.uuids], t=t))).json()["accepted"] == 4
+    bad = sample(host.uuids[0], util=99, memory_total_mib=3_000_000_000)
+    answer = post(host, payload(batch([bad] + [sample(u, util=20) for u in host.uuids[1:]], t=t + 1))).json()
+    assert answer["rejected"] == {"memory_out_of_range": 1}
+    # GPU 0's last good sample is 1 s older than the others' and still fresh: it stays, the others move on.
+    assert _hot(host) == {0: (t, 70), 1: (t + 1, 20), 2: (t + 1, 20), 3: (t + 1, 20)}
+
+
+def test_an_older_sample_never_replaces_a_newer_one_in_the_hot_cache(host, either_cache):
+    """A backlog that arrives after newer samples (an agent's earlier run draining its buffer on another
+    stream) lands in history but leaves the hot values alone."""
+    t = time.time() - 2
+    post(host, payload(batch([sample(u, util=80) for u in host.uuids], t=t), stream="agent-now"))
+    old = post(host, payload(batch([sample(u, util=10) for u in host.uuids[:2]], t=t - 60), stream="agent-before"))
+    assert old.json()["accepted"] == 2 and Sample.objects.count() == 6
+    assert _hot(host) == {i: (t, 80) for i in range(4)}
+
+
+def test_two_requests_of_one_node_racing_keep_the_newest_hot_sample(host, either_cache, monkeypatch):
+    """An agent whose request timed out resends it with the next batch while the first is still being
+    handled: the older request, writing last, must not put its older values back."""
+    from monitoring import live
+
+    t = time.time() - 2
+    send, raced = live.send, []
+
+    def send_then_race(groups):
+        send(groups)
+        if not raced:  # the older request has stored its rows; the newer one runs to the end meanwhile
+            raced.append(None)
+            raced[0] = post(host, payload(batch([sample(u, util=90) for u in host.uuids], t=t + 1, seq=2)))
+
+    monkeypatch.setattr(live, "send", send_then_race)
+    assert post(host, payload(batch([sample(u, util=30) for u in host.uuids], t=t, seq=1))).status_code == 200
+    assert raced[0].json()["accepted"] == 4
+    assert _hot(host) == {i: (t + 1, 90) for i in range(4)}
