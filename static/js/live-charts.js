@@ -22,9 +22,17 @@
                    {displaylogo: false, responsive: true});
   }
 
+  // Each GPU's newest time drawn: an older sample (an agent's backlog resent after an outage, or two
+  // web workers' pushes crossing) would draw its line back in time and put old values in the table.
+  const newest = new Map(gpus.map((g) => {
+    const points = Object.values(data.history[g.id] || {}).flat();
+    return [g.id, points.length ? Math.max(...points.map((p) => p[0])) : -Infinity];
+  }));
+
   function onSamples(msg) {
-    const rows = msg.samples.filter((s) => indexOf.has(s.gpu));
+    const rows = msg.samples.filter((s) => indexOf.has(s.gpu) && s.t > newest.get(s.gpu));
     if (!rows.length) return;
+    for (const s of rows) newest.set(s.gpu, s.t);
     const idx = rows.map((s) => indexOf.get(s.gpu));
     for (const el of charts) {
       const metric = el.dataset.metric;

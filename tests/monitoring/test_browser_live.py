@@ -1,4 +1,5 @@
-"""In headless Chromium: the pool page's Plotly charts grow as an agent's samples stream in over the WebSocket."""
+"""In headless Chromium: the pool page's Plotly charts grow as an agent's samples stream in over the WebSocket,
+and an older sample arriving late (an agent's backlog) never draws the line back in time."""
 from __future__ import annotations
 
 import time
@@ -43,3 +44,13 @@ def test_the_pool_charts_extend_in_place_as_samples_arrive(world, asgi_server, p
     assert page.evaluate("document.getElementById('chart-util').data[0].y") == [10, 20, 30, 40, 50]
     assert page.locator('#gpu-table tr[data-gpu] [data-f="util"]').first.inner_text() == "50"
     assert page.evaluate("performance.timeOrigin") == loaded_at  # extended in place, never reloaded
+
+    # A backlog from before those five (another stream, as an agent restarted after an outage would
+    # send) is stored, but the charts and the table keep the newest values.
+    old = payload(batch([sample(u, util=99) for u in uuids], t=t - 30), stream="backlog-stream")
+    assert agent.post("/api/v1/agent/telemetry/", json=old).status_code == 200
+    body = payload(batch([sample(u, util=60 + g) for g, u in enumerate(uuids)], t=t + 5))
+    assert agent.post("/api/v1/agent/telemetry/", json=body).status_code == 200
+    page.wait_for_function("document.getElementById('chart-util').data[0].x.length >= 6")
+    assert page.evaluate("document.getElementById('chart-util').data[0].y") == [10, 20, 30, 40, 50, 60]
+    assert page.locator('#gpu-table tr[data-gpu] [data-f="util"]').first.inner_text() == "60"
