@@ -205,13 +205,19 @@ def test_staff_manage_rules_and_members_see_only_their_alerts(api, world, rule, 
     assert api(stranger).get("/api/v1/alerts/").json()["count"] == 0
 
 
-def test_an_alert_that_fired_while_silenced_is_mailed_once_the_silence_ends(smtp, rule, host, world):
+def _fire_while_silenced(rule, host, world):
+    """The rule's alert fires under a silence that ends at t0 + 400 s; returns t0."""
     t0 = timezone.now()
     Silence.objects.create(rule=rule, starts_at=t0 - timedelta(minutes=1), ends_at=t0 + timedelta(seconds=400),
                            created_by=world.staff)
     _report(host, 99)
     alerts_evaluate(now=t0)
     alerts_evaluate(now=t0 + timedelta(seconds=301))  # fires, silenced: no mail
+    return t0
+
+
+def test_an_alert_that_fired_while_silenced_is_mailed_once_the_silence_ends(smtp, rule, host, world):
+    t0 = _fire_while_silenced(rule, host, world)
     time.sleep(0.3)
     assert smtp.messages == []
     _report(host, 99)
@@ -314,12 +320,7 @@ def test_two_evaluations_at_once_send_a_repeat_mail_once(smtp, rule, host, monke
 
 
 def test_two_evaluations_at_once_mail_an_alert_that_fired_while_silenced_once(smtp, rule, host, world, monkeypatch):
-    t0 = timezone.now()
-    Silence.objects.create(rule=rule, starts_at=t0 - timedelta(minutes=1), ends_at=t0 + timedelta(seconds=400),
-                           created_by=world.staff)
-    _report(host, 99)
-    alerts_evaluate(now=t0)
-    alerts_evaluate(now=t0 + timedelta(seconds=301))  # fires, silenced: no mail
+    t0 = _fire_while_silenced(rule, host, world)
     _report(host, 99)
     _race_the_next_evaluation(monkeypatch, t0 + timedelta(seconds=500))
     alerts_evaluate(now=t0 + timedelta(seconds=500))  # the silence is over: both see a firing mail owed
