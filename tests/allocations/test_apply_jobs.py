@@ -221,6 +221,26 @@ def test_a_quiet_reconcile_leaves_no_row(world):
     assert not ApplyJob.objects.exists()
 
 
+def test_processes_without_a_lease_are_told_once_not_repaired_every_reconcile(world, caplog):
+    """A GPU busy outside the portal is a standing condition (the host's page shows it): the reconcile,
+    every 30 s, neither claims to repair it nor keeps a row for it; the lease report logs it when it
+    appears or changes."""
+    node_a = with_agent("node-a")
+    with caplog.at_level("INFO", logger="allocations.apply.backends.agent"):
+        for _ in range(3):
+            host_lease_report(node=node_a, held=[], unleased_in_use=["GPU-cccccccc-0003"])
+            assert jobs.cluster_reconcile(cluster_id=node_a.cluster_id) == {"cluster": node_a.cluster.slug,
+                                                                             "repaired": []}
+        host_lease_report(node=node_a, held=[], unleased_in_use=[])
+    assert not ApplyJob.objects.exists()
+    told = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert told == [
+        ("WARNING", "host node-a: GPU(s) GPU-cccccccc-0003 run processes without a lease (not booked through "
+                    "the portal)"),
+        ("INFO", "host node-a: no GPU runs processes without a lease any more"),
+    ]
+
+
 # --- failover -----------------------------------------------------------------------------------
 
 def test_a_dead_nodes_reservations_move_to_healthy_gpus_and_the_owners_are_told(world, api, settings):

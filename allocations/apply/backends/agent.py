@@ -77,10 +77,18 @@ def host_lease_report(*, node: Node, held: list[str], failed: dict[str, str] | N
                       unleased_in_use: list[str] | None = None, now: datetime | None = None) -> None:
     """Record what the agent says it holds, and wake the apply jobs waiting for this host."""
     now = now or timezone.now()
+    unleased = sorted(set(unleased_in_use or []))
+    before = HostLeaseReport.objects.filter(node=node).values_list("unleased_in_use", flat=True).first() or []
     report, _ = HostLeaseReport.objects.update_or_create(node=node, defaults={
-        "held": sorted(set(held)), "failed": dict(failed or {}), "unleased_in_use": sorted(set(unleased_in_use or [])),
-        "reported_at": now,
+        "held": sorted(set(held)), "failed": dict(failed or {}), "unleased_in_use": unleased, "reported_at": now,
     })
+    # GPUs busy outside the portal: nothing the portal can repair, and the host's page shows them. Told
+    # when it starts or changes, not on every report or reconcile.
+    if unleased and unleased != before:
+        log.warning("host %s: GPU(s) %s run processes without a lease (not booked through the portal)", node.name,
+                    ", ".join(unleased))
+    elif before and not unleased:
+        log.info("host %s: no GPU runs processes without a lease any more", node.name)
     waiting = list(ApplyJob.objects.filter(cluster_id=node.cluster_id, backend="agent",
                                            status=ApplyJob.Status.RETRYING).values_list("pk", flat=True))
     if waiting:
@@ -113,9 +121,6 @@ class AgentBackend:
         report = SyncReport(target=f"agents of {self.cluster.slug}" + (f" (teams {', '.join(teams)})" if teams else ""))
         waiting, refused, push = [], [], []
         for node in nodes:
-            if teams is None and reports[node.name] and reports[node.name].unleased_in_use:
-                report.changes.append(f"host {node.name}: GPU(s) {', '.join(reports[node.name].unleased_in_use)} "
-                                      "run processes without a lease")
             have = {key for key in held[node.name] if relevant is None or int(key.split(":", 1)[0]) in relevant}
             want = wanted.get(node.name, set())
             missing, extra = sorted(want - have), sorted(have - want)
