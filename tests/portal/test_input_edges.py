@@ -1,0 +1,36 @@
+"""Inputs at the edges of teams, members and quotas are refused with a 4xx naming the field and the rule.
+
+Each of these once reached PostgreSQL raw and came back as a 500 (found by probing the review).
+"""
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+from allocations.models import Quota
+from portal.models import Membership
+
+
+def _rules(response) -> list[tuple[str, str]]:
+    return [(e["field"], e["rule"]) for e in response.json()["errors"]]
+
+
+def test_a_monthly_gpu_hour_limit_beyond_the_column_is_a_400_and_writes_nothing(world, api):
+    # gpu_hours_per_month is an integer column on PostgreSQL: 2**31 does not fit.
+    response = api(world.staff).post("/api/v1/quotas/", {"team": "ml", "pool": "l4", "max_gpus": 1,
+                                                         "gpu_hours_per_month": 2**31}, format="json")
+    assert response.status_code == 400
+    assert ("gpu_hours_per_month", "max_value") in _rules(response)
+    assert not Quota.objects.filter(team=world.team, pool=world.other_pool).exists()
+
+
+def test_the_quota_service_checks_values_before_it_writes(world):
+    from django.core.exceptions import ValidationError
+
+    from allocations import services
+
+    with pytest.raises(ValidationError) as refused:
+        services.quota_set(actor=world.staff, team=world.team, pool=world.other_pool, max_gpus=1,
+                           gpu_hours_per_month=2**31)
+    assert "gpu_hours_per_month" in refused.value.message_dict
+    assert not Quota.objects.filter(team=world.team, pool=world.other_pool).exists()
