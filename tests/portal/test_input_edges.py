@@ -34,3 +34,11 @@ def test_the_quota_service_checks_values_before_it_writes(world):
                            gpu_hours_per_month=2**31)
     assert "gpu_hours_per_month" in refused.value.message_dict
     assert not Quota.objects.filter(team=world.team, pool=world.other_pool).exists()
+
+
+@pytest.mark.parametrize("field", ["team", "pool"])
+def test_a_nul_byte_in_a_quotas_team_or_pool_is_a_400(world, api, field):
+    body = {"team": "ml", "pool": "l4", "max_gpus": 1, field: "l\x004"}
+    response = api(world.staff).post("/api/v1/quotas/", body, format="json")
+    assert response.status_code == 400
+    assert (field, "invalid") in _rules(response)
