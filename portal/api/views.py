@@ -57,6 +57,9 @@ class TeamViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Creat
 
     serializer_class = TeamSerializer
     lookup_field = "slug"
+    # Only slugs reach the database: DRF's default ([^/.]+) let /teams/a%00b/ through, and PostgreSQL
+    # refuses a NUL byte in text with a DataError (a 500). Anything else is the API's JSON 404.
+    lookup_value_regex = r"[-a-zA-Z0-9_]+"
 
     def get_permissions(self):
         if self.action in ("update", "partial_update", "destroy"):

@@ -42,3 +42,17 @@ def test_a_nul_byte_in_a_quotas_team_or_pool_is_a_400(world, api, field):
     response = api(world.staff).post("/api/v1/quotas/", body, format="json")
     assert response.status_code == 400
     assert (field, "invalid") in _rules(response)
+
+
+@pytest.mark.parametrize("path", ["/api/v1/teams/a%00b/", "/api/v1/teams/a%00b/members/", "/api/v1/pools/a%00b/"])
+def test_a_nul_byte_in_a_team_or_pool_url_is_a_json_404(world, api, path):
+    response = api(world.staff).get(path)
+    assert response.status_code == 404
+    assert response.json()["errors"][0]["rule"] == "not_found"
+
+
+def test_an_unknown_api_url_is_a_json_404(world, api):
+    response = api(world.staff).get("/api/v1/no-such-thing/")
+    assert response.status_code == 404
+    assert response.json()["errors"] == [{"field": "", "rule": "not_found", "message": response.json()["detail"]}]
+    assert Client().get("/no-such-page/")["Content-Type"].startswith("text/html")
