@@ -56,3 +56,12 @@ def test_an_unknown_api_url_is_a_json_404(world, api):
     assert response.status_code == 404
     assert response.json()["errors"] == [{"field": "", "rule": "not_found", "message": response.json()["detail"]}]
     assert Client().get("/no-such-page/")["Content-Type"].startswith("text/html")
+
+
+def test_removing_a_malformed_username_on_the_team_page_is_a_400(world):
+    client = Client()
+    client.force_login(world.owner)
+    for username in ("a\x00b", "x" * 151):
+        response = client.post("/teams/ml/", {"remove": username})
+        assert response.status_code == 400
+    assert Membership.objects.filter(team=world.team).count() == 2
