@@ -18,6 +18,14 @@ def _require_manager(actor: AbstractBaseUser, team: Team) -> None:
                                rule="manager_required")
 
 
+def _lock_team(team: Team) -> None:
+    """Serialize the writes about one team's members on its row: two requests adding the same user
+    both passed the duplicate check and the second INSERT hit the unique constraint (a 500), and the
+    last-manager check must not rest on which rows a query happens to join and lock. Taken before the
+    actor's role is read, so a manager demoted a moment ago no longer acts as one."""
+    Team.objects.select_for_update().filter(pk=team.pk).order_by().values_list("pk", flat=True).first()
+
+
 def _validated_role(role: str) -> str:
     if role not in Membership.Role.values:
         raise ValidationFailed(f"role must be one of {', '.join(Membership.Role.values)}.", field="role",
@@ -40,7 +48,8 @@ def team_create(*, actor: AbstractBaseUser, slug: str, name: str) -> Team:
 @transaction.atomic
 def membership_add(*, actor: AbstractBaseUser, team: Team, username: str, role: str = Membership.Role.MEMBER
                    ) -> Membership:
-    _require_manager(actor, team)
+    _lock_team(team)
+    _require_manager(actor, team)  # after the lock: a concurrent demotion of the actor counts
     role = _validated_role(role)
     user = User.objects.filter(username=username, is_active=True).first()
     if user is None:
@@ -65,7 +74,8 @@ def _would_leave_no_manager(team: Team, membership: Membership) -> bool:
 
 @transaction.atomic
 def membership_change_role(*, actor: AbstractBaseUser, team: Team, username: str, role: str) -> Membership:
-    _require_manager(actor, team)
+    _lock_team(team)
+    _require_manager(actor, team)  # after the lock: a concurrent demotion of the actor counts
     role = _validated_role(role)
     membership = _membership(team, username)
     if role == Membership.Role.MEMBER and _would_leave_no_manager(team, membership) and not actor.is_staff:
@@ -77,7 +87,8 @@ def membership_change_role(*, actor: AbstractBaseUser, team: Team, username: str
 
 @transaction.atomic
 def membership_remove(*, actor: AbstractBaseUser, team: Team, username: str) -> None:
-    _require_manager(actor, team)
+    _lock_team(team)
+    _require_manager(actor, team)  # after the lock: a concurrent demotion of the actor counts
     membership = _membership(team, username)
     if _would_leave_no_manager(team, membership) and not actor.is_staff:
         raise Conflict("A team keeps at least one manager.", field="username", rule="last_manager")
