@@ -65,3 +65,11 @@ def test_removing_a_malformed_username_on_the_team_page_is_a_400(world):
         response = client.post("/teams/ml/", {"remove": username})
         assert response.status_code == 400
     assert Membership.objects.filter(team=world.team).count() == 2
+
+
+def test_members_cannot_learn_which_team_slugs_exist_by_creating_teams(world, api):
+    client = api(world.member)
+    taken = client.post("/api/v1/teams/", {"slug": "infra", "name": "Guess"}, format="json")
+    free = client.post("/api/v1/teams/", {"slug": "no-such-team", "name": "Guess"}, format="json")
+    assert taken.status_code == free.status_code == 403  # was 400 "already exists" for infra
+    assert taken.json() == free.json()
