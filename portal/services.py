@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import transaction
+from django.db import IntegrityError, transaction
 
 from common.errors import Conflict, NotFound, PermissionDenied, ValidationFailed
 from portal.models import Membership, Team
@@ -41,7 +41,13 @@ def team_create(*, actor: AbstractBaseUser, slug: str, name: str) -> Team:
         raise Conflict(f"A team with slug {slug!r} already exists.", field="slug", rule="unique")
     team = Team(slug=slug, name=name)
     team.full_clean()
-    team.save()
+    try:
+        # A savepoint: two requests for one new slug both pass the checks above, and the second
+        # INSERT meets the unique index (an IntegrityError, a 500, before this).
+        with transaction.atomic():
+            team.save()
+    except IntegrityError:
+        raise Conflict(f"A team with slug {slug!r} already exists.", field="slug", rule="unique") from None
     return team
 
 
