@@ -417,6 +417,12 @@ def quota_set(*, actor: AbstractBaseUser, team: Team, pool: GpuPool, max_gpus: i
     """Create or change a team's quota in a pool. It binds the next reservation; held ones stay."""
     if not actor.is_staff:
         raise PermissionDenied("Only staff can change quotas.", field="quota", rule="staff_required")
+    # Check the values before get_or_create writes them: a new quota is INSERTed there, so a value
+    # beyond the column's range (gpu_hours_per_month is an integer on PostgreSQL) failed in the
+    # database as a 500 instead of a 400 naming the field. Uniqueness is get_or_create's to settle;
+    # team and pool are rows the caller already read.
+    Quota(team=team, pool=pool, max_gpus=max_gpus, gpu_hours_per_month=gpu_hours_per_month).full_clean(
+        exclude=["team", "pool"], validate_unique=False, validate_constraints=False)
     quota, _ = Quota.objects.select_for_update().get_or_create(
         team=team, pool=pool, defaults={"max_gpus": max_gpus, "gpu_hours_per_month": gpu_hours_per_month}
     )

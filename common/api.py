@@ -27,6 +27,16 @@ class CleanModelSerializer(serializers.ModelSerializer):
         return attrs
 
 
+class SlugLookupField(serializers.SlugRelatedField):
+    """SlugRelatedField that refuses a NUL byte as `invalid` before it looks the row up: PostgreSQL
+    refuses NUL in text outright (a DataError, which DRF's field does not catch: a 500)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, str) and "\x00" in data:
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
 class IsStaffOrReadOnly(permissions.BasePermission):
     """Anyone signed in reads (what the queryset lets them see); only staff write."""
 

@@ -48,6 +48,12 @@ class MemberAddForm(forms.Form):
     role = forms.ChoiceField(choices=Membership.Role.choices, initial=Membership.Role.MEMBER)
 
 
+class MemberRemoveForm(forms.Form):
+    """The Remove button's username, parsed like the add form's (a NUL byte reached PostgreSQL raw)."""
+
+    remove = forms.CharField(max_length=150)
+
+
 class AvailabilityForm(forms.Form):
     RANGES = {"24h": (timedelta(hours=24), timedelta(hours=1)), "3d": (timedelta(days=3), timedelta(hours=3)),
               "7d": (timedelta(days=7), timedelta(hours=6))}

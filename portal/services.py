@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import transaction
+from django.db import IntegrityError, transaction
 
 from common.errors import Conflict, NotFound, PermissionDenied, ValidationFailed
 from portal.models import Membership, Team
@@ -16,6 +16,14 @@ def _require_manager(actor: AbstractBaseUser, team: Team) -> None:
     if not can_manage_team(actor, team):
         raise PermissionDenied("Only the team's managers or staff can change its members.", field="team",
                                rule="manager_required")
+
+
+def _lock_team(team: Team) -> None:
+    """Serialize the writes about one team's members on its row: two requests adding the same user
+    both passed the duplicate check and the second INSERT hit the unique constraint (a 500), and the
+    last-manager check must not rest on which rows a query happens to join and lock. Taken before the
+    actor's role is read, so a manager demoted a moment ago no longer acts as one."""
+    Team.objects.select_for_update().filter(pk=team.pk).order_by().values_list("pk", flat=True).first()
 
 
 def _validated_role(role: str) -> str:
@@ -33,14 +41,21 @@ def team_create(*, actor: AbstractBaseUser, slug: str, name: str) -> Team:
         raise Conflict(f"A team with slug {slug!r} already exists.", field="slug", rule="unique")
     team = Team(slug=slug, name=name)
     team.full_clean()
-    team.save()
+    try:
+        # A savepoint: two requests for one new slug both pass the checks above, and the second
+        # INSERT meets the unique index (an IntegrityError, a 500, before this).
+        with transaction.atomic():
+            team.save()
+    except IntegrityError:
+        raise Conflict(f"A team with slug {slug!r} already exists.", field="slug", rule="unique") from None
     return team
 
 
 @transaction.atomic
 def membership_add(*, actor: AbstractBaseUser, team: Team, username: str, role: str = Membership.Role.MEMBER
                    ) -> Membership:
-    _require_manager(actor, team)
+    _lock_team(team)
+    _require_manager(actor, team)  # after the lock: a concurrent demotion of the actor counts
     role = _validated_role(role)
     user = User.objects.filter(username=username, is_active=True).first()
     if user is None:
@@ -65,7 +80,8 @@ def _would_leave_no_manager(team: Team, membership: Membership) -> bool:
 
 @transaction.atomic
 def membership_change_role(*, actor: AbstractBaseUser, team: Team, username: str, role: str) -> Membership:
-    _require_manager(actor, team)
+    _lock_team(team)
+    _require_manager(actor, team)  # after the lock: a concurrent demotion of the actor counts
     role = _validated_role(role)
     membership = _membership(team, username)
     if role == Membership.Role.MEMBER and _would_leave_no_manager(team, membership) and not actor.is_staff:
@@ -77,7 +93,8 @@ def membership_change_role(*, actor: AbstractBaseUser, team: Team, username: str
 
 @transaction.atomic
 def membership_remove(*, actor: AbstractBaseUser, team: Team, username: str) -> None:
-    _require_manager(actor, team)
+    _lock_team(team)
+    _require_manager(actor, team)  # after the lock: a concurrent demotion of the actor counts
     membership = _membership(team, username)
     if _would_leave_no_manager(team, membership) and not actor.is_staff:
         raise Conflict("A team keeps at least one manager.", field="username", rule="last_manager")

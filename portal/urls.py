@@ -40,6 +40,9 @@ api = [
     path("", include(router.urls)),
 ]
 
+# JSON 404s under /api/ (unknown routes, lookups the routes' patterns refuse).
+handler404 = "portal.api.exception_handler.not_found"
+
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
     path("reserve/", views.reserve, name="reserve"),

@@ -22,7 +22,7 @@ from allocations.models import Allocation, Reservation
 from common.errors import ApplicationError
 from monitoring import views as monitoring_views
 from portal import services as team_services
-from portal.forms import AvailabilityForm, ExtendForm, MemberAddForm, ReservationForm
+from portal.forms import AvailabilityForm, ExtendForm, MemberAddForm, MemberRemoveForm, ReservationForm
 from portal.selectors import can_manage_team, teams_of
 
 LIVE_RESERVATIONS_PER_PAGE = 50
@@ -184,10 +184,16 @@ def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
     if request.method == "POST":
         try:
             if "remove" in request.POST:
-                team_services.membership_remove(actor=request.user, team=team, username=request.POST["remove"])
-                messages.success(request, f"Removed {request.POST['remove']}.")
-                return redirect("team", slug=team.slug)
-            if form.is_valid():
+                # Parsed like the add form: a raw NUL byte here reached PostgreSQL (a 500).
+                remove = MemberRemoveForm(request.POST)
+                if not remove.is_valid():
+                    form.add_error(None, f"Remove: {remove.errors['remove'][0]}")
+                else:
+                    username = remove.cleaned_data["remove"]
+                    team_services.membership_remove(actor=request.user, team=team, username=username)
+                    messages.success(request, f"Removed {username}.")
+                    return redirect("team", slug=team.slug)
+            elif form.is_valid():
                 team_services.membership_add(actor=request.user, team=team, **form.cleaned_data)
                 messages.success(request, f"Added {form.cleaned_data['username']}.")
                 return redirect("team", slug=team.slug)

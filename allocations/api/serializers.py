@@ -9,7 +9,7 @@ from rest_framework import serializers
 from allocations.models import ApplyJob, Quota, Reservation, ReservationEvent
 from allocations.placement import DEFAULT_POLICY, POLICY_NAMES
 from allocations.selectors import LATEST_INSTANT
-from common.api import CleanModelSerializer
+from common.api import CleanModelSerializer, SlugLookupField
 from inventory.models import GpuPool
 from portal.models import Team
 
@@ -139,10 +139,12 @@ class ReservationDetailSerializer(ReservationSerializer):
 
 
 class QuotaSerializer(serializers.ModelSerializer):
-    team = serializers.SlugRelatedField(slug_field="slug", queryset=Team.objects.all())
-    pool = serializers.SlugRelatedField(slug_field="slug", queryset=GpuPool.objects.all())
+    team = SlugLookupField(slug_field="slug", queryset=Team.objects.all())
+    pool = SlugLookupField(slug_field="slug", queryset=GpuPool.objects.all())
     max_gpus = serializers.IntegerField(min_value=0, max_value=100000)
-    gpu_hours_per_month = serializers.IntegerField(min_value=0, allow_null=True, required=False)
+    # The column is a 32-bit integer on PostgreSQL: a larger number must be a 400, not a database error.
+    gpu_hours_per_month = serializers.IntegerField(min_value=0, max_value=2**31 - 1, allow_null=True,
+                                                   required=False)
 
     class Meta:
         model = Quota

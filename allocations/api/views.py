@@ -118,6 +118,7 @@ class PoolViewSet(viewsets.ModelViewSet):
     filterset_class = GpuPoolFilterSet
     permission_classes = [IsStaffOrReadOnly]
     lookup_field = "slug"
+    lookup_value_regex = r"[-a-zA-Z0-9_]+"  # only slugs reach the database (a NUL byte was a 500)
 
     def get_queryset(self):
         return selectors.with_occupancy(selectors.pools_visible_to(self.request.user))

@@ -6,7 +6,8 @@ from typing import Any
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db.models import ProtectedError, RestrictedError
-from django.http import Http404
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.views import defaults
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -67,3 +68,11 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         errors = [{"field": "", "rule": str(getattr(exc, "default_code", "error")), "message": str(exc.detail)}]
     response.data = _body(errors)
     return response
+
+
+def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """The project's handler404: a URL under /api/ that matches no route (or a lookup its route refuses,
+    such as a team slug with a NUL byte) answers the API's JSON shape; pages keep Django's page."""
+    if request.path.startswith("/api/"):
+        return JsonResponse(_body([{"field": "", "rule": "not_found", "message": "Not found."}]), status=404)
+    return defaults.page_not_found(request, exception)

@@ -57,9 +57,14 @@ class TeamViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Creat
 
     serializer_class = TeamSerializer
     lookup_field = "slug"
+    # Only slugs reach the database: DRF's default ([^/.]+) let /teams/a%00b/ through, and PostgreSQL
+    # refuses a NUL byte in text with a DataError (a 500). Anything else is the API's JSON 404.
+    lookup_value_regex = r"[-a-zA-Z0-9_]+"
 
     def get_permissions(self):
-        if self.action in ("update", "partial_update", "destroy"):
+        # Create too, before the input is validated: the slug's unique check answered a member 400
+        # "already exists" for another team's slug and 403 otherwise, telling them which teams exist.
+        if self.action in ("create", "update", "partial_update", "destroy"):
             return [IsAdminUser()]
         return super().get_permissions()
 

@@ -1,0 +1,75 @@
+"""Inputs at the edges of teams, members and quotas are refused with a 4xx naming the field and the rule.
+
+Each of these once reached PostgreSQL raw and came back as a 500 (found by probing the review).
+"""
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+from allocations.models import Quota
+from portal.models import Membership
+
+
+def _rules(response) -> list[tuple[str, str]]:
+    return [(e["field"], e["rule"]) for e in response.json()["errors"]]
+
+
+def test_a_monthly_gpu_hour_limit_beyond_the_column_is_a_400_and_writes_nothing(world, api):
+    # gpu_hours_per_month is an integer column on PostgreSQL: 2**31 does not fit.
+    response = api(world.staff).post("/api/v1/quotas/", {"team": "ml", "pool": "l4", "max_gpus": 1,
+                                                         "gpu_hours_per_month": 2**31}, format="json")
+    assert response.status_code == 400
+    assert ("gpu_hours_per_month", "max_value") in _rules(response)
+    assert not Quota.objects.filter(team=world.team, pool=world.other_pool).exists()
+
+
+def test_the_quota_service_checks_values_before_it_writes(world):
+    from django.core.exceptions import ValidationError
+
+    from allocations import services
+
+    with pytest.raises(ValidationError) as refused:
+        services.quota_set(actor=world.staff, team=world.team, pool=world.other_pool, max_gpus=1,
+                           gpu_hours_per_month=2**31)
+    assert "gpu_hours_per_month" in refused.value.message_dict
+    assert not Quota.objects.filter(team=world.team, pool=world.other_pool).exists()
+
+
+@pytest.mark.parametrize("field", ["team", "pool"])
+def test_a_nul_byte_in_a_quotas_team_or_pool_is_a_400(world, api, field):
+    body = {"team": "ml", "pool": "l4", "max_gpus": 1, field: "l\x004"}
+    response = api(world.staff).post("/api/v1/quotas/", body, format="json")
+    assert response.status_code == 400
+    assert (field, "invalid") in _rules(response)
+
+
+@pytest.mark.parametrize("path", ["/api/v1/teams/a%00b/", "/api/v1/teams/a%00b/members/", "/api/v1/pools/a%00b/"])
+def test_a_nul_byte_in_a_team_or_pool_url_is_a_json_404(world, api, path):
+    response = api(world.staff).get(path)
+    assert response.status_code == 404
+    assert response.json()["errors"][0]["rule"] == "not_found"
+
+
+def test_an_unknown_api_url_is_a_json_404(world, api):
+    response = api(world.staff).get("/api/v1/no-such-thing/")
+    assert response.status_code == 404
+    assert response.json()["errors"] == [{"field": "", "rule": "not_found", "message": response.json()["detail"]}]
+    assert Client().get("/no-such-page/")["Content-Type"].startswith("text/html")
+
+
+def test_removing_a_malformed_username_on_the_team_page_is_a_400(world):
+    client = Client()
+    client.force_login(world.owner)
+    for username in ("a\x00b", "x" * 151):
+        response = client.post("/teams/ml/", {"remove": username})
+        assert response.status_code == 400
+    assert Membership.objects.filter(team=world.team).count() == 2
+
+
+def test_members_cannot_learn_which_team_slugs_exist_by_creating_teams(world, api):
+    client = api(world.member)
+    taken = client.post("/api/v1/teams/", {"slug": "infra", "name": "Guess"}, format="json")
+    free = client.post("/api/v1/teams/", {"slug": "no-such-team", "name": "Guess"}, format="json")
+    assert taken.status_code == free.status_code == 403  # was 400 "already exists" for infra
+    assert taken.json() == free.json()
