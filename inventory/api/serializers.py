@@ -1,7 +1,7 @@
 from rest_framework import serializers
 from rest_framework.validators import UniqueValidator
 
-from common.api import CleanModelSerializer
+from common.api import CleanModelSerializer, SlugLookupField
 from inventory import services
 from inventory.models import Cluster, Gpu, GpuPool, HostToken, Node
 
@@ -46,7 +46,7 @@ class DiscoveryReportSerializer(serializers.Serializer):
 
 
 class NodeSerializer(CleanModelSerializer):
-    cluster = serializers.SlugRelatedField(slug_field="slug", queryset=Cluster.objects.all())
+    cluster = SlugLookupField(slug_field="slug", queryset=Cluster.objects.all())
 
     class Meta:
         model = Node
@@ -56,7 +56,7 @@ class NodeSerializer(CleanModelSerializer):
 
 
 class GpuSerializer(CleanModelSerializer):
-    pool = serializers.SlugRelatedField(slug_field="slug", queryset=GpuPool.objects.all(), allow_null=True,
+    pool = SlugLookupField(slug_field="slug", queryset=GpuPool.objects.all(), allow_null=True,
                                         required=False)
 
     class Meta:
@@ -66,7 +66,7 @@ class GpuSerializer(CleanModelSerializer):
 
 
 class HostTokenSerializer(serializers.ModelSerializer):
-    cluster = serializers.SlugRelatedField(slug_field="slug", queryset=Cluster.objects.all())
+    cluster = SlugLookupField(slug_field="slug", queryset=Cluster.objects.all())
     created_by = serializers.CharField(source="created_by.username", default=None, read_only=True)
 
     class Meta:

@@ -2,13 +2,13 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from common.api import CleanModelSerializer
+from common.api import CleanModelSerializer, SlugLookupField
 from inventory.models import GpuPool
 from monitoring.models import Alert, AlertRule, Silence
 
 
 class AlertRuleSerializer(CleanModelSerializer):
-    pool = serializers.SlugRelatedField(slug_field="slug", queryset=GpuPool.objects.all(), required=False,
+    pool = SlugLookupField(slug_field="slug", queryset=GpuPool.objects.all(), required=False,
                                         allow_null=True)
 
     class Meta:
@@ -36,7 +36,7 @@ class SilenceSerializer(CleanModelSerializer):
     """Mutes the notifications of matching alerts (rule, subject, pool; empty matches all) until ends_at."""
 
     rule = serializers.PrimaryKeyRelatedField(queryset=AlertRule.objects.all(), required=False, allow_null=True)
-    pool = serializers.SlugRelatedField(slug_field="slug", queryset=GpuPool.objects.all(), required=False,
+    pool = SlugLookupField(slug_field="slug", queryset=GpuPool.objects.all(), required=False,
                                         allow_null=True)
     created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
     starts_at = serializers.DateTimeField(required=False)

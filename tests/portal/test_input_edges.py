@@ -73,3 +73,21 @@ def test_members_cannot_learn_which_team_slugs_exist_by_creating_teams(world, ap
     free = client.post("/api/v1/teams/", {"slug": "no-such-team", "name": "Guess"}, format="json")
     assert taken.status_code == free.status_code == 403  # was 400 "already exists" for infra
     assert taken.json() == free.json()
+
+
+@pytest.mark.parametrize("method, url, body, field", [
+    ("post", "/api/v1/nodes/", {"cluster": "lab\x00", "name": "node-z"}, "cluster"),
+    ("post", "/api/v1/host-tokens/", {"cluster": "lab\x00", "host_name": "node-z"}, "cluster"),
+    ("patch", "gpu", {"pool": "a100\x00"}, "pool"),
+    ("post", "/api/v1/alert-rules/", {"name": "hot", "metric": "temperature", "threshold": 80,
+                                      "pool": "a100\x00"}, "pool"),
+    ("post", "/api/v1/silences/", {"pool": "a100\x00", "ends_at": "2099-01-01T00:00:00Z"}, "pool"),
+])
+def test_a_nul_byte_in_a_slug_of_the_fleet_api_is_a_400(world, api, method, url, body, field):
+    from inventory.models import Gpu
+
+    if url == "gpu":
+        url = f"/api/v1/gpus/{Gpu.objects.order_by('pk').first().pk}/"
+    response = getattr(api(world.staff), method)(url, body, format="json")
+    assert response.status_code == 400, response.content
+    assert (field, "invalid") in _rules(response)
