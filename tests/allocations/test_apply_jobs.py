@@ -1,6 +1,7 @@
 """Apply jobs: retries with backoff, the deadline, refusals, lost workers, and the agent lease exchange."""
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 
 import pytest
@@ -221,19 +222,36 @@ def test_a_quiet_reconcile_leaves_no_row(world):
     assert not ApplyJob.objects.exists()
 
 
-def test_processes_without_a_lease_are_told_once_not_repaired_every_reconcile(world, caplog):
+class _Told(logging.Handler):
+    """What a logger said (CI runs pytest without its logging plugin, so no caplog)."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.INFO)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_processes_without_a_lease_are_told_once_not_repaired_every_reconcile(world):
     """A GPU busy outside the portal is a standing condition (the host's page shows it): the reconcile,
     every 30 s, neither claims to repair it nor keeps a row for it; the lease report logs it when it
     appears or changes."""
     node_a = with_agent("node-a")
-    with caplog.at_level("INFO", logger="allocations.apply.backends.agent"):
+    logger, handler = logging.getLogger("allocations.apply.backends.agent"), _Told()
+    logger.addHandler(handler)
+    level, logger.level = logger.level, logging.INFO
+    try:
         for _ in range(3):
             host_lease_report(node=node_a, held=[], unleased_in_use=["GPU-cccccccc-0003"])
             assert jobs.cluster_reconcile(cluster_id=node_a.cluster_id) == {"cluster": node_a.cluster.slug,
                                                                              "repaired": []}
         host_lease_report(node=node_a, held=[], unleased_in_use=[])
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
     assert not ApplyJob.objects.exists()
-    told = [(r.levelname, r.getMessage()) for r in caplog.records]
+    told = [(r.levelname, r.getMessage()) for r in handler.records]
     assert told == [
         ("WARNING", "host node-a: GPU(s) GPU-cccccccc-0003 run processes without a lease (not booked through "
                     "the portal)"),
