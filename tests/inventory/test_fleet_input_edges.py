@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inventory.models import Cluster
+from inventory.models import Cluster, Node
 
 KUBECONFIG = """apiVersion: v1
 kind: Config
@@ -44,3 +44,13 @@ def test_a_well_formed_kubeconfig_is_still_taken(world, api):
                                                            "kubeconfig": KUBECONFIG}, format="json")
     assert response.status_code == 201, response.content
     assert response.json()["has_credentials"] is True
+
+
+@pytest.mark.parametrize("labels", [{"a\x00": "b"}, {"a": "b\x00"}])
+def test_a_nul_byte_in_a_nodes_labels_is_a_400(world, api, labels):
+    # PostgreSQL's jsonb refuses \u0000 in any string.
+    response = api(world.staff).post("/api/v1/nodes/", {"cluster": "lab", "name": "node-z", "labels": labels},
+                                     format="json")
+    assert response.status_code == 400, response.content
+    assert ("labels", "null_characters_not_allowed") in _rules(response)
+    assert not Node.objects.filter(name="node-z").exists()
