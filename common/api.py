@@ -5,7 +5,8 @@ from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import models
-from rest_framework import permissions, serializers
+from rest_framework import parsers, permissions, serializers
+from rest_framework.exceptions import ParseError
 from rest_framework.pagination import LimitOffsetPagination
 
 
@@ -69,6 +70,18 @@ class SlugLookupField(serializers.SlugRelatedField):
         if isinstance(data, str) and "\x00" in data:
             self.fail("invalid")
         return super().to_internal_value(data)
+
+
+class JSONParser(parsers.JSONParser):
+    """DRF's JSON parser, but a body nested deeper than Python's json module recurses (100,000 '[')
+    is a 400 malformed body like any other bad JSON: json.loads raises RecursionError, not the
+    ValueError DRF's parser turns into a ParseError, so it was a 500."""
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        try:
+            return super().parse(stream, media_type, parser_context)
+        except RecursionError:
+            raise ParseError("JSON parse error - nested too deeply") from None
 
 
 class IsStaffOrReadOnly(permissions.BasePermission):
