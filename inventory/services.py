@@ -18,7 +18,7 @@ from inventory.kubernetes import crypto
 from inventory.kubernetes.client import parse_kubeconfig
 from inventory.kubernetes.nodes import DiscoveredNode
 from inventory.models import Cluster, Gpu, GpuPool, HostToken, Node
-from inventory.signals import node_health_changed
+from inventory.signals import gpu_moving, node_health_changed
 
 
 def hash_key(key: str) -> str:
@@ -222,6 +222,28 @@ def cluster_update(*, actor: AbstractBaseUser, cluster: Cluster, kubeconfig: str
     _cluster_credentials(cluster, kubeconfig=kubeconfig, in_cluster=in_cluster)
     cluster.save()
     return cluster
+
+
+# --- GPUs --------------------------------------------------------------------------------------
+
+@transaction.atomic
+def gpu_update(*, actor: AbstractBaseUser, gpu: Gpu, **fields: object) -> Gpu:
+    """Change a GPU's fields (staff). A move to another pool or node is offered to gpu_moving's
+    receivers first, which may refuse it (allocations: the GPU is booked)."""
+    if not actor.is_staff:
+        raise PermissionDenied("Only staff can change GPUs.", field="gpu", rule="staff_required")
+    # The stored row, locked against another move (NO KEY UPDATE: bookings' foreign-key checks on
+    # the GPU still pass, so placement, which holds its pool's lock, never waits on this one).
+    pool_id, node_id = (Gpu.objects.select_for_update(no_key=True).filter(pk=gpu.pk)
+                        .values_list("pool_id", "node_id").get())
+    moving = [name for name, stored in (("pool", pool_id), ("node", node_id))
+              if name in fields and getattr(fields[name], "pk", None) != stored]
+    if moving:
+        gpu_moving.send(sender=Gpu, gpu_id=gpu.pk, pool_id=pool_id, fields=moving)
+    for name, value in fields.items():
+        setattr(gpu, name, value)
+    gpu.save()
+    return gpu
 
 
 # --- Kubernetes discovery -----------------------------------------------------------------------
