@@ -4,12 +4,47 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
-from rest_framework import permissions, serializers
+from django.db import models
+from rest_framework import parsers, permissions, serializers
+from rest_framework.exceptions import ParseError
 from rest_framework.pagination import LimitOffsetPagination
+
+
+def _has_nul(value: Any) -> bool:
+    """Whether a NUL character is in any string of a decoded JSON value (keys too); iterative, as
+    nesting is the sender's choice."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+class NulFreeJSONField(serializers.JSONField):
+    """JSONField that refuses a NUL character anywhere in the value: PostgreSQL's jsonb refuses
+    \u0000 outright (a DataError at save, a 500), where DRF's CharField already refuses it."""
+
+    default_error_messages = {"null_characters_not_allowed": "Null characters are not allowed."}
+
+    def to_internal_value(self, data: Any) -> Any:
+        value = super().to_internal_value(data)
+        if _has_nul(value):
+            self.fail("null_characters_not_allowed")
+        return value
 
 
 class CleanModelSerializer(serializers.ModelSerializer):
     """Runs the model's own clean() on the would-be instance, so single-row rules live in one place."""
+
+    serializer_field_mapping = {**serializers.ModelSerializer.serializer_field_mapping,
+                                models.JSONField: NulFreeJSONField}
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         attrs = super().validate(attrs)
@@ -35,6 +70,18 @@ class SlugLookupField(serializers.SlugRelatedField):
         if isinstance(data, str) and "\x00" in data:
             self.fail("invalid")
         return super().to_internal_value(data)
+
+
+class JSONParser(parsers.JSONParser):
+    """DRF's JSON parser, but a body nested deeper than Python's json module recurses (100,000 '[')
+    is a 400 malformed body like any other bad JSON: json.loads raises RecursionError, not the
+    ValueError DRF's parser turns into a ParseError, so it was a 500."""
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        try:
+            return super().parse(stream, media_type, parser_context)
+        except RecursionError:
+            raise ParseError("JSON parse error - nested too deeply") from None
 
 
 class IsStaffOrReadOnly(permissions.BasePermission):

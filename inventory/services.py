@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.cache import cache
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
@@ -18,7 +18,7 @@ from inventory.kubernetes import crypto
 from inventory.kubernetes.client import parse_kubeconfig
 from inventory.kubernetes.nodes import DiscoveredNode
 from inventory.models import Cluster, Gpu, GpuPool, HostToken, Node
-from inventory.signals import node_health_changed
+from inventory.signals import gpu_moving, node_health_changed
 
 
 def hash_key(key: str) -> str:
@@ -192,6 +192,21 @@ def _cluster_credentials(cluster: Cluster, *, kubeconfig: str | None, in_cluster
                                rule="exclusive_with_in_cluster")
 
 
+def _cluster_save(cluster: Cluster) -> None:
+    """Save in a savepoint: two requests for one new name or slug both pass the checks before the
+    write, and the second meets the unique index (an IntegrityError, a 500, before this). It gets
+    the answer a request after the first would get."""
+    try:
+        with transaction.atomic():
+            cluster.save()
+    except IntegrityError:
+        taken = Cluster.objects.exclude(pk=cluster.pk)
+        field = "slug" if taken.filter(slug=cluster.slug).exists() else "name"
+        value = cluster.slug if field == "slug" else cluster.name
+        raise ValidationFailed(f"A cluster with {field} {value!r} already exists.", field=field,
+                               rule="unique") from None
+
+
 @transaction.atomic
 def cluster_create(*, actor: AbstractBaseUser, name: str, kind: str, slug: str = "", description: str = "",
                    kubeconfig: str | None = None, in_cluster: bool = False) -> Cluster:
@@ -205,7 +220,7 @@ def cluster_create(*, actor: AbstractBaseUser, name: str, kind: str, slug: str =
         raise ValidationFailed(f"A cluster with slug {slug!r} already exists.", field="slug", rule="unique")
     cluster = Cluster(name=name, slug=slug, kind=kind, description=description)
     _cluster_credentials(cluster, kubeconfig=kubeconfig, in_cluster=in_cluster)
-    cluster.save()
+    _cluster_save(cluster)
     return cluster
 
 
@@ -220,8 +235,30 @@ def cluster_update(*, actor: AbstractBaseUser, cluster: Cluster, kubeconfig: str
             raise ValidationFailed(f"{name} cannot be changed.", field=name, rule="read_only")
         setattr(cluster, name, value)
     _cluster_credentials(cluster, kubeconfig=kubeconfig, in_cluster=in_cluster)
-    cluster.save()
+    _cluster_save(cluster)
     return cluster
+
+
+# --- GPUs --------------------------------------------------------------------------------------
+
+@transaction.atomic
+def gpu_update(*, actor: AbstractBaseUser, gpu: Gpu, **fields: object) -> Gpu:
+    """Change a GPU's fields (staff). A move to another pool or node is offered to gpu_moving's
+    receivers first, which may refuse it (allocations: the GPU is booked)."""
+    if not actor.is_staff:
+        raise PermissionDenied("Only staff can change GPUs.", field="gpu", rule="staff_required")
+    # The stored row, locked against another move (NO KEY UPDATE: bookings' foreign-key checks on
+    # the GPU still pass, so placement, which holds its pool's lock, never waits on this one).
+    pool_id, node_id = (Gpu.objects.select_for_update(no_key=True).filter(pk=gpu.pk)
+                        .values_list("pool_id", "node_id").get())
+    moving = [name for name, stored in (("pool", pool_id), ("node", node_id))
+              if name in fields and getattr(fields[name], "pk", None) != stored]
+    if moving:
+        gpu_moving.send(sender=Gpu, gpu_id=gpu.pk, pool_id=pool_id, fields=moving)
+    for name, value in fields.items():
+        setattr(gpu, name, value)
+    gpu.save()
+    return gpu
 
 
 # --- Kubernetes discovery -----------------------------------------------------------------------

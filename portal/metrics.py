@@ -154,7 +154,10 @@ def metrics(request: HttpRequest) -> HttpResponse:
     # The figures name teams, pools and hosts: with METRICS_TOKEN set, only a scraper that
     # sends `Authorization: Bearer <token>` gets them.
     token = settings.METRICS_TOKEN
-    if token and not hmac.compare_digest(request.headers.get("Authorization", ""), f"Bearer {token}"):
+    # Compared as bytes: compare_digest refuses str with non-ASCII characters (TypeError), and the
+    # header is whatever the client sent.
+    sent = request.headers.get("Authorization", "").encode()
+    if token and not hmac.compare_digest(sent, f"Bearer {token}".encode()):
         response = HttpResponse("Send the metrics token: Authorization: Bearer <METRICS_TOKEN>\n", status=401,
                                 content_type="text/plain")
         response["WWW-Authenticate"] = 'Bearer realm="metrics"'

@@ -64,6 +64,10 @@ class GpuSerializer(CleanModelSerializer):
         fields = ["id", "node", "pool", "index", "uuid", "model_name", "memory_mib", "mig_capable",
                   "driver_version", "cuda_version", "healthy", "created_at"]
 
+    def update(self, instance, validated_data):
+        # Through the service: a GPU that is booked must not change pool or node under its reservation.
+        return services.gpu_update(actor=self.context["request"].user, gpu=instance, **validated_data)
+
 
 class HostTokenSerializer(serializers.ModelSerializer):
     cluster = SlugLookupField(slug_field="slug", queryset=Cluster.objects.all())

@@ -72,6 +72,8 @@ def parse_kubeconfig(text: Any) -> dict:
         config = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise bad(f"is not valid YAML ({str(exc).splitlines()[0]}).", "invalid_yaml") from exc
+    except RecursionError as exc:  # PyYAML recurses once per nesting level: "[[[[…" 256 KiB deep
+        raise bad("is nested too deeply.", "invalid_yaml") from exc
     if not isinstance(config, dict):
         raise bad("must be a YAML mapping (apiVersion: v1, kind: Config, ...).", "invalid_yaml")
 
@@ -86,23 +88,31 @@ def parse_kubeconfig(text: Any) -> dict:
             out[entry["name"]] = entry
         return out
 
+    def mapping(entry: dict, key: str, what: str) -> dict:
+        # Any YAML can stand where a mapping belongs (a string, a list): each one is checked before it
+        # is read, or a .get() or a lookup by an unhashable name fails as a 500.
+        value = entry.get(key) or {}
+        if not isinstance(value, dict):
+            raise bad(f"{what} must be a mapping.")
+        return value
+
     clusters, users, contexts = named("clusters"), named("users"), named("contexts")
     current = config.get("current-context")
     if not current:
         raise bad("has no current-context.", "no_current_context")
-    if current not in contexts:
+    if not isinstance(current, str) or current not in contexts:
         raise bad(f"current-context {current!r} is not among contexts.", "unknown_context")
-    context = contexts[current].get("context") or {}
+    context = mapping(contexts[current], "context", f"context {current!r}")
     cluster_name, user_name = context.get("cluster"), context.get("user")
-    if cluster_name not in clusters:
+    if not isinstance(cluster_name, str) or cluster_name not in clusters:
         raise bad(f"context {current!r} names cluster {cluster_name!r}, which is not among clusters.", "unknown_cluster")
-    if user_name not in users:
+    if not isinstance(user_name, str) or user_name not in users:
         raise bad(f"context {current!r} names user {user_name!r}, which is not among users.", "unknown_user")
-    cluster = clusters[cluster_name].get("cluster") or {}
+    cluster = mapping(clusters[cluster_name], "cluster", f"cluster {cluster_name!r}")
     server = cluster.get("server")
     if not isinstance(server, str) or not server.startswith(("https://", "http://")):
         raise bad(f"cluster {cluster_name!r} needs a server URL (https://...).", "no_server")
-    user = users[user_name].get("user") or {}
+    user = mapping(users[user_name], "user", f"user {user_name!r}")
     for key in sorted((_FILE_KEYS & set(cluster)) | (_FILE_KEYS & set(user))):
         raise bad(f"{key!r} points at a file on the portal's machine; embed it instead ({key}-data, or token).",
                   "file_reference")

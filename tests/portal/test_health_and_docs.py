@@ -75,3 +75,10 @@ def test_metrics_can_require_a_token(db, settings):
     assert refused.status_code == 401 and refused["WWW-Authenticate"].startswith("Bearer")
     assert Client().get("/metrics", HTTP_AUTHORIZATION="Bearer wrong").status_code == 401
     assert Client().get("/metrics", HTTP_AUTHORIZATION="Bearer s3cret").status_code == 200
+
+
+def test_a_metrics_token_with_non_ascii_characters_is_a_401(db, settings):
+    # hmac.compare_digest takes str only when both are ASCII: "Bearer é" was a TypeError, a 500.
+    settings.METRICS_TOKEN = "s3cret"
+    refused = Client().get("/metrics", HTTP_AUTHORIZATION="Bearer s3crét")
+    assert refused.status_code == 401 and refused["WWW-Authenticate"].startswith("Bearer")
