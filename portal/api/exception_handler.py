@@ -5,12 +5,16 @@ from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
+import re
+
+from django.db import IntegrityError
 from django.db.models import ProtectedError, RestrictedError
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.views import defaults
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
+from rest_framework.views import set_rollback
 
 from common.errors import ApplicationError
 
@@ -42,7 +46,31 @@ def _body(errors: list[dict[str, str]], summary: str | None = None) -> dict[str,
     return {"detail": summary, "errors": errors}
 
 
+def _unique_violation_field(exc: IntegrityError) -> str | None:
+    """The field a unique index refused, or None for another integrity error. PostgreSQL says
+    "Key (cluster_id, name)=(...) already exists." (SQLSTATE 23505), SQLite "UNIQUE constraint failed:
+    inventory_node.cluster_id, inventory_node.name"; the last column is the one a person would change."""
+    cause = exc.__cause__
+    if getattr(cause, "sqlstate", None) == "23505":
+        columns = re.match(r"Key \((.+?)\)=", getattr(getattr(cause, "diag", None), "message_detail", "") or "")
+    elif "UNIQUE constraint failed" in str(exc):
+        columns = re.search(r"UNIQUE constraint failed: (.+)$", str(exc))
+    else:
+        return None
+    if not columns:
+        return ""
+    last = columns.group(1).split(",")[-1].strip().split(".")[-1]
+    return last.removesuffix("_id")
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, IntegrityError) and (field := _unique_violation_field(exc)) is not None:
+        # Two requests creating the same thing at once both pass the serializer's unique check and the
+        # second meets the index: the answer a request a moment later gets from the check, not a 500.
+        set_rollback()
+        message = f"Another {field or 'row'} with these values was just created; it already exists."
+        return Response(_body([{"field": field, "rule": "unique", "message": message}]),
+                        status=status.HTTP_409_CONFLICT)
     if isinstance(exc, ApplicationError):
         return Response(_body([e.as_dict() for e in exc.errors], exc.message), status=exc.status)
     if isinstance(exc, (ProtectedError, RestrictedError)):
