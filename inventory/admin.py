@@ -1,7 +1,7 @@
 from django import forms
 from django.contrib import admin
 
-from common.errors import ValidationFailed
+from common.errors import ApplicationError, ValidationFailed
 from inventory import services
 from inventory.kubernetes import crypto
 from inventory.kubernetes.client import parse_kubeconfig
@@ -74,13 +74,37 @@ class GpuPoolAdmin(admin.ModelAdmin):
     prepopulated_fields = {"slug": ["name"]}
 
 
+class GpuForm(forms.ModelForm):
+    """A booked GPU keeps its pool and node here as in the API (services.gpu_move_check): the
+    refusal shows on the form instead of the move going through under a reservation."""
+
+    class Meta:
+        model = Gpu
+        fields = "__all__"
+
+    def clean(self):
+        cleaned = super().clean()
+        if self.instance.pk is not None:
+            try:
+                services.gpu_move_check(gpu=self.instance, fields={
+                    name: cleaned[name] for name in ("pool", "node") if name in cleaned})
+            except ApplicationError as refused:
+                raise forms.ValidationError(refused.message) from None
+        return cleaned
+
+
 @admin.register(Gpu)
 class GpuAdmin(admin.ModelAdmin):
+    form = GpuForm
     list_display = ["uuid", "node", "index", "model_name", "memory_mib", "pool", "healthy"]
     list_filter = ["pool", "model_name", "healthy", "node__cluster"]
     search_fields = ["uuid", "node__name"]
     list_editable = ["pool", "healthy"]
     list_select_related = ["node__cluster", "pool"]
+
+    def get_changelist_form(self, request, **kwargs):
+        # The list's inline pool edits go through the same check (Django's default form skips `form`).
+        return super().get_changelist_form(request, form=GpuForm, **kwargs)
 
 
 @admin.register(HostToken)

@@ -241,12 +241,9 @@ def cluster_update(*, actor: AbstractBaseUser, cluster: Cluster, kubeconfig: str
 
 # --- GPUs --------------------------------------------------------------------------------------
 
-@transaction.atomic
-def gpu_update(*, actor: AbstractBaseUser, gpu: Gpu, **fields: object) -> Gpu:
-    """Change a GPU's fields (staff). A move to another pool or node is offered to gpu_moving's
-    receivers first, which may refuse it (allocations: the GPU is booked)."""
-    if not actor.is_staff:
-        raise PermissionDenied("Only staff can change GPUs.", field="gpu", rule="staff_required")
+def gpu_move_check(*, gpu: Gpu, fields: dict[str, object]) -> None:
+    """Offer a change of the GPU's pool or node (in `fields`) to gpu_moving's receivers, which refuse
+    it by raising (allocations: the GPU is booked). Call it in the transaction that saves the change."""
     # The stored row, locked against another move (NO KEY UPDATE: bookings' foreign-key checks on
     # the GPU still pass, so placement, which holds its pool's lock, never waits on this one).
     pool_id, node_id = (Gpu.objects.select_for_update(no_key=True).filter(pk=gpu.pk)
@@ -255,6 +252,15 @@ def gpu_update(*, actor: AbstractBaseUser, gpu: Gpu, **fields: object) -> Gpu:
               if name in fields and getattr(fields[name], "pk", None) != stored]
     if moving:
         gpu_moving.send(sender=Gpu, gpu_id=gpu.pk, pool_id=pool_id, fields=moving)
+
+
+@transaction.atomic
+def gpu_update(*, actor: AbstractBaseUser, gpu: Gpu, **fields: object) -> Gpu:
+    """Change a GPU's fields (staff). A move to another pool or node is offered to gpu_moving's
+    receivers first, which may refuse it (allocations: the GPU is booked)."""
+    if not actor.is_staff:
+        raise PermissionDenied("Only staff can change GPUs.", field="gpu", rule="staff_required")
+    gpu_move_check(gpu=gpu, fields=fields)
     for name, value in fields.items():
         setattr(gpu, name, value)
     gpu.save()

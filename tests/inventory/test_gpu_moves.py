@@ -61,3 +61,37 @@ def test_a_gpu_whose_bookings_ended_moves(world, api):
     Allocation.objects.filter(reservation_id=reservation["id"]).update(gpu=gpu, starts_at=past - timedelta(hours=1),
                                                                        ends_at=past)
     assert _move(api, world, gpu, pool="l4").status_code == 200
+
+
+def _admin_change_form(gpu, **changes) -> dict:
+    data = {"node": gpu.node_id, "pool": gpu.pool_id or "", "index": gpu.index, "uuid": gpu.uuid,
+            "model_name": gpu.model_name, "memory_mib": gpu.memory_mib, "driver_version": gpu.driver_version,
+            "cuda_version": gpu.cuda_version, "healthy": "on" if gpu.healthy else "", "_save": "Save"}
+    data.update(changes)
+    return {k: v for k, v in data.items() if v != ""}
+
+
+def test_the_admin_cannot_move_a_booked_gpu_either(world, api):
+    from django.test import Client
+
+    from inventory.models import GpuPool
+
+    reserve(api(world.member), gpus=1)
+    gpu = Allocation.objects.get().gpu
+    l4 = GpuPool.objects.get(slug="l4")
+    admin = Client()
+    admin.force_login(world.staff)
+    # The change form.
+    page = admin.post(f"/admin/inventory/gpu/{gpu.pk}/change/", _admin_change_form(gpu, pool=l4.pk))
+    assert page.status_code == 200 and "it cannot change pool" in page.content.decode()
+    # The list's inline edit of the pool.
+    listed = admin.post("/admin/inventory/gpu/?q=" + gpu.uuid, {
+        "form-TOTAL_FORMS": "1", "form-INITIAL_FORMS": "1", "form-0-id": gpu.pk, "form-0-pool": l4.pk,
+        "form-0-healthy": "on", "_save": "Save"})
+    assert listed.status_code == 200 and "it cannot change pool" in listed.content.decode()
+    assert Gpu.objects.get(pk=gpu.pk).pool.slug == "a100"
+    # A free GPU still moves from the admin.
+    free = Gpu.objects.filter(pool__slug="a100").exclude(pk=gpu.pk).first()
+    moved = admin.post(f"/admin/inventory/gpu/{free.pk}/change/", _admin_change_form(free, pool=l4.pk))
+    assert moved.status_code == 302, moved.content.decode()[:2000]
+    assert Gpu.objects.get(pk=free.pk).pool == l4
