@@ -47,6 +47,14 @@ class AgentLeaseConsumer(AsyncJsonWebsocketConsumer):
         if self.node is not None:
             await self.channel_layer.group_discard(agent_group(self.node.pk), self.channel_name)
 
+    async def receive(self, text_data=None, bytes_data=None, **kwargs) -> None:
+        # Channels' JSON consumer raises on a binary or empty frame, which drops the connection
+        # with a server error: answer it like any other bad message instead.
+        if not text_data:
+            await self.send_json({"type": "error", "field": "type", "message": "expected a JSON text frame"})
+            return
+        await super().receive(text_data=text_data, **kwargs)
+
     async def receive_json(self, content, **kwargs) -> None:
         if not isinstance(content, dict) or content.get("type") != "held":
             await self.send_json({"type": "error", "field": "type", "message": "expected a 'held' message"})
@@ -69,5 +77,5 @@ class AgentLeaseConsumer(AsyncJsonWebsocketConsumer):
     async def decode_json(cls, text_data):
         try:
             return await super().decode_json(text_data)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested deeper than the decoder's recursion limit
             return None

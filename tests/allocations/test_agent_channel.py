@@ -101,3 +101,36 @@ def test_staff_see_a_hosts_leases_refusals_and_unleased_use_on_its_page(world, h
     assert "7:GPU-aaaaaaaa-0001" in page and "GPU not on host" in page and "GPU-cccccccc-0003" in page
     client.force_login(world.member)  # members watch the charts, not other teams' leases
     assert "7:GPU-aaaaaaaa-0001" not in client.get(f"/nodes/{node.pk}/").content.decode()
+
+
+async def _open(key: str) -> WebsocketCommunicator:
+    ws = channel(key)
+    connected, _ = await ws.connect(timeout=5)
+    assert connected
+    assert (await ws.receive_json_from(timeout=5))["type"] == "leases"
+    return ws
+
+
+@pytest.mark.parametrize("frame", [
+    {"type": "websocket.receive", "bytes": b"\x00\x01binary"},
+    {"type": "websocket.receive", "text": ""},
+    {"type": "websocket.receive", "text": "[" * 100_000},  # deeper than json's recursion limit
+    {"type": "websocket.receive", "text": "not json"},
+    {"type": "websocket.receive", "text": "[1, 2]"},
+])
+def test_a_frame_that_is_not_a_json_object_gets_an_error_and_the_channel_stays_open(world, host, frame):
+    # Binary, empty and too deeply nested frames used to raise in the consumer and drop the connection.
+    _, key = host
+
+    async def scenario():
+        ws = await _open(key)
+        await ws.send_input(frame)
+        first = await ws.receive_json_from(timeout=5)
+        await ws.send_json_to({"type": "nope"})  # still answering
+        second = await ws.receive_json_from(timeout=5)
+        await ws.disconnect()
+        return first, second
+
+    first, second = async_to_sync(scenario)()
+    assert first["type"] == "error" and first["field"] == "type"
+    assert second["type"] == "error"
