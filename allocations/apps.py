@@ -6,10 +6,17 @@ class AllocationsConfig(AppConfig):
     verbose_name = "Allocations: quotas and reservations"
 
     def ready(self) -> None:
+        from django.db.models.signals import post_delete, post_save
+
+        from inventory.models import HostToken, Node
         from inventory.signals import gpu_moving, node_health_changed
 
         node_health_changed.connect(_start_failover, dispatch_uid="allocations.failover")
         gpu_moving.connect(_refuse_moving_a_booked_gpu, dispatch_uid="allocations.gpu_moving")
+        # A revoked or deleted host token, or a deleted host, closes the host's open lease channels at once.
+        post_save.connect(_recheck_token_channels, sender=HostToken, dispatch_uid="allocations.token_saved")
+        post_delete.connect(_recheck_token_channels, sender=HostToken, dispatch_uid="allocations.token_deleted")
+        post_delete.connect(_recheck_node_channels, sender=Node, dispatch_uid="allocations.node_deleted")
 
 
 def _start_failover(sender, *, node_id: int, healthy: bool, reason: str = "", **_) -> None:
@@ -38,3 +45,26 @@ def _refuse_moving_a_booked_gpu(sender, *, gpu_id: int, pool_id: int | None, fie
         raise Conflict(f"The GPU is booked now or later; it cannot change {' or '.join(fields)} until those "
                        "bookings end or are released.", field=fields[0], rule="gpu_booked")
 
+
+
+def _recheck_token_channels(sender, *, instance, created: bool = False, **_) -> None:
+    """A host token changed: its host's open lease channels look at their token again, after commit."""
+    if created:
+        return  # a new token closes nothing
+    from django.db import transaction
+
+    from allocations.apply.backends.agent import recheck_channels
+    from inventory.models import Node
+
+    node_ids = list(Node.objects.filter(cluster_id=instance.cluster_id, name=instance.host_name)
+                    .values_list("pk", flat=True))
+    transaction.on_commit(lambda: recheck_channels(node_ids))
+
+
+def _recheck_node_channels(sender, *, instance, **_) -> None:
+    from django.db import transaction
+
+    from allocations.apply.backends.agent import recheck_channels
+
+    node_id = instance.pk  # Django clears it once the delete is done
+    transaction.on_commit(lambda: recheck_channels([node_id]))

@@ -4,7 +4,9 @@ The portal sends `{"type": "leases", "leases": [...]}` on connect and whenever t
 leases change (a `leases.changed` event on the host's group, sent by the agent backend);
 the agent answers `{"type": "held", "held": [keys], "failed": {key: why},
 "unleased_in_use": [uuids]}`. A bad message gets `{"type": "error", ...}`; a wrong or
-revoked token closes the connection (4401).
+revoked token closes the connection (4401), also one revoked or deleted while the
+connection is open, or whose host was deleted (an `agent.recheck` event on the host's
+group, sent when a token or node changes, makes an idle connection look again at once).
 """
 from __future__ import annotations
 
@@ -31,11 +33,13 @@ def _node_for(key: str):
 
 class AgentLeaseConsumer(AsyncJsonWebsocketConsumer):
     node = None
+    key = ""
 
     async def connect(self) -> None:
         parts = _header(self.scope, b"authorization").split()
         if len(parts) == 2 and parts[0] == "Host":
-            self.node = await _node_for(parts[1])
+            self.key = parts[1]
+            self.node = await _node_for(self.key)
         if self.node is None:
             await self.close(code=4401)  # unknown or revoked token, or a host that never registered
             return
@@ -46,6 +50,33 @@ class AgentLeaseConsumer(AsyncJsonWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         if self.node is not None:
             await self.channel_layer.group_discard(agent_group(self.node.pk), self.channel_name)
+
+    async def still_authorized(self) -> bool:
+        """Whether the token still opens this host; if not, the connection is closed (4401).
+
+        Checked at connect only, a token revoked or deleted (or a host deleted) later kept the
+        channel open: leases kept coming and the agent's answers were recorded, or failed on
+        the deleted host's row. The token lookup is cached, and any change to a token drops
+        its entry; messages on this channel are a few a minute."""
+        if self.node is None:
+            return False  # already closed
+        node = await _node_for(self.key)
+        if node is not None and node.pk == self.node.pk:
+            return True
+        await self.channel_layer.group_discard(agent_group(self.node.pk), self.channel_name)
+        self.node = None
+        await self.close(code=4401)
+        return False
+
+    async def receive(self, text_data=None, bytes_data=None, **kwargs) -> None:
+        if not await self.still_authorized():
+            return
+        # Channels' JSON consumer raises on a binary or empty frame, which drops the connection
+        # with a server error: answer it like any other bad message instead.
+        if not text_data:
+            await self.send_json({"type": "error", "field": "type", "message": "expected a JSON text frame"})
+            return
+        await super().receive(text_data=text_data, **kwargs)
 
     async def receive_json(self, content, **kwargs) -> None:
         if not isinstance(content, dict) or content.get("type") != "held":
@@ -59,7 +90,12 @@ class AgentLeaseConsumer(AsyncJsonWebsocketConsumer):
         await database_sync_to_async(host_lease_report)(node=self.node, **data.validated_data)
 
     async def leases_changed(self, event) -> None:
-        await self.send_leases()
+        if await self.still_authorized():
+            await self.send_leases()
+
+    async def agent_recheck(self, event) -> None:
+        """The host's token or node changed (allocations/apps.py): close if it no longer opens this host."""
+        await self.still_authorized()
 
     async def send_leases(self) -> None:
         leases = await database_sync_to_async(host_leases)(self.node)
@@ -69,5 +105,5 @@ class AgentLeaseConsumer(AsyncJsonWebsocketConsumer):
     async def decode_json(cls, text_data):
         try:
             return await super().decode_json(text_data)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested deeper than the decoder's recursion limit
             return None

@@ -3,19 +3,27 @@
 Thin: authenticate (session cookie, or `Authorization: Token …` for scripts), ask the
 selector which group this user may join, join it, then forward what the group gets.
 The one database read is at connect; each message is text serialized once by live.send,
-so there is no per-client work beyond writing it to the socket.
+so there is no per-client work beyond writing it to the socket. Access is looked at again
+on the first message after RECHECK_SECONDS: a user who left the team, lost the pool's
+quota, was deactivated, logged out or whose token was deleted stops receiving then (the
+socket closes with REFUSED), not only at the next connect.
 """
 from __future__ import annotations
 
 import json
+import time
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from monitoring import live, selectors
+from monitoring.ws_auth import current_user
 
 # Close codes in the 4000 range are ours: refused before the handshake completes.
 REFUSED = 4403
+# How stale a socket's permission may get: one database read per socket per interval, at most. The
+# telemetry ingest's host map (which GPUs feed which team group) is cached as long.
+RECHECK_SECONDS = 30
 
 
 class LiveConsumer(AsyncWebsocketConsumer):
@@ -29,6 +37,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
             await self.close(code=REFUSED)
             return
         self.group = group
+        self.checked_at = time.monotonic()
         await self.channel_layer.group_add(group, self.channel_name)
         await self.accept()
         await self.send(text_data=json.dumps({"type": "hello", "group": group}))
@@ -47,9 +56,26 @@ class LiveConsumer(AsyncWebsocketConsumer):
         # at 1,000 sockets that hop was a sixth of the delivery cost. Forwarding text never
         # touches the database.
         if message["type"] == live.EVENT:
-            await self.send(text_data=message["text"])
+            if time.monotonic() - self.checked_at >= RECHECK_SECONDS and not await self.still_allowed():
+                return
+            if getattr(self, "group", None):  # none once refused: what was already queued is dropped
+                await self.send(text_data=message["text"])
         else:
             await super().dispatch(message)
+
+    async def still_allowed(self) -> bool:
+        """Whether the user may still watch this group; if not, the socket leaves it and is closed."""
+        self.checked_at = time.monotonic()
+        if not getattr(self, "group", None):
+            return False
+        user = await current_user(self.scope)
+        key = str(self.scope["url_route"]["kwargs"]["key"])
+        if await database_sync_to_async(selectors.live_group)(user, self.kind, key) == self.group:
+            return True
+        await self.channel_layer.group_discard(self.group, self.channel_name)
+        self.group = None
+        await self.close(code=REFUSED)
+        return False
 
 
 class PoolConsumer(LiveConsumer):

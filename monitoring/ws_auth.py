@@ -26,6 +26,28 @@ def _user_for_token(key: str):
     return user_for_token(key)
 
 
+async def current_user(scope):
+    """Who the connection's credential names now: the `Authorization: Token …` header's user, else the
+    session's (re-read, so a logout, a deactivation or a password change shows). AnonymousUser when none."""
+    from django.contrib.auth.models import AnonymousUser
+
+    header = _header(scope, b"authorization")
+    if header is not None:
+        parts = header.split()
+        user = await _user_for_token(parts[1]) if len(parts) == 2 and parts[0] == "Token" else None
+        return user or AnonymousUser()
+    if "session" not in scope:
+        return AnonymousUser()
+    from importlib import import_module
+
+    from channels.auth import get_user
+    from django.conf import settings
+
+    # A fresh store of the same key: the connection's own keeps what it read at connect.
+    session = import_module(settings.SESSION_ENGINE).SessionStore(scope["session"].session_key)
+    return await get_user(dict(scope, session=session))
+
+
 class TokenAuthMiddleware:
     """Replaces the session user by the token's user when an `Authorization: Token …` header is given.
 
@@ -36,13 +58,8 @@ class TokenAuthMiddleware:
         self.inner = inner
 
     async def __call__(self, scope, receive, send):
-        header = _header(scope, b"authorization")
-        if header is not None:
-            from django.contrib.auth.models import AnonymousUser
-
-            parts = header.split()
-            user = await _user_for_token(parts[1]) if len(parts) == 2 and parts[0] == "Token" else None
-            scope = dict(scope, user=user or AnonymousUser())
+        if _header(scope, b"authorization") is not None:
+            scope = dict(scope, user=await current_user(scope))
         return await self.inner(scope, receive, send)
 
 

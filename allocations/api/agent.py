@@ -14,20 +14,25 @@ from inventory.api.agent import AgentView
 
 
 LEASE_KEY = r"^[0-9]{1,12}:(GPU|MIG)-[0-9A-Za-z-]{8,60}$"
+MAX_LEASES = 1024  # per report: far above the GPUs (and MIG slices) one host has
 
 
 class LeasesInput(serializers.Serializer):
     held = serializers.ListField(
         child=serializers.RegexField(LEASE_KEY, max_length=80),
-        max_length=1024, help_text="Lease keys '<reservation id>:<GPU UUID>' the agent enforces now",
+        max_length=MAX_LEASES, help_text="Lease keys '<reservation id>:<GPU UUID>' the agent enforces now",
     )
     failed = serializers.DictField(child=serializers.CharField(max_length=500), default=dict,
                                    help_text="Leases the agent could not apply: {key: why}")
     unleased_in_use = serializers.ListField(child=serializers.RegexField(r"^(GPU|MIG)-[0-9A-Za-z-]{8,60}$"),
-                                            max_length=1024, default=list,
+                                            max_length=MAX_LEASES, default=list,
                                             help_text="GPUs running processes that no lease covers")
 
     def validate_failed(self, value: dict) -> dict:
+        # Bounded like `held`: unbounded, one report of 5,000 keys x 500 characters was stored whole.
+        if len(value) > MAX_LEASES:
+            raise serializers.ValidationError(f"Ensure this field has no more than {MAX_LEASES} elements.",
+                                              code="max_length")
         bad = [key for key in value if not re.match(LEASE_KEY, key)]
         if bad:
             raise serializers.ValidationError(f"not lease keys: {', '.join(bad[:5])}")

@@ -1,8 +1,11 @@
 """The agents' lease channel (`/ws/agent/`): leases on connect and on change, answers recorded, bad input."""
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.utils import timezone
 
@@ -11,7 +14,7 @@ from allocations.apply import jobs
 from allocations.apply.backends.agent import push_leases
 from allocations.models import ApplyJob, HostLeaseReport, Reservation
 from inventory import services as inventory_services
-from inventory.models import Node
+from inventory.models import HostToken, Node
 from portal.asgi import application
 from tests.allocations.test_reservation_lifecycle import reserve
 
@@ -101,3 +104,100 @@ def test_staff_see_a_hosts_leases_refusals_and_unleased_use_on_its_page(world, h
     assert "7:GPU-aaaaaaaa-0001" in page and "GPU not on host" in page and "GPU-cccccccc-0003" in page
     client.force_login(world.member)  # members watch the charts, not other teams' leases
     assert "7:GPU-aaaaaaaa-0001" not in client.get(f"/nodes/{node.pk}/").content.decode()
+
+
+async def _open(key: str) -> WebsocketCommunicator:
+    ws = channel(key)
+    connected, _ = await ws.connect(timeout=5)
+    assert connected
+    assert (await ws.receive_json_from(timeout=5))["type"] == "leases"
+    return ws
+
+
+@pytest.mark.parametrize("frame", [
+    {"type": "websocket.receive", "bytes": b"\x00\x01binary"},
+    {"type": "websocket.receive", "text": ""},
+    {"type": "websocket.receive", "text": "[" * 100_000},  # deeper than json's recursion limit
+    {"type": "websocket.receive", "text": "not json"},
+    {"type": "websocket.receive", "text": "[1, 2]"},
+])
+def test_a_frame_that_is_not_a_json_object_gets_an_error_and_the_channel_stays_open(world, host, frame):
+    # Binary, empty and too deeply nested frames used to raise in the consumer and drop the connection.
+    _, key = host
+
+    async def scenario():
+        ws = await _open(key)
+        await ws.send_input(frame)
+        first = await ws.receive_json_from(timeout=5)
+        await ws.send_json_to({"type": "nope"})  # still answering
+        second = await ws.receive_json_from(timeout=5)
+        await ws.disconnect()
+        return first, second
+
+    first, second = async_to_sync(scenario)()
+    assert first["type"] == "error" and first["field"] == "type"
+    assert second["type"] == "error"
+
+
+def _closed_4401(output: dict) -> bool:
+    return output["type"] == "websocket.close" and output.get("code") == 4401
+
+
+@pytest.mark.parametrize("how", ["revoke", "delete_token", "delete_node"])
+def test_a_token_revoked_or_deleted_or_a_host_deleted_closes_the_open_channel_at_once(world, host, how):
+    # The token was checked at connect only: the channel stayed open, kept getting leases and its answers
+    # were recorded (for a deleted host: an IntegrityError that dropped the connection).
+    node, key = host
+
+    def change():
+        if how == "revoke":
+            inventory_services.host_token_revoke(actor=world.staff, token=HostToken.objects.get())
+        elif how == "delete_token":
+            HostToken.objects.get().delete()
+        else:
+            Node.objects.filter(pk=node.pk).delete()
+
+    async def scenario():
+        ws = await _open(key)
+        await database_sync_to_async(change)()
+        idle = await ws.receive_output(timeout=5)  # told at once, without waiting for the agent's next message
+        return idle
+
+    assert _closed_4401(async_to_sync(scenario)())
+    assert not HostLeaseReport.objects.exists()
+
+
+def test_a_channel_whose_token_was_revoked_gets_no_leases_and_its_answers_are_not_recorded(world, host):
+    node, key = host
+
+    async def scenario():
+        ws = await _open(key)
+        # Revoked without the signal's nudge (a queryset update, as a bulk admin action does)...
+        await database_sync_to_async(lambda: (HostToken.objects.update(revoked_at=timezone.now()),
+                                              inventory_services.host_token_forget(instance=HostToken.objects.get())))()
+        await ws.send_json_to({"type": "held", "held": []})  # ...the next message finds it
+        answer = await ws.receive_output(timeout=5)
+        return answer
+
+    assert _closed_4401(async_to_sync(scenario)())
+    assert not HostLeaseReport.objects.filter(node=node).exists()
+
+
+def test_revoking_one_token_of_a_host_leaves_its_other_tokens_channels_open(world, host):
+    node, old_key = host
+    _, new_key = inventory_services.host_token_create(actor=world.staff, cluster=node.cluster, host_name="node-a")
+
+    async def scenario():
+        old, new = await _open(old_key), await _open(new_key)
+        await database_sync_to_async(lambda: inventory_services.host_token_revoke(
+            actor=world.staff, token=HostToken.objects.get(key_hash=inventory_services.hash_key(old_key))))()
+        closed = await old.receive_output(timeout=5)
+        quiet = await new.receive_nothing(timeout=0.5)
+        await new.send_json_to({"type": "held", "held": []})
+        await asyncio.sleep(0.5)
+        await new.disconnect()
+        return closed, quiet
+
+    closed, quiet = async_to_sync(scenario)()
+    assert _closed_4401(closed) and quiet
+    assert HostLeaseReport.objects.get(node=node).held == []

@@ -14,7 +14,7 @@ from allocations.apply import jobs
 from allocations.apply.backends import BackendError, BackendRejected, SyncReport
 from allocations.apply.backends.agent import AgentBackend, host_lease_report, lease_key
 from allocations.apply.selectors import cluster_desired
-from allocations.models import Allocation, ApplyJob, Reservation
+from allocations.models import Allocation, ApplyJob, HostLeaseReport, Reservation
 from allocations.tasks import sweep_reservations
 from inventory import services as inventory_services
 from inventory.models import Node
@@ -201,6 +201,21 @@ def test_the_lease_api_gives_a_host_its_leases_and_records_what_it_holds(world, 
     bad = agent.post("/api/v1/agent/leases/", {"held": ["not a key"]}, format="json")
     assert bad.status_code == 400 and bad.json()["errors"][0]["field"].startswith("held")
 
+
+def test_a_lease_report_with_more_failures_than_a_host_can_have_is_a_400(world, api):
+    # `failed` had no bound (`held` and `unleased_in_use` have 1,024): 5,000 keys of 500 characters were stored.
+    _, key = inventory_services.host_token_create(actor=world.staff, cluster=Node.objects.get(name="node-a").cluster,
+                                                  host_name="node-a")
+    with_agent("node-a")
+    agent = api()
+    agent.credentials(HTTP_AUTHORIZATION=f"Host {key}")
+    failed = {lease_key(i, f"GPU-aaaaaaaa-{i:08d}"): "x" * 500 for i in range(1, 1026)}
+    answer = agent.post("/api/v1/agent/leases/", {"held": [], "failed": failed}, format="json")
+    assert answer.status_code == 400, answer.content
+    assert answer.json()["errors"][0]["field"] == "failed" and answer.json()["errors"][0]["rule"] == "max_length"
+    assert not HostLeaseReport.objects.exists()
+    failed.popitem()  # 1,024 is fine
+    assert agent.post("/api/v1/agent/leases/", {"held": [], "failed": failed}, format="json").status_code == 200
 
 def test_reconcile_reports_drift_on_an_agent_host(world, api):
     node_a = with_agent("node-a")

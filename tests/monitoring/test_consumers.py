@@ -105,3 +105,45 @@ def test_one_agent_batch_reaches_the_pool_group_as_one_typed_message(world, host
     assert set(got["samples"][0]) == {"gpu", "uuid", "t", "util", "mem_util", "mem_used", "mem_total", "temp", "power"}
     assert got_node["samples"] == got["samples"]
     assert nothing_for_other and nothing_more  # l4 watchers get nothing of a100; one message per batch
+
+
+@pytest.mark.parametrize("how", ["stays", "leaves_team", "token_deleted", "deactivated", "logs_out"])
+def test_a_watcher_who_loses_access_stops_receiving_on_the_next_recheck(world, host, monkeypatch, how):
+    # Access was checked at connect only: a member who left the team, was deactivated, logged out or whose
+    # token was deleted kept receiving the pool's live telemetry for as long as the socket stayed open.
+    from monitoring import consumers
+    from portal.models import Membership
+
+    monkeypatch.setattr(consumers, "RECHECK_SECONDS", 0)
+    browser = Client()
+    browser.force_login(world.member)
+    session = [(b"cookie", f"sessionid={browser.cookies['sessionid'].value}".encode()),
+               (b"origin", b"http://testserver")]
+    headers = session if how == "logs_out" else _token_headers(world.member)
+
+    def lose_access():
+        if how == "leaves_team":
+            Membership.objects.filter(user=world.member).delete()
+        elif how == "token_deleted":
+            Token.objects.filter(user=world.member).delete()
+        elif how == "deactivated":
+            world.member.is_active = False
+            world.member.save()
+        elif how == "logs_out":
+            browser.logout()
+
+    async def run():
+        from asgiref.sync import sync_to_async
+
+        connected, communicator = await _connect("/ws/pools/a100/", headers)
+        assert connected
+        await sync_to_async(lose_access)()
+        response = await sync_to_async(post)(host, payload(batch([sample(u) for u in host.uuids], t=time.time())))
+        assert response.status_code == 200
+        return await communicator.receive_output(timeout=5)
+
+    output = async_to_sync(run)()
+    if how == "stays":
+        assert output["type"] == "websocket.send" and json.loads(output["text"])["type"] == "telemetry.samples"
+    else:
+        assert output == {"type": "websocket.close", "code": 4403}

@@ -73,6 +73,17 @@ def push_leases(node_ids: Collection[int]) -> None:
         log.warning("could not push leases to nodes %s", sorted(node_ids), exc_info=True)
 
 
+def recheck_channels(node_ids: Collection[int]) -> None:
+    """Make the hosts' open lease channels check their token again (it was revoked or deleted, or the host was)."""
+    if not node_ids:
+        return
+    try:
+        send_to_groups({agent_group(node_id): {"type": "agent.recheck"} for node_id in node_ids})
+    except Exception:  # each channel checks its token again on its next message anyway
+        log.warning("could not ask the lease channels of nodes %s to check their token", sorted(node_ids),
+                    exc_info=True)
+
+
 def host_lease_report(*, node: Node, held: list[str], failed: dict[str, str] | None = None,
                       unleased_in_use: list[str] | None = None, now: datetime | None = None) -> None:
     """Record what the agent says it holds, and wake the apply jobs waiting for this host."""
