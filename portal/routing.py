@@ -1,12 +1,24 @@
 """WebSocket routes of every app: live telemetry for a pool, a node or a team; host agents' lease channel."""
-from django.urls import path
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.urls import path, re_path
 
 from allocations.consumers import AgentLeaseConsumer
 from monitoring.consumers import NodeConsumer, PoolConsumer, TeamConsumer
+
+NO_SUCH_SOCKET = 4404
+
+
+class NoSuchSocket(AsyncWebsocketConsumer):
+    """Any other path (a typo, a node id too long for a route): refused with 4404 at the handshake.
+    Without it Channels' router raises "No route found" and the server logs a traceback."""
+
+    async def connect(self) -> None:
+        await self.close(code=NO_SUCH_SOCKET)
 
 websocket_urlpatterns: list = [
     path("ws/pools/<slug:key>/", PoolConsumer.as_asgi()),
     path("ws/nodes/<int:key>/", NodeConsumer.as_asgi()),
     path("ws/teams/<slug:key>/", TeamConsumer.as_asgi()),
     path("ws/agent/", AgentLeaseConsumer.as_asgi()),  # host agents: their GPU leases
+    re_path(r"", NoSuchSocket.as_asgi()),  # last: everything no route above took
 ]

@@ -147,3 +147,15 @@ def test_a_watcher_who_loses_access_stops_receiving_on_the_next_recheck(world, h
         assert output["type"] == "websocket.send" and json.loads(output["text"])["type"] == "telemetry.samples"
     else:
         assert output == {"type": "websocket.close", "code": 4403}
+
+
+@pytest.mark.parametrize("path", ["/ws/nope/", "/ws/nodes/" + "9" * 5000 + "/", "/ws/pools/", "/"])
+def test_a_socket_to_no_route_is_refused_with_4404(world, path):
+    headers = _token_headers(world.staff)
+
+    async def run():
+        communicator = WebsocketCommunicator(application, path, headers=headers)
+        connected, code = await communicator.connect(timeout=5)
+        return connected, code
+
+    assert async_to_sync(run)() == (False, 4404)  # was: "No route found" raised in the router
