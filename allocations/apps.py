@@ -46,7 +46,6 @@ def _refuse_moving_a_booked_gpu(sender, *, gpu_id: int, pool_id: int | None, fie
                        "bookings end or are released.", field=fields[0], rule="gpu_booked")
 
 
-
 def _recheck_token_channels(sender, *, instance, created: bool = False, **_) -> None:
     """A host token changed: its host's open lease channels look at their token again, after commit."""
     if created:

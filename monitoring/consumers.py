@@ -38,10 +38,15 @@ def _next_recheck() -> float:
 class LiveConsumer(AsyncWebsocketConsumer):
     kind = ""
 
-    async def connect(self) -> None:
-        user = self.scope.get("user")
+    async def group_for(self, user) -> str | None:
+        """The group this socket's URL names, if `user` may watch it (selectors.live_group)."""
+        if not user:
+            return None
         key = str(self.scope["url_route"]["kwargs"]["key"])
-        group = await database_sync_to_async(selectors.live_group)(user, self.kind, key) if user else None
+        return await database_sync_to_async(selectors.live_group)(user, self.kind, key)
+
+    async def connect(self) -> None:
+        group = await self.group_for(self.scope.get("user"))
         if group is None:
             await self.close(code=REFUSED)
             return
@@ -77,9 +82,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
         self.recheck_at = _next_recheck()
         if not getattr(self, "group", None):
             return False
-        user = await current_user(self.scope)
-        key = str(self.scope["url_route"]["kwargs"]["key"])
-        if await database_sync_to_async(selectors.live_group)(user, self.kind, key) == self.group:
+        if await self.group_for(await current_user(self.scope)) == self.group:
             return True
         await self.channel_layer.group_discard(self.group, self.channel_name)
         self.group = None

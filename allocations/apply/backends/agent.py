@@ -63,25 +63,25 @@ def agent_group(node_id: int) -> str:
     return f"agent.node.{node_id}"
 
 
-def push_leases(node_ids: Collection[int]) -> None:
-    """Tell the hosts' open lease channels that their leases changed (they fetch and send them)."""
+def _tell_lease_channels(node_ids: Collection[int], event: str, doing: str) -> None:
+    """Send `event` to the hosts' open lease channels. A failure is logged, never raised: each
+    channel also acts on its next message, and the agents' HTTP poll is the fallback."""
     if not node_ids:
         return
     try:
-        send_to_groups({agent_group(node_id): {"type": "leases.changed"} for node_id in node_ids})
-    except Exception:  # the HTTP poll is the fallback; a push that fails costs only latency
-        log.warning("could not push leases to nodes %s", sorted(node_ids), exc_info=True)
+        send_to_groups({agent_group(node_id): {"type": event} for node_id in node_ids})
+    except Exception:
+        log.warning("could not %s of nodes %s", doing, sorted(node_ids), exc_info=True)
+
+
+def push_leases(node_ids: Collection[int]) -> None:
+    """Tell the hosts' open lease channels that their leases changed (they fetch and send them)."""
+    _tell_lease_channels(node_ids, "leases.changed", "push the leases")
 
 
 def recheck_channels(node_ids: Collection[int]) -> None:
     """Make the hosts' open lease channels check their token again (it was revoked or deleted, or the host was)."""
-    if not node_ids:
-        return
-    try:
-        send_to_groups({agent_group(node_id): {"type": "agent.recheck"} for node_id in node_ids})
-    except Exception:  # each channel checks its token again on its next message anyway
-        log.warning("could not ask the lease channels of nodes %s to check their token", sorted(node_ids),
-                    exc_info=True)
+    _tell_lease_channels(node_ids, "agent.recheck", "ask the lease channels to check their token")
 
 
 def host_lease_report(*, node: Node, held: list[str], failed: dict[str, str] | None = None,
