@@ -25,7 +25,6 @@ the API server's client certificate, or a network policy).
 from __future__ import annotations
 
 import base64
-import hmac
 import json
 from typing import Any
 
@@ -38,6 +37,7 @@ from django.views.decorators.http import require_POST
 from allocations.apply import selectors
 from allocations.apply.backends.kubernetes_manifests import grant_resources, team_totals
 from allocations.apply.desired import RESERVATIONS_ANNOTATION, Grant
+from common.secrets import bearer_token, same_secret
 from inventory.kubernetes.nodes import is_real_gpu_uuid, parse_quantity
 from inventory.models import Cluster
 
@@ -134,9 +134,8 @@ def _authorized(request: HttpRequest, token: str | None) -> bool:
     expected = settings.KUBE_WEBHOOK_TOKEN
     if not expected:
         return True
-    header = request.headers.get("Authorization", "")
-    given = header[7:] if header.startswith("Bearer ") else (token or "")
-    return hmac.compare_digest(given.encode(), expected.encode())
+    given = bearer_token(request)
+    return same_secret((token or "") if given is None else given, expected)
 
 
 def _read_review(request: HttpRequest) -> dict[str, Any]:

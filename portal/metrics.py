@@ -22,7 +22,6 @@ rejected or clamped by reason.
 """
 from __future__ import annotations
 
-import hmac
 
 from django.conf import settings
 from django.db.models import Count
@@ -33,6 +32,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from allocations.models import Allocation, Reservation
 from allocations.selectors import with_occupancy
+from common.secrets import bearer_token, same_secret
 from inventory.models import Gpu, GpuPool
 
 
@@ -154,10 +154,7 @@ def metrics(request: HttpRequest) -> HttpResponse:
     # The figures name teams, pools and hosts: with METRICS_TOKEN set, only a scraper that
     # sends `Authorization: Bearer <token>` gets them.
     token = settings.METRICS_TOKEN
-    # Compared as bytes: compare_digest refuses str with non-ASCII characters (TypeError), and the
-    # header is whatever the client sent.
-    sent = request.headers.get("Authorization", "").encode()
-    if token and not hmac.compare_digest(sent, f"Bearer {token}".encode()):
+    if token and not same_secret(bearer_token(request) or "", token):
         response = HttpResponse("Send the metrics token: Authorization: Bearer <METRICS_TOKEN>\n", status=401,
                                 content_type="text/plain")
         response["WWW-Authenticate"] = 'Bearer realm="metrics"'
