@@ -5,7 +5,9 @@ slices*: every supported model has 8, numbered 0-7, and a profile may only be cr
 a fixed set of start slices ("placements", as `nvidia-smi mig -lgipp` lists them); an
 instance occupies ``size`` consecutive slices from its start, and two instances on one GPU
 may not share a slice. The table below is the geometry of the A100-40GB, A100-80GB,
-H100-80GB and H200 (141 GB), which share one layout and differ only in memory per slice:
+H100-80GB and H200 (141 GB), which share one layout and differ only in memory (the H100's
+figures are what NVML reports on the card, tests/placement/test_mig_geometry_on_hardware.py;
+the others' come from the profile names and have not been read off a card yet):
 
 ==========  ===========  ======  ====================
 compute     profile      size    legal start slices
@@ -72,6 +74,21 @@ def _family(mem_per_slice_gb: int, mem_per_slice_mib: int) -> dict[str, MigProfi
     return {p.name: p for p in profiles}
 
 
+def _h100_80gb() -> dict[str, MigProfile]:
+    # Memory as NVML reports it on an H100 80GB HBM3 (tests/placement/data/nvml-probe-*.json): a
+    # little under the names' 10 GB per slice, and not a multiple of one slice's memory.
+    profiles = [
+        MigProfile("1g.10gb", 1, 9984, 1, (0, 1, 2, 3, 4, 5, 6)),
+        MigProfile("1g.10gb+me", 1, 9984, 1, (0, 1, 2, 3, 4, 5, 6), single_per_gpu=True),
+        MigProfile("1g.20gb", 1, 20096, 2, (0, 2, 4, 6)),
+        MigProfile("2g.20gb", 2, 20096, 2, (0, 2, 4)),
+        MigProfile("3g.40gb", 3, 40448, 4, (0, 4)),
+        MigProfile("4g.40gb", 4, 40448, 4, (0,)),
+        MigProfile("7g.80gb", 7, 81152, 8, (0,)),
+    ]
+    return {p.name: p for p in profiles}
+
+
 def _h200() -> dict[str, MigProfile]:
     # The H200's 141 GB do not divide evenly; NVIDIA names its profiles by rounded sizes.
     profiles = [
@@ -90,7 +107,7 @@ def _h200() -> dict[str, MigProfile]:
 MIG_GEOMETRY: Mapping[str, Mapping[str, MigProfile]] = {
     "A100-40GB": _family(5, 5 * 1024),
     "A100-80GB": _family(10, 10 * 1024),
-    "H100-80GB": _family(10, 10 * 1024),
+    "H100-80GB": _h100_80gb(),
     "H200": _h200(),
 }
 
