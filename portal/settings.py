@@ -172,6 +172,12 @@ APPLY_DEADLINE = timedelta(seconds=env.float("APPLY_DEADLINE_SECONDS", default=6
 # Retries of a remote error wait base * 2^(attempt-1) seconds, capped.
 APPLY_RETRY_BASE_SECONDS = env.float("APPLY_RETRY_BASE_SECONDS", default=2.0)
 APPLY_RETRY_CAP_SECONDS = env.float("APPLY_RETRY_CAP_SECONDS", default=60.0)
+# A running job's claim is a lease the worker renews every third of this; when its worker dies the
+# sweep takes the job back once the lease lapses (so within this plus one sweep period).
+APPLY_JOB_LEASE_SECONDS = env.float("APPLY_JOB_LEASE_SECONDS", default=15.0)
+# A queued job whose Celery message has not started it after this long is started by the sweep
+# (the message was lost, e.g. with a broker that went away without saving).
+APPLY_LOST_MESSAGE_SECONDS = env.float("APPLY_LOST_MESSAGE_SECONDS", default=30.0)
 # How often beat compares each cluster with the database and repairs drift.
 RECONCILE_SECONDS = env.float("RECONCILE_SECONDS", default=30.0)
 # /metrics answers only `Authorization: Bearer <METRICS_TOKEN>` when set (unset: open, e.g. behind the ingress).
