@@ -160,6 +160,8 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Through a broker outage the worker reconnects for as long as it takes (portal/broker.py).
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
 CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 # How often beat sweeps reservations (activate due ones, expire ended ones). The
@@ -172,6 +174,12 @@ APPLY_DEADLINE = timedelta(seconds=env.float("APPLY_DEADLINE_SECONDS", default=6
 # Retries of a remote error wait base * 2^(attempt-1) seconds, capped.
 APPLY_RETRY_BASE_SECONDS = env.float("APPLY_RETRY_BASE_SECONDS", default=2.0)
 APPLY_RETRY_CAP_SECONDS = env.float("APPLY_RETRY_CAP_SECONDS", default=60.0)
+# A running job's claim is a lease the worker renews every third of this; when its worker dies the
+# sweep takes the job back once the lease lapses (so within this plus one sweep period).
+APPLY_JOB_LEASE_SECONDS = env.float("APPLY_JOB_LEASE_SECONDS", default=15.0)
+# A queued job whose Celery message has not started it after this long is started by the sweep
+# (the message was lost, e.g. with a broker that went away without saving).
+APPLY_LOST_MESSAGE_SECONDS = env.float("APPLY_LOST_MESSAGE_SECONDS", default=30.0)
 # How often beat compares each cluster with the database and repairs drift.
 RECONCILE_SECONDS = env.float("RECONCILE_SECONDS", default=30.0)
 # /metrics answers only `Authorization: Bearer <METRICS_TOKEN>` when set (unset: open, e.g. behind the ingress).
