@@ -8,10 +8,11 @@ import pytest
 from asgiref.sync import async_to_sync
 from channels.testing.websocket import WebsocketCommunicator
 from django.test import Client
-from rest_framework.authtoken.models import Token
 
 from inventory.models import Node
 from portal.asgi import application
+from portal.models import ApiToken
+from portal.services import api_token_create
 from tests.monitoring.conftest import batch, payload, post, sample
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -25,8 +26,8 @@ def _session_headers(user) -> list[tuple[bytes, bytes]]:
 
 
 def _token_headers(user) -> list[tuple[bytes, bytes]]:
-    token, _ = Token.objects.get_or_create(user=user)
-    return [(b"authorization", f"Token {token.key}".encode())]
+    _, key = api_token_create(user=user)
+    return [(b"authorization", f"Token {key}".encode())]
 
 
 async def _connect(path: str, headers) -> tuple[bool, WebsocketCommunicator]:
@@ -125,7 +126,7 @@ def test_a_watcher_who_loses_access_stops_receiving_on_the_next_recheck(world, h
         if how == "leaves_team":
             Membership.objects.filter(user=world.member).delete()
         elif how == "token_deleted":
-            Token.objects.filter(user=world.member).delete()
+            ApiToken.objects.filter(user=world.member).delete()
         elif how == "deactivated":
             world.member.is_active = False
             world.member.save()
