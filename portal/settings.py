@@ -173,8 +173,11 @@ APPLY_RETRY_BASE_SECONDS = env.float("APPLY_RETRY_BASE_SECONDS", default=2.0)
 APPLY_RETRY_CAP_SECONDS = env.float("APPLY_RETRY_CAP_SECONDS", default=60.0)
 # How often beat compares each cluster with the database and repairs drift.
 RECONCILE_SECONDS = env.float("RECONCILE_SECONDS", default=30.0)
-# /metrics answers only `Authorization: Bearer <METRICS_TOKEN>` when set (unset: open, e.g. behind the ingress).
+# /metrics names teams, hosts and GPU UUIDs. With METRICS_TOKEN set it answers only `Authorization:
+# Bearer <METRICS_TOKEN>`; without one it is open in the embedded demo and refused (403) elsewhere,
+# unless METRICS_PUBLIC=true says the ingress protects it.
 METRICS_TOKEN = env.str("METRICS_TOKEN", default="")
+METRICS_PUBLIC = env.bool("METRICS_PUBLIC", default=EMBEDDED)
 
 # --- host agents ------------------------------------------------------------------------
 AGENT_HEARTBEAT_SECONDS = env.float("AGENT_HEARTBEAT_SECONDS", default=10.0)
