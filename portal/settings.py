@@ -14,6 +14,8 @@ from pathlib import Path
 
 import environ
 
+from common.private_files import private_dir, private_file, write_private
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(environ.Env().str("PORTAL_VAR_DIR", default=str(BASE_DIR / "var")))
 
@@ -30,12 +32,10 @@ def _secret_key() -> str:
         return key
     if not EMBEDDED:
         raise environ.ImproperlyConfigured("SECRET_KEY (or SECRET_KEY_FILE) must be set when REDIS_URL is set")
-    VAR_DIR.mkdir(parents=True, exist_ok=True)
-    path = VAR_DIR / "secret_key"
+    path = private_dir(VAR_DIR) / "secret_key"
     if not path.exists():
-        path.write_text(secrets.token_urlsafe(50))
-        path.chmod(0o600)
-    return path.read_text().strip()
+        write_private(path, secrets.token_urlsafe(50))
+    return private_file(path).read_text().strip()
 
 
 REDIS_URL = env.str("REDIS_URL", default="")
@@ -106,7 +106,11 @@ TEMPLATES = [
 # --- database -------------------------------------------------------------------------
 DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'portal.sqlite3'}")}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    private_dir(VAR_DIR)
+    # The database holds password hashes and host credentials: this account's alone.
+    if DATABASES["default"]["NAME"] != ":memory:":
+        Path(DATABASES["default"]["NAME"]).parent.mkdir(parents=True, exist_ok=True)
+        private_file(Path(DATABASES["default"]["NAME"]))
     # IMMEDIATE takes the write lock when a transaction starts, so two reservations can
     # never both read "free" and then both write: SQLite serializes them.
     DATABASES["default"].setdefault("OPTIONS", {}).update({"transaction_mode": "IMMEDIATE", "timeout": 30})
