@@ -9,6 +9,7 @@ class PortalConfig(AppConfig):
     def ready(self) -> None:
         from django.contrib.auth import get_user_model
 
+        from portal import checks  # noqa: F401  (registers the deploy checks)
         from portal.credentials import credentials_changed, credentials_changing
         from portal.models import ApiToken
         from portal.tokens import token_forget

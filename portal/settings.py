@@ -297,10 +297,31 @@ SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
-if env.bool("HTTPS", default=False):
+# HTTPS=true: the portal is served over TLS (by a proxy that sets X-Forwarded-Proto, or by
+# WEB_TLS_CERT), and gets the secure defaults `manage.py check --deploy` asks for.
+HTTPS = env.bool("HTTPS", default=False)
+SILENCED_SYSTEM_CHECKS: list[str] = []
+if HTTPS:
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    # HSTS: a browser that saw the header over HTTPS refuses plain HTTP to this host (and, with
+    # include-subdomains, to the hosts under it) for that long. Set include-subdomains false when the
+    # portal is served at a domain's apex and some host under it still speaks plain HTTP.
+    SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=31536000)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=True)
+    SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=False)
+    if not SECURE_HSTS_PRELOAD:
+        # Preloading asks browser vendors to hard-code the domain, which takes months to undo:
+        # the domain's owner decides that, not a default.
+        SILENCED_SYSTEM_CHECKS.append("security.W021")
+    # Plain HTTP is redirected to HTTPS, except what kubelet probes and in-cluster scrapers ask the
+    # pod directly over HTTP (no X-Forwarded-Proto). SECURE_SSL_REDIRECT=false leaves the redirect to
+    # the ingress (needed when other in-cluster clients call the API over plain HTTP).
+    SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=True)
+    SECURE_REDIRECT_EXEMPT = [r"^(healthz|readyz|metrics)$"]
+    if not SECURE_SSL_REDIRECT:
+        SILENCED_SYSTEM_CHECKS.append("security.W008")
 
 LOGGING = {
     "version": 1,
