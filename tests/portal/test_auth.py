@@ -221,3 +221,13 @@ def test_pages_enforce_csrf(world):
     client = Client(enforce_csrf_checks=True)
     client.force_login(world.member)
     assert client.post("/reserve/", {"team": "ml"}).status_code == 403
+
+
+def test_changing_ones_own_password_in_the_admin_keeps_that_session_and_ends_the_others(world):
+    here, elsewhere = _signed_in_page(world.staff), _signed_in_page(world.staff)
+    response = here.post(f"/admin/auth/user/{world.staff.pk}/password/",
+                         {"password1": "a-new-and-long-password", "password2": "a-new-and-long-password"})
+    assert response.status_code == 302
+    assert here.get("/").status_code == 200
+    assert elsewhere.get("/").status_code == 302
+    assert _sessions_of(world.staff) == 1
