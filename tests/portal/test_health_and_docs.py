@@ -92,8 +92,9 @@ def test_without_a_token_metrics_are_refused_outside_the_embedded_demo_unless_de
 
 
 @pytest.mark.parametrize("redis_url, public", [("", True), ("redis://127.0.0.1:6379/4", False)])
-def test_metrics_are_public_by_default_only_in_the_embedded_demo(redis_url, public):
-    env = dict(os.environ, REDIS_URL=redis_url, SECRET_KEY="x" * 50, DJANGO_SETTINGS_MODULE="portal.settings")
+def test_metrics_are_public_by_default_only_in_the_embedded_demo(redis_url, public, tmp_path):
+    env = dict(os.environ, REDIS_URL=redis_url, SECRET_KEY="x" * 50, DJANGO_SETTINGS_MODULE="portal.settings",
+               PORTAL_VAR_DIR=str(tmp_path))
     env.pop("METRICS_PUBLIC", None)
     code = "from django.conf import settings; print(settings.METRICS_PUBLIC)"
     out = subprocess.run([sys.executable, "-c", f"import django; django.setup(); {code}"], env=env, cwd=BASE_DIR,
