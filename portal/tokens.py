@@ -18,7 +18,7 @@ import hmac
 
 from django.contrib.auth import get_user_model
 from django.core.cache import cache
-from django.db import transaction
+from django.db import DEFAULT_DB_ALIAS, transaction
 from django.utils import timezone
 from rest_framework.authentication import TokenAuthentication
 from rest_framework.exceptions import AuthenticationFailed
@@ -62,7 +62,7 @@ def user_for_token(key: str):
         cache.set(cache_key, values, TOKEN_CACHE_SECONDS if values != _NO_USER else UNKNOWN_KEY_SECONDS)
     if values == _NO_USER:
         return None
-    return get_user_model().from_db("default", USER_FIELDS, values)
+    return get_user_model().from_db(DEFAULT_DB_ALIAS, USER_FIELDS, values)
 
 
 def token_forget(sender=None, instance=None, **kwargs) -> None:
