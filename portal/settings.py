@@ -76,6 +76,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Redis or PostgreSQL unreachable in a view outside DRF: 503 JSON or the "temporarily unavailable" page.
+    "portal.outages.OutageMiddleware",
     # Last, as django-axes asks: it turns a lockout into a 429 page.
     "axes.middleware.AxesMiddleware",
 ]
@@ -155,6 +157,14 @@ else:
                     "CONFIG": {"hosts": [{"address": REDIS_URL}]}}
     }
     CELERY_BROKER_URL = REDIS_URL
+
+# --- outages (common/outages.py) -------------------------------------------------------------
+# Redis or PostgreSQL not answering costs a request a second or two, never the operating system's
+# minutes of TCP retries; what a request then answers is in portal/outages.py.
+if not EMBEDDED:
+    CACHES["default"]["OPTIONS"] = {"socket_connect_timeout": 1.0, "socket_timeout": 2.0}
+if DATABASES["default"]["ENGINE"] == "common.postgresql":
+    DATABASES["default"]["OPTIONS"].setdefault("connect_timeout", 3)
 
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True

@@ -15,6 +15,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from common.errors import NotFound, ValidationFailed
+from common.outages import as_service_unavailable
 from inventory.api.agent import AgentView
 from monitoring import ingest, selectors
 from monitoring.api.serializers import AlertRuleSerializer, AlertSerializer, SilenceSerializer
@@ -47,6 +48,8 @@ class TelemetryView(AgentView):
         try:
             result = ingest.telemetry_ingest(token=request.auth, payload=request.data)
         except OperationalError as error:
+            if as_service_unavailable(error) is not None:
+                raise  # the database is gone, not busy: 503 database_unavailable
             # Overload (SQLite's write lock held past its timeout, PostgreSQL out of connections):
             # nothing was stored, and the agent keeps the batch and sends it again.
             log.warning("telemetry from %s refused, storage busy: %s", request.auth, error)
