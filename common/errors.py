@@ -49,6 +49,10 @@ class Conflict(ApplicationError):
     status = 409
 
 
+class PayloadTooLarge(ApplicationError):
+    status = 413
+
+
 class ServiceUnavailable(ApplicationError):
     """A service the request needs is unreachable (rule `broker_unavailable`: Redis; `database_unavailable`:
     PostgreSQL). Nothing was half-written; the client should try again after `retry_after` seconds."""

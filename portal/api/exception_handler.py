@@ -1,6 +1,6 @@
 """The one DRF exception handler: every error body is {"detail": ..., "errors": [{field, rule, message}]}.
 
-Also what Django itself answers under /api/ (its 404 and 500 handlers, and the outage middleware
+Also what Django itself answers under /api/ (its 400, 404 and 500 handlers, and the outage middleware
 for views outside DRF) goes through `error_response`, so an API client never gets an HTML page.
 """
 from __future__ import annotations
@@ -9,7 +9,9 @@ import re
 import sys
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import RequestDataTooBig, SuspiciousOperation, TooManyFieldsSent, TooManyFilesSent
 from django.core.exceptions import ValidationError as DjangoValidationError
 
 from django.db import IntegrityError
@@ -21,7 +23,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 from rest_framework.views import set_rollback
 
-from common.errors import ApplicationError, ServiceUnavailable
+from common.errors import ApplicationError, PayloadTooLarge, ServiceUnavailable, ValidationFailed
 from common.outages import as_service_unavailable
 
 
@@ -69,6 +71,20 @@ def _unique_violation_field(exc: IntegrityError) -> str | None:
     return last.removesuffix("_id")
 
 
+def request_limit_error(exc: BaseException) -> ApplicationError | None:
+    """The refusal for a body past Django's request limits (DATA_UPLOAD_MAX_*), naming `body`."""
+    if isinstance(exc, RequestDataTooBig):
+        return PayloadTooLarge(f"The request body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes.",
+                               field="body", rule="too_large")
+    if isinstance(exc, TooManyFieldsSent):
+        return ValidationFailed(f"More than {settings.DATA_UPLOAD_MAX_NUMBER_FIELDS} fields in the request.",
+                                field="body", rule="too_many_fields")
+    if isinstance(exc, TooManyFilesSent):
+        return ValidationFailed(f"More than {settings.DATA_UPLOAD_MAX_NUMBER_FILES} files in the request.",
+                                field="body", rule="too_many_files")
+    return None
+
+
 def _headers(error: ApplicationError) -> dict[str, str] | None:
     return {"Retry-After": str(error.retry_after)} if isinstance(error, ServiceUnavailable) else None
 
@@ -80,9 +96,11 @@ def error_response(error: ApplicationError) -> JsonResponse:
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
-    # Redis or PostgreSQL unreachable: 503 naming which.
+    # Redis or PostgreSQL unreachable (503 naming which), a body past Django's limits (413/400).
     if (outage := as_service_unavailable(exc)) is not None:
         exc = outage
+    elif (too_big := request_limit_error(exc)) is not None:
+        exc = too_big
     if isinstance(exc, IntegrityError) and (field := _unique_violation_field(exc)) is not None:
         # Two requests creating the same thing at once both pass the serializer's unique check and the
         # second meets the index: the answer a request a moment later gets from the check, not a 500.
@@ -124,6 +142,16 @@ def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
     if request.path.startswith("/api/"):
         return JsonResponse(_body([{"field": "", "rule": "not_found", "message": "Not found."}]), status=404)
     return defaults.page_not_found(request, exception)
+
+
+def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """The project's handler400 (a body past Django's limits, a bad Host header, ...): JSON under /api/."""
+    if request.path.startswith("/api/"):
+        error = request_limit_error(exception) or ValidationFailed(
+            "Bad request." if isinstance(exception, SuspiciousOperation) else str(exception) or "Bad request.",
+            field="", rule="bad_request")
+        return error_response(error)
+    return defaults.bad_request(request, exception)
 
 
 def server_error(request: HttpRequest) -> HttpResponse:
