@@ -27,7 +27,10 @@ def enqueue(task, *args, countdown: float = 0.0) -> None:
         log.warning("not queued, Redis unreachable (the sweep will do it): %s%r", task.name, args)
         return
     try:
-        task.apply_async(args, countdown=countdown or None)
+        if countdown:
+            task.apply_async(args, countdown=countdown)
+        else:
+            task.delay(*args)
     except BROKER_UNREACHABLE as error:
         redis_cache.outage.failed()
         log.warning("not queued, broker unreachable (the sweep will do it): %s%r: %s", task.name, args, error)
