@@ -89,6 +89,14 @@ def test_a_refusal_that_did_not_read_the_body_leaves_the_keep_alive_connection_u
                     client.get("/api/v1/pools/")  # the same kept-alive connection
                 except httpx.HTTPError as error:
                     failures.append(f"after {method} {path}: {error!r}")
+            # A chunked body (no Content-Length), refused before it is read.
+            chunked = stranger.post("/api/v1/reservations/", content=iter([b'{"pool": ', b'"a100"}']),
+                                    headers={"content-type": "application/json"})
+            assert chunked.status_code == 401
+            try:
+                stranger.get("/healthz")
+            except httpx.HTTPError as error:
+                failures.append(f"after a chunked POST: {error!r}")
     finally:
         member.close()
         stranger.close()
@@ -130,6 +138,7 @@ def test_every_body_past_a_limit_is_refused_in_the_api_shape_and_the_telemetry_l
         huge = b'{"stream": "s", "batches": [], "pad": "' + b"x" * settings.TELEMETRY_MAX_BODY_BYTES + b'"}'
         too_big = agent.post("/api/v1/agent/telemetry/", content=huge, headers={"content-type": "application/json"})
         assert too_big.status_code == 413, too_big.text[:300]
+        assert too_big.headers["connection"] == "close"  # refused on its Content-Length: not worth receiving
         assert too_big.json()["errors"][0] | {"message": ""} == {"field": "body", "rule": "too_large", "message": ""}
 
         # Elsewhere under /api/ Django's limits answer JSON too: a body past DATA_UPLOAD_MAX_MEMORY_SIZE...
