@@ -208,3 +208,32 @@ def test_while_postgresql_is_down_requests_answer_503_at_once_and_service_return
         api.close()
         browser.close()
         stop_process_group(web)
+
+
+def test_only_failures_that_mean_a_service_is_gone_count_as_an_outage():
+    import kombu.exceptions
+    import psycopg
+    import redis
+    from django.db import OperationalError
+    from psycopg_pool import PoolTimeout
+
+    from common.outages import as_service_unavailable
+
+    def raised_by_django(cause: Exception) -> OperationalError:
+        error = OperationalError(str(cause))
+        error.__cause__ = cause
+        return error
+
+    def rule(exc):
+        outage = as_service_unavailable(exc)
+        return outage.errors[0].rule if outage is not None else None
+
+    assert rule(raised_by_django(psycopg.OperationalError("connection refused"))) == "database_unavailable"
+    assert rule(raised_by_django(PoolTimeout("couldn't get a connection after 10.00 sec"))) == "database_unavailable"
+    assert rule(raised_by_django(psycopg.errors.AdminShutdown("terminating connection"))) == "database_unavailable"
+    assert rule(redis.exceptions.ConnectionError("refused")) == "broker_unavailable"
+    assert rule(kombu.exceptions.OperationalError("refused")) == "broker_unavailable"
+    # The database answered and refused one statement: not an outage (a lock timeout, SQLite's lock).
+    assert rule(raised_by_django(psycopg.errors.LockNotAvailable("could not obtain lock"))) is None
+    assert rule(OperationalError("database is locked")) is None
+    assert rule(ValueError("a bug")) is None
