@@ -24,8 +24,9 @@ def _start_failover(sender, *, node_id: int, healthy: bool, reason: str = "", **
     if healthy:
         return
     from allocations import tasks
+    from common.dispatch import enqueue
 
-    tasks.failover_node.delay(node_id, reason)
+    enqueue(tasks.failover_node, node_id, reason)
 
 
 def _refuse_moving_a_booked_gpu(sender, *, gpu_id: int, pool_id: int | None, fields: list[str], **_) -> None:

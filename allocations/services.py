@@ -23,6 +23,7 @@ from allocations.seam import Unplaceable, choose_whole_gpus
 from allocations.transitions import move as _move
 from allocations.transitions import record as _record
 from common import sql
+from common.dispatch import enqueue_after_commit
 from common.errors import Conflict, FieldError, NotFound, PermissionDenied, ValidationFailed
 from inventory.models import Gpu, GpuPool
 from inventory.sharing import RESERVABLE_MODES
@@ -100,8 +101,7 @@ def _check_quota(quota: QuotaLimits, *, gpus: int, start: datetime, end: datetim
 def _enqueue_after_commit(task_name: str, reservation_id: int) -> None:
     from allocations import tasks  # tasks import services; importing here keeps that one-way at load time
 
-    task = getattr(tasks, task_name)
-    transaction.on_commit(lambda: task.delay(reservation_id))
+    enqueue_after_commit(getattr(tasks, task_name), reservation_id)
 
 
 # --- commands ------------------------------------------------------------------------------

@@ -47,3 +47,29 @@ class Conflict(ApplicationError):
     """The request is well-formed but the current state refuses it (no room, over quota, wrong state)."""
 
     status = 409
+
+
+class PayloadTooLarge(ApplicationError):
+    status = 413
+
+
+class ServiceUnavailable(ApplicationError):
+    """A service the request needs is unreachable (rule `broker_unavailable`: Redis; `database_unavailable`:
+    PostgreSQL). Nothing was half-written; the client should try again after `retry_after` seconds."""
+
+    status = 503
+    retry_after = 5
+
+    def __init__(self, message: str, *, rule: str, retry_after: int | None = None) -> None:
+        super().__init__(message, field="", rule=rule)
+        if retry_after is not None:
+            self.retry_after = retry_after
+
+
+def broker_unavailable() -> ServiceUnavailable:
+    return ServiceUnavailable("The message broker (Redis) is unreachable; try again shortly.",
+                              rule="broker_unavailable")
+
+
+def database_unavailable() -> ServiceUnavailable:
+    return ServiceUnavailable("The database is unreachable; try again shortly.", rule="database_unavailable")

@@ -6,6 +6,9 @@ sample (a backlog arriving after newer ones) never replaces a newer one. It is w
 the ingest's pipelined round trip and read with one round trip for a page, a scrape or an
 alert evaluation: nothing here touches the database. A GPU whose agent stopped reporting
 drops out after LATEST_TTL seconds.
+
+These values live only in Redis, so while it is unreachable reading or writing them raises
+ServiceUnavailable (503 `broker_unavailable`) rather than answering "no data".
 """
 from __future__ import annotations
 
@@ -16,6 +19,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from django.core.cache import cache
+
+from common import redis_cache
+from common.errors import broker_unavailable
 
 # A sample older than this is "no data" (the GPU's agent stopped reporting).
 LATEST_TTL = 120
@@ -66,7 +72,7 @@ def latest_get(gpus: Iterable[tuple[int, int]]) -> dict[int, Latest]:
         for node_id, gpu_ids in wanted.items():
             pipe.hmget(cache.make_and_validate_key(node_key(node_id)), gpu_ids)
         loads = cache._cache._serializer.loads
-        for gpu_ids, values in zip(wanted.values(), pipe.execute()):
+        for gpu_ids, values in zip(wanted.values(), _execute(pipe)):
             found.update((gpu_id, loads(raw)) for gpu_id, raw in zip(gpu_ids, values) if raw is not None)
     fresh_after = time.time() - LATEST_TTL
     return {gpu_id: Latest(*raw) for gpu_id, raw in found.items() if raw[0] >= fresh_after}
@@ -94,7 +100,22 @@ _merge_lock = threading.Lock()
 def _redis_client():
     """The redis-py client behind the cache, or None for another cache (local memory, embedded)."""
     backend = getattr(cache, "_cache", None)
-    return backend.get_client(None, write=True) if hasattr(backend, "get_client") else None
+    if not hasattr(backend, "get_client"):
+        return None
+    if not redis_cache.outage.admit():
+        raise broker_unavailable()
+    return backend.get_client(None, write=True)
+
+
+def _execute(pipe) -> list:
+    """Run a pipeline; Redis unreachable is a ServiceUnavailable, and the cache's outage memory learns of it."""
+    try:
+        replies = pipe.execute()
+    except redis_cache.UNREACHABLE as error:
+        redis_cache.outage.failed()
+        raise broker_unavailable() from error
+    redis_cache.outage.recovered()
+    return replies
 
 
 # --- counters of the ingest (accepted, and rejected or clamped by reason) -------------------
@@ -140,7 +161,7 @@ def exchange(*, incr: dict[str, int] | None = None, incr_timeout: int | None = N
         for gpu_id, values in gpus.items():
             args += (gpu_id, values[0], backend._serializer.dumps(values))
         pipe.eval(_MERGE_NEWEST, 1, key(node_key(node_id)), *args)
-    replies = pipe.execute()
+    replies = _execute(pipe)
     step = 1 if incr_timeout is None else 2
     counts = {name: int(replies[i * step]) for i, name in enumerate(incr)}
     offset = len(incr) * step

@@ -48,7 +48,7 @@ from django.db import connection
 from django.utils import timezone
 
 from allocations.models import Allocation
-from common.errors import ApplicationError, ValidationFailed
+from common.errors import ApplicationError, PayloadTooLarge, ValidationFailed
 from inventory.models import Gpu, HostToken
 from monitoring import hot, live
 from monitoring.models import Sample
@@ -65,10 +65,6 @@ REJECT_REASONS = ("malformed", "unknown_gpu", "negative_memory", "memory_out_of_
 # the whole request's INSERT on PostgreSQL.
 MAX_MEMORY_MIB = 2**31 - 1
 CLAMP_REASONS = ("utilization_clamped", "memory_clamped")
-
-
-class PayloadTooLarge(ApplicationError):
-    status = 413
 
 
 class Flooding(ApplicationError):

@@ -6,6 +6,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from allocations.selectors import pools_visible_to
+from common.errors import ServiceUnavailable
 from monitoring import hot, selectors
 from portal.selectors import teams_of
 
@@ -59,9 +60,15 @@ def node_live(request: HttpRequest, node_id: int) -> HttpResponse:
 
 
 def dashboard_context(user) -> dict:
-    """What the dashboard shows of telemetry: allocated vs used per pool and team, idle GPUs, open alerts."""
-    pools, teams = selectors.usage(pools_visible_to(user), teams_of(user))
+    """What the dashboard shows of telemetry: allocated vs used per pool and team, idle GPUs, open alerts.
+    The usage needs the hot values in Redis; while Redis is unreachable the rest of the dashboard still shows."""
+    try:
+        pools, teams = selectors.usage(pools_visible_to(user), teams_of(user))
+        usage_unavailable = False
+    except ServiceUnavailable:
+        pools, teams, usage_unavailable = [], [], True
     return {
+        "usage_unavailable": usage_unavailable,
         "usage_pools": pools,
         "usage_teams": teams,
         "idle_gpus": [gpu for p in pools for gpu in p.idle],

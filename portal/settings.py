@@ -75,6 +75,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Redis or PostgreSQL unreachable in a view outside DRF: 503 JSON or the "temporarily unavailable" page.
+    "portal.outages.OutageMiddleware",
     # Last, as django-axes asks: it turns a lockout into a 429 page.
     "axes.middleware.AxesMiddleware",
 ]
@@ -159,6 +161,14 @@ else:
     }
     CELERY_BROKER_URL = REDIS_URL
 
+# --- outages (common/outages.py) -------------------------------------------------------------
+# Redis or PostgreSQL not answering costs a request a second or two, never the operating system's
+# minutes of TCP retries; what a request then answers is in portal/outages.py.
+if not EMBEDDED:
+    CACHES["default"]["OPTIONS"] = {"socket_connect_timeout": 1.0, "socket_timeout": 2.0}
+if DATABASES["default"]["ENGINE"] == "common.postgresql":
+    DATABASES["default"]["OPTIONS"].setdefault("connect_timeout", 3)
+
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
@@ -219,6 +229,10 @@ TELEMETRY_ROLLUP_SECONDS = env.float("TELEMETRY_ROLLUP_SECONDS", default=60.0)
 # Ingest limits: a bigger request is refused (413), a faster agent throttled (429).
 TELEMETRY_MAX_SAMPLES_PER_REQUEST = env.int("TELEMETRY_MAX_SAMPLES_PER_REQUEST", default=20000)
 TELEMETRY_MAX_SAMPLES_PER_AGENT_MINUTE = env.int("TELEMETRY_MAX_SAMPLES_PER_AGENT_MINUTE", default=60000)
+# The ingest's body limit (its own, not DATA_UPLOAD_MAX_MEMORY_SIZE's 2.5 MB, which a request of 20,000
+# samples passes at ~250-450 bytes of JSON each): 1 KiB per sample allowed, so the 413 for too many
+# samples is what a realistic request meets first.
+TELEMETRY_MAX_BODY_BYTES = env.int("TELEMETRY_MAX_BODY_BYTES", default=TELEMETRY_MAX_SAMPLES_PER_REQUEST * 1024)
 TELEMETRY_MAX_FUTURE_SECONDS = env.float("TELEMETRY_MAX_FUTURE_SECONDS", default=30.0)
 # A GPU at or below this utilization counts as idle ("allocated but idle").
 TELEMETRY_IDLE_UTIL_PCT = env.float("TELEMETRY_IDLE_UTIL_PCT", default=1.0)

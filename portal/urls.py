@@ -42,6 +42,8 @@ api = [
 
 # JSON 404s under /api/ (unknown routes, lookups the routes' patterns refuse).
 handler404 = "portal.api.exception_handler.not_found"
+handler400 = "portal.api.exception_handler.bad_request"
+handler500 = "portal.api.exception_handler.server_error"
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),

@@ -5,8 +5,10 @@ import os
 from django.core.wsgi import get_wsgi_application
 from django.urls import get_resolver
 
+from portal.request_body import DrainUnreadBody
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
-application = get_wsgi_application()
+application = DrainUnreadBody(get_wsgi_application())
 # The URLconf (and every view, serializer and API class it imports) now rather than on the first
 # request, so that it is among what the next line freezes.
 get_resolver().url_patterns

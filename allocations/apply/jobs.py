@@ -40,6 +40,7 @@ from django.utils import timezone
 from allocations.apply.backends import BackendError, BackendRejected, backend_for, backend_name
 from allocations.apply.selectors import cluster_desired
 from allocations.models import ApplyJob, HostLeaseReport, Reservation
+from common.dispatch import enqueue_after_commit
 from allocations.transitions import move
 from inventory.models import Cluster
 
@@ -65,7 +66,7 @@ def retry_delay(attempts: int) -> float:
 def _enqueue(job_id: int, countdown: float = 0.0) -> None:
     from allocations import tasks
 
-    transaction.on_commit(lambda: tasks.run_apply_job.apply_async((job_id,), countdown=countdown))
+    enqueue_after_commit(tasks.run_apply_job, job_id, countdown=countdown)
 
 
 def _clusters_of(reservation: Reservation) -> list[Cluster]:

@@ -4,17 +4,19 @@ from __future__ import annotations
 import logging
 
 import django_filters
+from django.conf import settings
 from django.db import OperationalError
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, permissions, viewsets
 from rest_framework.exceptions import ParseError
-from rest_framework.parsers import JSONParser
+from rest_framework.parsers import BaseParser
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from common.errors import NotFound, ValidationFailed
+from common.errors import NotFound, PayloadTooLarge, ValidationFailed
+from common.outages import as_service_unavailable
 from inventory.api.agent import AgentView
 from monitoring import ingest, selectors
 from monitoring.api.serializers import AlertRuleSerializer, AlertSerializer, SilenceSerializer
@@ -24,13 +26,26 @@ from monitoring.models import Alert, AlertRule, Silence
 log = logging.getLogger(__name__)
 
 
-class TelemetryParser(JSONParser):
+class TelemetryParser(BaseParser):
     """An agent's JSON body, decoded by ingest.decode_body (typed structs when every value is the type
-    agents send). Strict like DRF's parser: NaN and Infinity are refused."""
+    agents send). Strict like DRF's parser: NaN and Infinity are refused. Not DRF's JSONParser, which
+    reads the body through Django's DATA_UPLOAD_MAX_MEMORY_SIZE: the ingest has its own limit,
+    TELEMETRY_MAX_BODY_BYTES, sized for TELEMETRY_MAX_SAMPLES_PER_REQUEST samples."""
+
+    media_type = "application/json"
 
     def parse(self, stream, media_type=None, parser_context=None):
+        limit = settings.TELEMETRY_MAX_BODY_BYTES
+        too_large = PayloadTooLarge(f"The request body is larger than {limit} bytes; send fewer batches at once.",
+                                    field="body", rule="too_large")
+        declared = parser_context["request"].META.get("CONTENT_LENGTH") or ""
+        if declared.isdigit() and int(declared) > limit:
+            raise too_large  # without reading it (portal.request_body then closes the connection)
+        body = stream.read(limit + 1)
+        if len(body) > limit:
+            raise too_large
         try:
-            return ingest.decode_body(stream.read())
+            return ingest.decode_body(body)
         except ValueError as error:
             raise ParseError(f"JSON parse error - {error}") from None
 
@@ -47,6 +62,8 @@ class TelemetryView(AgentView):
         try:
             result = ingest.telemetry_ingest(token=request.auth, payload=request.data)
         except OperationalError as error:
+            if as_service_unavailable(error) is not None:
+                raise  # the database is gone, not busy: 503 database_unavailable
             # Overload (SQLite's write lock held past its timeout, PostgreSQL out of connections):
             # nothing was stored, and the agent keeps the batch and sends it again.
             log.warning("telemetry from %s refused, storage busy: %s", request.auth, error)

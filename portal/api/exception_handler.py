@@ -1,11 +1,18 @@
-"""The one DRF exception handler: every error body is {"detail": ..., "errors": [{field, rule, message}]}."""
+"""The one DRF exception handler: every error body is {"detail": ..., "errors": [{field, rule, message}]}.
+
+Also what Django itself answers under /api/ (its 400, 404 and 500 handlers, and the outage middleware
+for views outside DRF) goes through `error_response`, so an API client never gets an HTML page.
+"""
 from __future__ import annotations
 
+import re
+import sys
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import RequestDataTooBig, SuspiciousOperation, TooManyFieldsSent, TooManyFilesSent
 from django.core.exceptions import ValidationError as DjangoValidationError
-import re
 
 from django.db import IntegrityError
 from django.db.models import ProtectedError, RestrictedError
@@ -16,7 +23,8 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 from rest_framework.views import set_rollback
 
-from common.errors import ApplicationError
+from common.errors import ApplicationError, PayloadTooLarge, ServiceUnavailable, ValidationFailed
+from common.outages import as_service_unavailable
 
 
 def _flatten(detail: Any, prefix: str = "") -> list[dict[str, str]]:
@@ -63,7 +71,36 @@ def _unique_violation_field(exc: IntegrityError) -> str | None:
     return last.removesuffix("_id")
 
 
+def request_limit_error(exc: BaseException) -> ApplicationError | None:
+    """The refusal for a body past Django's request limits (DATA_UPLOAD_MAX_*), naming `body`."""
+    if isinstance(exc, RequestDataTooBig):
+        return PayloadTooLarge(f"The request body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes.",
+                               field="body", rule="too_large")
+    if isinstance(exc, TooManyFieldsSent):
+        return ValidationFailed(f"More than {settings.DATA_UPLOAD_MAX_NUMBER_FIELDS} fields in the request.",
+                                field="body", rule="too_many_fields")
+    if isinstance(exc, TooManyFilesSent):
+        return ValidationFailed(f"More than {settings.DATA_UPLOAD_MAX_NUMBER_FILES} files in the request.",
+                                field="body", rule="too_many_files")
+    return None
+
+
+def _headers(error: ApplicationError) -> dict[str, str] | None:
+    return {"Retry-After": str(error.retry_after)} if isinstance(error, ServiceUnavailable) else None
+
+
+def error_response(error: ApplicationError) -> JsonResponse:
+    """An application error as the API answers it, for code outside DRF's views."""
+    return JsonResponse(_body([e.as_dict() for e in error.errors], error.message), status=error.status,
+                        headers=_headers(error))
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    # Redis or PostgreSQL unreachable (503 naming which), a body past Django's limits (413/400).
+    if (outage := as_service_unavailable(exc)) is not None:
+        exc = outage
+    elif (too_big := request_limit_error(exc)) is not None:
+        exc = too_big
     if isinstance(exc, IntegrityError) and (field := _unique_violation_field(exc)) is not None:
         # Two requests creating the same thing at once both pass the serializer's unique check and the
         # second meets the index: the answer a request a moment later gets from the check, not a 500.
@@ -72,7 +109,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         return Response(_body([{"field": field, "rule": "unique", "message": message}]),
                         status=status.HTTP_409_CONFLICT)
     if isinstance(exc, ApplicationError):
-        return Response(_body([e.as_dict() for e in exc.errors], exc.message), status=exc.status)
+        return Response(_body([e.as_dict() for e in exc.errors], exc.message), status=exc.status,
+                        headers=_headers(exc))
     if isinstance(exc, (ProtectedError, RestrictedError)):
         blockers = sorted({str(type(obj)._meta.verbose_name_plural) for obj in exc.protected_objects})
         message = f"Still in use by {', '.join(blockers)}; remove or move those first."
@@ -104,3 +142,28 @@ def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
     if request.path.startswith("/api/"):
         return JsonResponse(_body([{"field": "", "rule": "not_found", "message": "Not found."}]), status=404)
     return defaults.page_not_found(request, exception)
+
+
+def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """The project's handler400 (a body past Django's limits, a bad Host header, ...): JSON under /api/."""
+    if request.path.startswith("/api/"):
+        error = request_limit_error(exception) or ValidationFailed(
+            "Bad request." if isinstance(exception, SuspiciousOperation) else str(exception) or "Bad request.",
+            field="", rule="bad_request")
+        return error_response(error)
+    return defaults.bad_request(request, exception)
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    """The project's handler500, for a failure no view or middleware answered: JSON under /api/, an outage
+    as its 503 (portal/outages.py), anything else Django's page."""
+    from portal.outages import outage_response
+
+    exc = sys.exc_info()[1]
+    outage = as_service_unavailable(exc) if exc is not None else None
+    if outage is not None:
+        return outage_response(request, outage)
+    if request.path.startswith("/api/"):
+        message = "Internal server error; it has been logged."
+        return JsonResponse(_body([{"field": "", "rule": "server_error", "message": message}]), status=500)
+    return defaults.server_error(request)

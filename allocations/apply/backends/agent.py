@@ -22,12 +22,12 @@ from collections import defaultdict
 from collections.abc import Collection
 from datetime import datetime
 
-from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from allocations.apply.backends.base import BackendPending, BackendRejected, SyncReport
 from allocations.apply.desired import ClusterDesired
+from common.dispatch import enqueue_after_commit
 from allocations.apply.selectors import ENFORCED_STATES
 from allocations.models import Allocation, ApplyJob, HostLeaseReport, Reservation
 from common.channel_layer import send_to_groups
@@ -106,7 +106,8 @@ def host_lease_report(*, node: Node, held: list[str], failed: dict[str, str] | N
         ApplyJob.objects.filter(pk__in=waiting, status=ApplyJob.Status.RETRYING).update(next_attempt_at=now)
         from allocations import tasks
 
-        transaction.on_commit(lambda: [tasks.run_apply_job.delay(pk) for pk in waiting])
+        for pk in waiting:
+            enqueue_after_commit(tasks.run_apply_job, pk)
 
 
 class AgentBackend:

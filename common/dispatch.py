@@ -1,0 +1,41 @@
+"""The one way a Celery task is queued: after the commit of the transaction that made it due.
+
+The database is the truth and a task is only a nudge (the beat sweep activates, expires and
+re-drives whatever is due), so a task that cannot be queued because the broker is unreachable
+is logged and left to the sweep: the request that committed the change still succeeds.
+"""
+from __future__ import annotations
+
+import logging
+
+import kombu.exceptions
+import redis
+from django.db import transaction
+
+from common import redis_cache
+
+log = logging.getLogger(__name__)
+
+BROKER_UNREACHABLE = (kombu.exceptions.OperationalError, redis.exceptions.ConnectionError,
+                      redis.exceptions.TimeoutError)
+
+
+def enqueue(task, *args, countdown: float = 0.0) -> None:
+    """Queue `task(*args)` now; a broker that does not answer leaves it to the sweep."""
+    if redis_cache.outage.is_down and not redis_cache.outage.admit():
+        # The cache found Redis (the same server) unreachable a moment ago: do not wait for the broker's retries.
+        log.warning("not queued, Redis unreachable (the sweep will do it): %s%r", task.name, args)
+        return
+    try:
+        if countdown:
+            task.apply_async(args, countdown=countdown)
+        else:
+            task.delay(*args)
+    except BROKER_UNREACHABLE as error:
+        redis_cache.outage.failed()
+        log.warning("not queued, broker unreachable (the sweep will do it): %s%r: %s", task.name, args, error)
+
+
+def enqueue_after_commit(task, *args, countdown: float = 0.0) -> None:
+    """Queue `task(*args)` once the current transaction commits (at once outside one)."""
+    transaction.on_commit(lambda: enqueue(task, *args, countdown=countdown))
