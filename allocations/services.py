@@ -16,7 +16,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, transaction
 from django.utils import timezone
 
-from allocations import quota_math, selectors
+from allocations import quota_math, selectors, units
 from allocations.apply import jobs
 from allocations.models import Allocation, ApplyJob, Quota, Reservation
 from allocations.seam import Unplaceable, choose_whole_gpus
@@ -71,9 +71,9 @@ def _check_quota(quota: QuotaLimits, *, gpus: int, start: datetime, end: datetim
     """Refuse when the team would hold more than max_gpus at any instant of [start, end),
     or book more GPU-hours in a calendar month than gpu_hours_per_month."""
     team, pool = quota.team_slug, quota.pool_slug
-    peak, peak_at = quota_math.peak_concurrent(
-        selectors.team_windows(quota.team_id, quota.pool_id, start, end, exclude_reservation), start, end
-    )
+    windows = selectors.team_windows(quota.team_id, quota.pool_id, start, end, exclude_reservation)
+    # Each window is one whole GPU held.
+    peak, peak_at = units.peak(((w_start, w_end, 1) for w_start, w_end in windows), start, end)
     if peak + gpus > quota.max_gpus:
         when = f" at {peak_at:%Y-%m-%d %H:%M} UTC" if peak else ""
         raise Conflict(
