@@ -20,6 +20,7 @@ from allocations import quota_math, selectors, units
 from allocations.apply import jobs
 from allocations.models import Allocation, ApplyJob, Quota, Reservation
 from allocations.seam import Unplaceable, choose_whole_gpus
+from allocations.transitions import ending_state
 from allocations.transitions import move as _move
 from allocations.transitions import record as _record
 from common import sql
@@ -261,7 +262,7 @@ def reservation_release(*, actor: AbstractBaseUser, reservation_id: int, now: da
     if reservation.state not in Reservation.LIVE_STATES:
         raise Conflict(f"A {reservation.state} reservation cannot be released.", field="state", rule="not_live")
     who = getattr(actor, "username", "system")
-    if reservation.ends_at <= now:
+    if ending_state(ends_at=reservation.ends_at, released_at=now) == State.EXPIRED:
         # The window is already over and the sweep has not got to it yet: do what the sweep would,
         # so it ends as expired (its GPUs were held to the end, not given back early).
         _undo(reservation, final_state=State.EXPIRED, actor=actor, reason="Window ended.", now=now)
@@ -376,7 +377,9 @@ def reservation_undo_again(*, reservation_id: int, now: datetime | None = None) 
     if reservation is None or reservation.apply_jobs.filter(action=ApplyJob.Action.UNDO,
                                                             status__in=ApplyJob.OPEN_STATUSES).exists():
         return False
-    final = State.EXPIRED if reservation.ends_at <= now and "Window ended" in reservation.reason else State.RELEASED
+    went_releasing_at = (reservation.events.filter(to_state=State.RELEASING).order_by("-at")
+                         .values_list("at", flat=True).first() or now)
+    final = ending_state(ends_at=reservation.ends_at, released_at=went_releasing_at)
     if not jobs.jobs_create(reservation=reservation, action=ApplyJob.Action.UNDO, final_state=final, now=now):
         _move(reservation, final, reason=reservation.reason, now=now)
     return True
