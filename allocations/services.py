@@ -173,9 +173,11 @@ def _insert_reservation(*, booking: _Booking, actor: AbstractBaseUser, gpus: int
         + sql.values_rows(len(gpu_ids), 4),
         [value for gpu_id in gpu_ids for value in (reservation_id, gpu_id, start, end)],
     )
-    reservation = selectors.reservation_from_row(
-        (reservation_id, gpus, starts_at, ends_at, State.SCHEDULED, "", None, now, now, booking.team.pk,
-         booking.team.slug, booking.pool.pk, booking.pool.slug, actor.pk, actor.get_username()))
+    reservation = selectors.reservation_from_row(selectors.ReservationRow(
+        id=reservation_id, gpus=gpus, starts_at=starts_at, ends_at=ends_at, state=State.SCHEDULED, reason="",
+        ended_at=None, created_at=now, updated_at=now, team_id=booking.team.pk, team_slug=booking.team.slug,
+        pool_id=booking.pool.pk, pool_slug=booking.pool.slug, requested_by_id=actor.pk,
+        requested_by_username=actor.get_username()))
     reservation.team, reservation.pool, reservation.requested_by = booking.team, booking.pool, actor
     _record(reservation, from_state="", to_state=State.SCHEDULED, actor=actor, reason=f"{gpus} GPU(s) placed",
             at=now)
@@ -237,9 +239,8 @@ def _locked_reservation(reservation_id: int, actor: AbstractBaseUser) -> Reserva
     """Lock the reservation's row and read it with its team, pool and booker; 404 when it does not
     exist or the actor may not act for its team (outsiders do not learn that it exists)."""
     row = sql.fetch_one(
-        # selectors.RESERVATION_ROW's columns, then the actor's role in the team.
-        "SELECT r.id, r.gpus, r.starts_at, r.ends_at, r.state, r.reason, r.ended_at, r.created_at, r.updated_at, "
-        "r.team_id, t.slug, r.pool_id, p.slug, r.requested_by_id, u.username, m.role "
+        # The reservation's columns, then the actor's role in the team.
+        f"SELECT {selectors.RESERVATION_ROW_SQL}, m.role "
         "FROM allocations_reservation r JOIN portal_team t ON t.id = r.team_id "
         "JOIN inventory_gpupool p ON p.id = r.pool_id "
         "LEFT JOIN auth_user u ON u.id = r.requested_by_id "
@@ -247,9 +248,10 @@ def _locked_reservation(reservation_id: int, actor: AbstractBaseUser) -> Reserva
         "WHERE r.id = %s" + sql.for_update_of("r"),
         [actor.pk, reservation_id],
     )
-    if row is None or not (actor.is_staff or row[-1] is not None):
+    *columns, actor_role = row or (None,)
+    if row is None or not (actor.is_staff or actor_role is not None):
         raise NotFound(f"Reservation {reservation_id} does not exist.", field="id", rule="does_not_exist")
-    return selectors.reservation_from_row(row)
+    return selectors.reservation_from_row(columns)
 
 
 @transaction.atomic
