@@ -49,10 +49,15 @@ def _validated_window(starts_at: datetime | None, ends_at: datetime, now: dateti
     if starts_at - now > settings.RESERVATION_MAX_LEAD:
         raise ValidationFailed(f"starts_at may be at most {settings.RESERVATION_MAX_LEAD.days} days ahead.",
                                field="starts_at", rule="max_lead")
+    _check_duration(starts_at, ends_at)
+    return starts_at
+
+
+def _check_duration(starts_at: datetime, ends_at: datetime) -> None:
+    """A reservation's window, as created or extended, is at most RESERVATION_MAX_DURATION long."""
     if ends_at - starts_at > settings.RESERVATION_MAX_DURATION:
         raise ValidationFailed(f"A reservation lasts at most {settings.RESERVATION_MAX_DURATION.days} days.",
                                field="ends_at", rule="max_duration")
-    return starts_at
 
 
 @dataclass(frozen=True)
@@ -309,9 +314,7 @@ def reservation_extend(*, actor: AbstractBaseUser, reservation_id: int, ends_at:
     if ends_at <= old_end:
         raise ValidationFailed(f"ends_at must be after the current end ({old_end.isoformat()}).", field="ends_at",
                                rule="after_current_end")
-    if ends_at - reservation.starts_at > settings.RESERVATION_MAX_DURATION:
-        raise ValidationFailed(f"A reservation lasts at most {settings.RESERVATION_MAX_DURATION.days} days.",
-                               field="ends_at", rule="max_duration")
+    _check_duration(reservation.starts_at, ends_at)
     # The GPUs it holds up to its end: not those a failover moved it off (their rows end earlier).
     gpu_ids = list(reservation.allocations.filter(ends_at=old_end).values_list("gpu_id", flat=True))
     # Longer on a broken or drained GPU is a booking placement would not make: refuse, as create would.

@@ -69,7 +69,7 @@ def _availability_context(user, data) -> dict:
     start = max(form.cleaned_data.get("start") or timezone.now(), timezone.now())
     start = start.replace(minute=0, second=0, microsecond=0)
     slots = alloc_selectors.pool_availability(pool, start, start + span, slot)
-    total = pool.gpus.filter(healthy=True, node__healthy=True, node__schedulable=True).count()
+    total = pool.gpus.usable().count()
     return {"pool": pool, "slots": slots, "total": total,
             "range": form.cleaned_data.get("range") or "24h", "ranges": list(AvailabilityForm.RANGES)}
 
