@@ -145,7 +145,8 @@ class ApplyJob(models.Model):
 
     The row is the truth about the work; Celery messages only nudge it. A worker claims a
     job with a conditional update (queued/retrying and due → running), so two workers never
-    run the same attempt, and the sweep re-queues jobs whose message was lost.
+    run the same attempt, and the sweep re-queues jobs whose message was lost or whose
+    claim's lease lapsed (allocations/apply/jobs.py).
     """
 
     class Action(models.TextChoices):
@@ -176,6 +177,9 @@ class ApplyJob(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     next_attempt_at = models.DateTimeField(null=True, blank=True)
+    lease_until = models.DateTimeField(
+        null=True, blank=True,
+        help_text="running: the claim's lease, renewed while the attempt runs; lapsed, the sweep takes the job back")
     deadline = models.DateTimeField()
     error = models.TextField(blank=True)
     changes = models.JSONField(default=list, blank=True, help_text="What the backend changed (or repaired)")

@@ -392,13 +392,20 @@ def reservation_undo_again(*, reservation_id: int, now: datetime | None = None) 
 
 @transaction.atomic
 def reservation_expire(*, reservation_id: int, now: datetime | None = None) -> bool:
-    """A live reservation whose window has ended: undone, then expired. Returns whether it acted."""
+    """A live reservation whose window has ended: undone, then expired; failed if it was never applied.
+    Returns whether it acted."""
     now = now or timezone.now()
     reservation = Reservation.objects.select_for_update().filter(
         pk=reservation_id, state__in=Reservation.LIVE_STATES, ends_at__lte=now
     ).first()
     if reservation is None:
         return False
+    if reservation.state == State.SCHEDULED:
+        # Its window passed with no worker to apply it (workers down, or the broker away so long):
+        # the team never had the GPUs, and the reservation says so rather than looking used up.
+        _move(reservation, State.FAILED, now=now,
+              reason="Its window ended before it could be applied: no worker started it in time.")
+        return True
     _undo(reservation, final_state=State.EXPIRED, reason="Window ended.", now=now)
     return True
 

@@ -66,11 +66,11 @@ def prepare(pools: int, teams: int, nodes_per_pool: int, gpus_per_node: int) -> 
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
     from django.db import transaction
-    from rest_framework.authtoken.models import Token
 
     from allocations.models import Quota
     from inventory.models import Cluster, Gpu, GpuPool, Node
     from portal.models import Membership, Team
+    from portal.services import api_token_create
 
     call_command("migrate", verbosity=0)
     with transaction.atomic():
@@ -99,11 +99,11 @@ def prepare(pools: int, teams: int, nodes_per_pool: int, gpus_per_node: int) -> 
                 user.set_unusable_password()
                 user.save()
             Membership.objects.get_or_create(user=user, team=team)
-            token, _ = Token.objects.get_or_create(user=user)
+            _, key = api_token_create(user=user, name="benchmark")
             for pool in pool_rows:
                 Quota.objects.update_or_create(team=team, pool=pool, defaults={
                     "max_gpus": nodes_per_pool * gpus_per_node, "gpu_hours_per_month": None})
-                pairs.append({"team": team.slug, "pool": pool.slug, "token": token.key})
+                pairs.append({"team": team.slug, "pool": pool.slug, "token": key})
     vacuum_reservation_tables()
     return pairs
 

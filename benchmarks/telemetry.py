@@ -52,11 +52,11 @@ def prepare(gpus: int, per_agent: int, pools: int) -> dict:
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
     from django.db import connection, transaction
-    from rest_framework.authtoken.models import Token
 
     from inventory import services
     from inventory.models import Cluster, Gpu, GpuPool, HostToken, Node
     from monitoring.models import Sample
+    from portal.services import api_token_create
 
     call_command("migrate", verbosity=0)
     User = get_user_model()
@@ -83,10 +83,10 @@ def prepare(gpus: int, per_agent: int, pools: int) -> dict:
             HostToken.objects.filter(cluster=cluster, host_name=node.name).delete()
             _, key = services.host_token_create(actor=staff, cluster=cluster, host_name=node.name)
             agents.append({"key": key, "uuids": [g.uuid for g in rows], "pool": pool.slug})
-        token, _ = Token.objects.get_or_create(user=staff)
+        _, token = api_token_create(user=staff, name="benchmark")
     from monitoring import live
 
-    return {"agents": agents, "pools": [p.slug for p in pool_objs], "token": token.key,
+    return {"agents": agents, "pools": [p.slug for p in pool_objs], "token": token,
             "pool_groups": [live.group_name("pool", p.pk) for p in pool_objs]}
 
 

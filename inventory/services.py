@@ -2,8 +2,6 @@
 Kubernetes discovery report, and hosts that fell silent."""
 from __future__ import annotations
 
-import hashlib
-import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -14,15 +12,12 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from common.errors import Conflict, PermissionDenied, ValidationFailed
+from common.secrets import key_digest, new_key
 from inventory.kubernetes import crypto
 from inventory.kubernetes.client import parse_kubeconfig
 from inventory.kubernetes.nodes import DiscoveredNode
 from inventory.models import Cluster, Gpu, GpuPool, HostToken, Node
 from inventory.signals import gpu_moving, node_health_changed
-
-
-def hash_key(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
 
 
 @transaction.atomic
@@ -34,8 +29,8 @@ def host_token_create(*, actor: AbstractBaseUser, cluster: Cluster, host_name: s
         raise ValidationFailed("Host agents belong to bare-metal clusters.", field="cluster", rule="not_baremetal")
     if not host_name or len(host_name) > 253:
         raise ValidationFailed("host_name must be 1 to 253 characters.", field="host_name", rule="invalid")
-    key = secrets.token_urlsafe(32)
-    token = HostToken.objects.create(cluster=cluster, host_name=host_name, key_hash=hash_key(key), prefix=key[:8],
+    key = new_key()
+    token = HostToken.objects.create(cluster=cluster, host_name=host_name, key_hash=key_digest(key), prefix=key[:8],
                                      created_by=actor if actor.is_authenticated else None)
     return token, key
 
@@ -63,7 +58,7 @@ def host_token_cache_key(key_hash: str) -> str:
 
 def host_token_for_key(key: str) -> HostToken | None:
     """The active token with this key, or None."""
-    key_hash = hash_key(key)
+    key_hash = key_digest(key)
     cache_key = host_token_cache_key(key_hash)
     token = cache.get(cache_key)
     if token is None:

@@ -1,4 +1,4 @@
-"""WebSocket authentication for scripts: `Authorization: Token <key>` (DRF tokens), beside the session.
+"""WebSocket authentication for scripts: `Authorization: Token <key>` (API tokens, portal/tokens.py), beside the session.
 
 Browsers always send an Origin header, and AllowedHostsOriginValidator checks it.
 Scripts and host agents send none; a connection with no Origin but an `Authorization:

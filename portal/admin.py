@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from portal.models import Membership, Team
+from portal.models import ApiToken, Membership, Team
 
 
 class MembershipInline(admin.TabularInline):
@@ -22,3 +22,16 @@ class MembershipAdmin(admin.ModelAdmin):
     list_display = ["team", "user", "role", "joined_at"]
     list_filter = ["role", "team"]
     search_fields = ["user__username", "team__slug"]
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    """Staff see and delete API tokens; keys are made by their users (POST /api/v1/auth/token/), shown once."""
+
+    list_display = ["prefix", "user", "name", "created_at", "last_used_at"]
+    search_fields = ["user__username", "prefix", "name"]
+    readonly_fields = ["user", "name", "prefix", "created_at", "last_used_at"]
+    exclude = ["digest"]
+
+    def has_add_permission(self, request) -> bool:
+        return False

@@ -1,5 +1,5 @@
 from django.apps import AppConfig
-from django.db.models.signals import post_delete, post_save
+from django.db.models.signals import post_delete, post_save, pre_save
 
 
 class PortalConfig(AppConfig):
@@ -8,12 +8,18 @@ class PortalConfig(AppConfig):
 
     def ready(self) -> None:
         from django.contrib.auth import get_user_model
-        from rest_framework.authtoken.models import Token
 
+        from portal import checks  # noqa: F401  (registers the deploy checks)
+        from portal.credentials import credentials_changed, credentials_changing
+        from portal.models import ApiToken
         from portal.tokens import token_forget
 
-        # A revoked token, a deactivated user or a changed staff flag must hold from the next
+        User = get_user_model()
+        # A deleted token, a deactivated user or a changed staff flag must hold from the next
         # request on, whatever changed it (API, admin, shell): the cached lookup goes with it.
-        for model in (Token, get_user_model()):
+        for model in (ApiToken, User):
             post_save.connect(token_forget, sender=model, dispatch_uid=f"token-forget-save-{model.__name__}")
             post_delete.connect(token_forget, sender=model, dispatch_uid=f"token-forget-delete-{model.__name__}")
+        # A new password or a deactivation ends the user's tokens and sessions.
+        pre_save.connect(credentials_changing, sender=User, dispatch_uid="credentials-changing")
+        post_save.connect(credentials_changed, sender=User, dispatch_uid="credentials-changed")

@@ -3,11 +3,14 @@ import os
 
 from celery import Celery
 
+from portal.broker import report_a_detached_redis_channel_as_a_connection_error
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 
 app = Celery("portal")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+report_a_detached_redis_channel_as_a_connection_error()
 
 
 # Periodic work beat schedules: (the setting that holds its period in seconds, task, name).

@@ -8,6 +8,7 @@ import secrets
 import uuid
 
 from django.contrib.auth import get_user_model
+from django.contrib.auth.password_validation import validate_password
 from django.db import transaction
 
 from allocations.models import Quota
@@ -23,10 +24,23 @@ def _gpu_uuid(node: str, index: int) -> str:
     return f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{node}.demo.gpupool/{index}')}"
 
 
+ADMIN = {"username": "admin", "email": "admin@localhost"}
+
+
+def check_admin_password(password: str) -> None:
+    """Django's password validators (AUTH_PASSWORD_VALIDATORS) on the demo admin's chosen password:
+    the demo's admin is a superuser on a server anyone on the network may reach.
+    Raises django.core.exceptions.ValidationError with every reason."""
+    validate_password(password, get_user_model()(**ADMIN))
+
+
 @transaction.atomic
 def load_demo(admin_password: str | None = None) -> dict[str, str]:
-    """Create the demo fleet and accounts; returns {username: password} for the ones created."""
+    """Create the demo fleet and accounts; returns {username: password} for the ones created.
+    A chosen admin password must pass the password validators (check_admin_password)."""
     User = get_user_model()
+    if admin_password is not None:
+        check_admin_password(admin_password)
     cluster = Cluster.objects.create(name="Lab bare metal", slug="lab", kind=Cluster.Kind.BAREMETAL,
                                      description="Demo hosts (simulated GPUs)")
     h100 = GpuPool.objects.create(name="H100 80GB", slug="h100", sharing_mode="exclusive",
@@ -53,7 +67,7 @@ def load_demo(admin_password: str | None = None) -> dict[str, str]:
 
     created: dict[str, str] = {}
     admin_password = admin_password or secrets.token_urlsafe(12)
-    User.objects.create_superuser("admin", "admin@localhost", admin_password)
+    User.objects.create_superuser(ADMIN["username"], ADMIN["email"], admin_password)
     created["admin"] = admin_password
     for username, team, role in [("alice", vision, Membership.Role.MANAGER), ("bob", vision, Membership.Role.MEMBER),
                                  ("carol", nlp, Membership.Role.MANAGER)]:

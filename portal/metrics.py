@@ -151,14 +151,18 @@ class TelemetryCollector:
 
 
 def metrics(request: HttpRequest) -> HttpResponse:
-    # The figures name teams, pools and hosts: with METRICS_TOKEN set, only a scraper that
-    # sends `Authorization: Bearer <token>` gets them.
+    # The figures name teams, pools, hosts and GPU UUIDs: only a scraper that sends the token gets
+    # them, or anyone where they were declared public (the embedded demo, or METRICS_PUBLIC=true).
     token = settings.METRICS_TOKEN
     if token and not same_secret(bearer_token(request) or "", token):
         response = HttpResponse("Send the metrics token: Authorization: Bearer <METRICS_TOKEN>\n", status=401,
                                 content_type="text/plain")
         response["WWW-Authenticate"] = 'Bearer realm="metrics"'
         return response
+    if not token and not settings.METRICS_PUBLIC:
+        return HttpResponse("/metrics names teams, hosts and GPUs, so it is closed until METRICS_TOKEN is set "
+                            "(scrape with Authorization: Bearer <METRICS_TOKEN>); set METRICS_PUBLIC=true instead "
+                            "where the ingress already protects /metrics.\n", status=403, content_type="text/plain")
     registry = CollectorRegistry(auto_describe=False)
     registry.register(PortalCollector())
     registry.register(TelemetryCollector())

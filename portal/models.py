@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 
 class Team(models.Model):
@@ -34,3 +35,25 @@ class Membership(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} in {self.team} ({self.role})"
+
+
+class ApiToken(models.Model):
+    """A user's key for scripts (`Authorization: Token <key>`). The key is shown once, at creation.
+
+    Only its first characters (`prefix`, to find the row) and its SHA-256 (`digest`, to check
+    the key) are stored: common.secrets holds that rule. A password change or a deactivation
+    deletes the user's tokens (portal/credentials.py).
+    """
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=64, blank=True)
+    prefix = models.CharField(max_length=12, unique=True, editable=False)
+    digest = models.CharField(max_length=64, editable=False)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    class Meta:
+        ordering = ["user_id", "-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.name or 'unnamed'})"

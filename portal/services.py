@@ -1,12 +1,14 @@
-"""Writes about teams and members. Each is one transaction and checks who asks."""
+"""Writes about teams, members and API tokens. Each is one transaction and checks who asks."""
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 
 from common.errors import Conflict, NotFound, PermissionDenied, ValidationFailed
-from portal.models import Membership, Team
+from common.secrets import key_digest, key_prefix, new_key
+from portal.models import ApiToken, Membership, Team
 from portal.selectors import can_manage_team
 
 User = get_user_model()
@@ -99,3 +101,26 @@ def membership_remove(*, actor: AbstractBaseUser, team: Team, username: str) -> 
     if _would_leave_no_manager(team, membership) and not actor.is_staff:
         raise Conflict("A team keeps at least one manager.", field="username", rule="last_manager")
     membership.delete()
+
+
+@transaction.atomic
+def api_token_create(*, user: AbstractBaseUser, name: str = "") -> tuple[ApiToken, str]:
+    """A new API token of `user`; returns it with the key, which is never stored or shown again.
+
+    A user keeps at most API_TOKENS_PER_USER tokens: making one more deletes the oldest, so a
+    script that asks for a token on every run does not pile them up without end."""
+    key = new_key()
+    token = ApiToken(user=user, name=name, prefix=key_prefix(key), digest=key_digest(key))
+    token.full_clean(validate_unique=False)  # the prefix is 72 random bits
+    token.save()
+    older = list(ApiToken.objects.filter(user_id=user.pk).order_by("-created_at", "-pk")
+                 .values_list("pk", flat=True)[settings.API_TOKENS_PER_USER:])
+    if older:
+        ApiToken.objects.filter(pk__in=older).delete()
+    return token, key
+
+
+@transaction.atomic
+def api_token_delete(*, actor: AbstractBaseUser, key: str) -> None:
+    """Delete the token with this key, the actor's own (signing a script out)."""
+    ApiToken.objects.filter(user_id=actor.pk, prefix=key_prefix(key), digest=key_digest(key)).delete()

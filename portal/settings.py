@@ -14,6 +14,8 @@ from pathlib import Path
 
 import environ
 
+from common.private_files import private_dir, private_file, write_private
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(environ.Env().str("PORTAL_VAR_DIR", default=str(BASE_DIR / "var")))
 
@@ -30,12 +32,10 @@ def _secret_key() -> str:
         return key
     if not EMBEDDED:
         raise environ.ImproperlyConfigured("SECRET_KEY (or SECRET_KEY_FILE) must be set when REDIS_URL is set")
-    VAR_DIR.mkdir(parents=True, exist_ok=True)
-    path = VAR_DIR / "secret_key"
+    path = private_dir(VAR_DIR) / "secret_key"
     if not path.exists():
-        path.write_text(secrets.token_urlsafe(50))
-        path.chmod(0o600)
-    return path.read_text().strip()
+        write_private(path, secrets.token_urlsafe(50))
+    return private_file(path).read_text().strip()
 
 
 REDIS_URL = env.str("REDIS_URL", default="")
@@ -56,7 +56,6 @@ INSTALLED_APPS = [
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
     "django_filters",
     "drf_spectacular",
     "channels",
@@ -107,7 +106,11 @@ TEMPLATES = [
 # --- database -------------------------------------------------------------------------
 DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'portal.sqlite3'}")}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    private_dir(VAR_DIR)
+    # The database holds password hashes and host credentials: this account's alone.
+    if DATABASES["default"]["NAME"] != ":memory:":
+        Path(DATABASES["default"]["NAME"]).parent.mkdir(parents=True, exist_ok=True)
+        private_file(Path(DATABASES["default"]["NAME"]))
     # IMMEDIATE takes the write lock when a transaction starts, so two reservations can
     # never both read "free" and then both write: SQLite serializes them.
     DATABASES["default"].setdefault("OPTIONS", {}).update({"transaction_mode": "IMMEDIATE", "timeout": 30})
@@ -160,6 +163,8 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Through a broker outage the worker reconnects for as long as it takes (portal/broker.py).
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
 CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 # How often beat sweeps reservations (activate due ones, expire ended ones). The
@@ -172,10 +177,19 @@ APPLY_DEADLINE = timedelta(seconds=env.float("APPLY_DEADLINE_SECONDS", default=6
 # Retries of a remote error wait base * 2^(attempt-1) seconds, capped.
 APPLY_RETRY_BASE_SECONDS = env.float("APPLY_RETRY_BASE_SECONDS", default=2.0)
 APPLY_RETRY_CAP_SECONDS = env.float("APPLY_RETRY_CAP_SECONDS", default=60.0)
+# A running job's claim is a lease the worker renews every third of this; when its worker dies the
+# sweep takes the job back once the lease lapses (so within this plus one sweep period).
+APPLY_JOB_LEASE_SECONDS = env.float("APPLY_JOB_LEASE_SECONDS", default=15.0)
+# A queued job whose Celery message has not started it after this long is started by the sweep
+# (the message was lost, e.g. with a broker that went away without saving).
+APPLY_LOST_MESSAGE_SECONDS = env.float("APPLY_LOST_MESSAGE_SECONDS", default=30.0)
 # How often beat compares each cluster with the database and repairs drift.
 RECONCILE_SECONDS = env.float("RECONCILE_SECONDS", default=30.0)
-# /metrics answers only `Authorization: Bearer <METRICS_TOKEN>` when set (unset: open, e.g. behind the ingress).
+# /metrics names teams, hosts and GPU UUIDs. With METRICS_TOKEN set it answers only `Authorization:
+# Bearer <METRICS_TOKEN>`; without one it is open in the embedded demo and refused (403) elsewhere,
+# unless METRICS_PUBLIC=true says the ingress protects it.
 METRICS_TOKEN = env.str("METRICS_TOKEN", default="")
+METRICS_PUBLIC = env.bool("METRICS_PUBLIC", default=EMBEDDED)
 
 # --- host agents ------------------------------------------------------------------------
 AGENT_HEARTBEAT_SECONDS = env.float("AGENT_HEARTBEAT_SECONDS", default=10.0)
@@ -225,6 +239,8 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+# API tokens a user keeps; making one more deletes the oldest.
+API_TOKENS_PER_USER = env.int("API_TOKENS_PER_USER", default=25)
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard"
 LOGOUT_REDIRECT_URL = "login"
@@ -289,10 +305,31 @@ SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
-if env.bool("HTTPS", default=False):
+# HTTPS=true: the portal is served over TLS (by a proxy that sets X-Forwarded-Proto, or by
+# WEB_TLS_CERT), and gets the secure defaults `manage.py check --deploy` asks for.
+HTTPS = env.bool("HTTPS", default=False)
+SILENCED_SYSTEM_CHECKS: list[str] = []
+if HTTPS:
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    # HSTS: a browser that saw the header over HTTPS refuses plain HTTP to this host (and, with
+    # include-subdomains, to the hosts under it) for that long. Set include-subdomains false when the
+    # portal is served at a domain's apex and some host under it still speaks plain HTTP.
+    SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=31536000)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=True)
+    SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=False)
+    if not SECURE_HSTS_PRELOAD:
+        # Preloading asks browser vendors to hard-code the domain, which takes months to undo:
+        # the domain's owner decides that, not a default.
+        SILENCED_SYSTEM_CHECKS.append("security.W021")
+    # Plain HTTP is redirected to HTTPS, except what kubelet probes and in-cluster scrapers ask the
+    # pod directly over HTTP (no X-Forwarded-Proto). SECURE_SSL_REDIRECT=false leaves the redirect to
+    # the ingress (needed when other in-cluster clients call the API over plain HTTP).
+    SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=True)
+    SECURE_REDIRECT_EXEMPT = [r"^(healthz|readyz|metrics)$"]
+    if not SECURE_SSL_REDIRECT:
+        SILENCED_SYSTEM_CHECKS.append("security.W008")
 
 LOGGING = {
     "version": 1,

@@ -9,16 +9,31 @@ A job is claimed with a conditional update (queued, or retrying and due → runn
 one level-triggered sync of the cluster for the reservation's team, and ends succeeded,
 retrying (remote error: exponential backoff with a cap) or failed (the cluster refused,
 or the deadline passed). Every outcome is written to the job row, which the reservation
-page and the API show. The sweep re-runs jobs whose Celery message was lost and resets
-jobs whose worker died mid-run, so nothing stays in applying forever.
+page and the API show.
+
+Nothing stays in applying forever because the sweep re-drives what the messages did not:
+
+- a queued job whose message has not started it after APPLY_LOST_MESSAGE_SECONDS (the message
+  was lost, e.g. with a broker that went away without saving), and a retry whose time has come;
+- a running job whose worker died. A claim is a lease (`lease_until`): the attempt renews it
+  every third of APPLY_JOB_LEASE_SECONDS from a thread of its own while the sync runs, so a
+  slow cluster keeps it; once it lapses the sweep puts the job back to retrying, and the next
+  claim starts a new attempt. The attempt number is the claim's token: an attempt writes its
+  outcome only while the job is still running that attempt, so the outcome of a worker that
+  was only slow (its lease lapsed while it could not reach the database) is dropped rather
+  than mixed with the next attempt's. Syncs are idempotent, so two syncs that overlap in such
+  a case do no harm; only one of them is recorded.
 """
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -34,10 +49,12 @@ Job = ApplyJob
 Status = ApplyJob.Status
 State = Reservation.State
 
-# A job marked running this long after its deadline lost its worker; the sweep takes it back.
+# A running job without a lease (claimed before leases existed) is taken back this long after its deadline.
 STALE_RUNNING_GRACE = timedelta(minutes=2)
-# A queued job whose message never arrived is re-sent after this long.
-LOST_MESSAGE_AFTER = timedelta(seconds=30)
+
+
+def lease_length() -> timedelta:
+    return timedelta(seconds=settings.APPLY_JOB_LEASE_SECONDS)
 
 
 def retry_delay(attempts: int) -> float:
@@ -83,11 +100,44 @@ def jobs_create(*, reservation: Reservation, action: str, final_state: str = "",
 def _claim(job_id: int, now: datetime) -> ApplyJob | None:
     due = Q(status=Status.QUEUED) | Q(status=Status.RETRYING, next_attempt_at__lte=now)
     claimed = ApplyJob.objects.filter(due, pk=job_id).update(
-        status=Status.RUNNING, attempts=F("attempts") + 1, started_at=now, next_attempt_at=None
+        status=Status.RUNNING, attempts=F("attempts") + 1, started_at=now, next_attempt_at=None,
+        lease_until=now + lease_length(),
     )
     if not claimed:
         return None
     return ApplyJob.objects.select_related("cluster", "reservation__team").get(pk=job_id)
+
+
+def _this_attempt(job: ApplyJob):
+    """The job's row while it still runs `job`'s attempt: every write of an outcome goes through it."""
+    return ApplyJob.objects.filter(pk=job.pk, status=Status.RUNNING, attempts=job.attempts)
+
+
+@contextmanager
+def _lease_kept(job: ApplyJob) -> Iterator[None]:
+    """Renew the claim's lease every third of its length until the block ends (a thread of its own,
+    so a sync that blocks on a silent cluster still keeps its claim)."""
+    stop = threading.Event()
+
+    def renew() -> None:
+        try:
+            while not stop.wait(settings.APPLY_JOB_LEASE_SECONDS / 3):
+                if not _this_attempt(job).update(lease_until=timezone.now() + lease_length()):
+                    log.warning("apply job %s: attempt %s was taken back (its lease had lapsed)", job.pk,
+                                job.attempts)
+                    return
+        except Exception:  # the database is away: the lease lapses and the sweep decides
+            log.warning("apply job %s: could not renew its lease", job.pk, exc_info=True)
+        finally:
+            connection.close()  # this thread's own connection
+
+    keeper = threading.Thread(target=renew, name=f"apply-job-{job.pk}-lease", daemon=True)
+    keeper.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        keeper.join()
 
 
 def job_run(*, job_id: int, now: datetime | None = None) -> str:
@@ -102,10 +152,11 @@ def job_run(*, job_id: int, now: datetime | None = None) -> str:
         return Status.SUCCEEDED
     # The sync talks to a remote cluster: no database transaction or lock is held meanwhile.
     try:
-        backend = backend_for(job.cluster)
-        teams = None if reservation is None else [reservation.team.slug]
-        desired = cluster_desired(job.cluster, now=now, teams=teams, with_pools=backend.reads_pools)
-        report = backend.sync(desired, teams=teams)
+        with _lease_kept(job):
+            backend = backend_for(job.cluster)
+            teams = None if reservation is None else [reservation.team.slug]
+            desired = cluster_desired(job.cluster, now=now, teams=teams, with_pools=backend.reads_pools)
+            report = backend.sync(desired, teams=teams)
     except BackendRejected as refused:
         return _failed(job, f"{job.cluster.slug} refused: {refused}", now=timezone.now())
     except BackendError as error:
@@ -122,15 +173,21 @@ def _still_wanted(job: ApplyJob, reservation: Reservation) -> bool:
     return reservation.state == State.RELEASING
 
 
-def _finish(job: ApplyJob, status: str, *, now: datetime, error: str = "", changes: list[str] | None = None) -> None:
+def _finish(job: ApplyJob, status: str, *, now: datetime, error: str = "", changes: list[str] | None = None) -> bool:
+    """Record the attempt's outcome; False (nothing written) if the job was taken back from this attempt."""
     # One statement: atomic by itself, and no savepoint inside the callers' transactions.
-    ApplyJob.objects.filter(pk=job.pk).update(status=status, finished_at=now, error=error,
-                                              changes=changes if changes is not None else job.changes)
+    written = _this_attempt(job).update(status=status, finished_at=now, error=error, lease_until=None,
+                                        changes=changes if changes is not None else job.changes)
+    if not written:
+        log.warning("apply job %s: attempt %s ended (%s) after it was taken back; its outcome is dropped",
+                    job.pk, job.attempts, status)
+    return bool(written)
 
 
 @transaction.atomic
 def _succeeded(job: ApplyJob, changes: list[str], *, now: datetime) -> str:
-    _finish(job, Status.SUCCEEDED, now=now, changes=changes)
+    if not _finish(job, Status.SUCCEEDED, now=now, changes=changes):
+        return ""
     if job.reservation_id is None:
         return Status.SUCCEEDED
     reservation = Reservation.objects.select_for_update().get(pk=job.reservation_id)
@@ -156,15 +213,19 @@ def _retry_or_fail(job: ApplyJob, error: str, *, now: datetime) -> str:
         # A host answered while this attempt ran; its answer could not wake a job that was not yet
         # waiting (host_lease_report wakes retrying jobs only), so look again at once.
         delay = 0.0
-    ApplyJob.objects.filter(pk=job.pk).update(status=Status.RETRYING, error=error,
-                                              next_attempt_at=now + timedelta(seconds=delay))
+    if not _this_attempt(job).update(status=Status.RETRYING, error=error, lease_until=None,
+                                     next_attempt_at=now + timedelta(seconds=delay)):
+        log.warning("apply job %s: attempt %s failed after it was taken back; its outcome is dropped", job.pk,
+                    job.attempts)
+        return ""
     _enqueue(job.pk, countdown=delay)
     return Status.RETRYING
 
 
 @transaction.atomic
 def _failed(job: ApplyJob, error: str, *, now: datetime) -> str:
-    _finish(job, Status.FAILED, now=now, error=error)
+    if not _finish(job, Status.FAILED, now=now, error=error):
+        return ""
     if job.reservation_id is None:
         return Status.FAILED
     reservation = Reservation.objects.select_for_update().get(pk=job.reservation_id)
@@ -233,15 +294,24 @@ def _record_failed_reconcile(cluster: Cluster, error: str, *, now: datetime) -> 
 
 # --- what the sweep re-drives ------------------------------------------------------------------
 
+def jobs_take_back(now: datetime | None = None) -> int:
+    """Put running jobs whose worker died (their lease lapsed) back to retrying, due now. Returns how many."""
+    now = now or timezone.now()
+    lapsed = Q(lease_until__lt=now) | Q(lease_until__isnull=True, deadline__lt=now - STALE_RUNNING_GRACE)
+    return ApplyJob.objects.filter(lapsed, status=Status.RUNNING).update(
+        status=Status.RETRYING, next_attempt_at=now, lease_until=None,
+        error="The worker running this attempt stopped renewing its claim (it died or lost the database).",
+    )
+
+
 def jobs_due_ids(now: datetime | None = None) -> list[int]:
     """Jobs to (re)run now: retries whose time has come, queued jobs whose message was lost, and
-    running jobs whose worker died (put back to retrying first)."""
+    running jobs whose worker died (taken back first)."""
     now = now or timezone.now()
-    ApplyJob.objects.filter(status=Status.RUNNING, deadline__lt=now - STALE_RUNNING_GRACE).update(
-        status=Status.RETRYING, next_attempt_at=now, error="The worker running this attempt disappeared."
-    )
+    jobs_take_back(now)
+    lost_after = timedelta(seconds=settings.APPLY_LOST_MESSAGE_SECONDS)
     due = (Q(status=Status.RETRYING, next_attempt_at__lte=now)
-           | Q(status=Status.QUEUED, created_at__lte=now - LOST_MESSAGE_AFTER))
+           | Q(status=Status.QUEUED, created_at__lte=now - lost_after))
     return list(ApplyJob.objects.filter(due).order_by("pk").values_list("pk", flat=True)[:500])
 
 

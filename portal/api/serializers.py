@@ -29,7 +29,11 @@ class MembershipChangeInput(serializers.Serializer):
 class TokenInput(serializers.Serializer):
     username = serializers.CharField(max_length=150)
     password = serializers.CharField(max_length=4096, style={"input_type": "password"}, trim_whitespace=False)
+    name = serializers.CharField(max_length=64, required=False, default="", allow_blank=True,
+                                 help_text="What the token is for, to tell your tokens apart")
 
 
 class TokenOutput(serializers.Serializer):
-    token = serializers.CharField()
+    token = serializers.CharField(help_text="The key: shown this once, only its digest is stored")
+    prefix = serializers.CharField(help_text="The key's first characters, which name it in lists")
+    name = serializers.CharField()

@@ -4,9 +4,8 @@ from __future__ import annotations
 from django.contrib.auth import authenticate
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
-from rest_framework.authtoken.models import Token
 from rest_framework.decorators import action
-from rest_framework.permissions import AllowAny, IsAdminUser
+from rest_framework.permissions import AllowAny, IsAdminUser, IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.throttling import ScopedRateThrottle
@@ -24,6 +23,7 @@ from portal.api.serializers import (
 )
 from portal.models import Team
 from portal.selectors import teams_of
+from portal.tokens import CachedTokenAuthentication
 
 
 class InvalidCredentials(ApplicationError):
@@ -31,12 +31,24 @@ class InvalidCredentials(ApplicationError):
 
 
 class TokenView(APIView):
-    """Trade a username and password for an API token (throttled; repeated failures lock the pair out)."""
+    """POST: trade a username and password for a new API token, shown once (throttled; repeated failures
+    lock the pair out). DELETE with `Authorization: Token <key>`: delete that token."""
 
-    authentication_classes: list = []
     permission_classes = [AllowAny]
     throttle_classes = [ScopedRateThrottle]
     throttle_scope = "login"
+
+    def get_authenticators(self):
+        # Signing in needs no credential (and a stale token must not stand in its way); signing out does.
+        if self.request is None or self.request.method == "DELETE":
+            return [CachedTokenAuthentication()]
+        return []
+
+    def get_permissions(self):
+        return [IsAuthenticated()] if self.request.method == "DELETE" else super().get_permissions()
+
+    def get_throttles(self):
+        return [] if self.request.method == "DELETE" else super().get_throttles()
 
     @extend_schema(request=TokenInput, responses=TokenOutput)
     def post(self, request: Request) -> Response:
@@ -47,8 +59,13 @@ class TokenView(APIView):
         if user is None or not user.is_active:
             raise InvalidCredentials("Unable to sign in with the username and password given.",
                                      field="password", rule="invalid_credentials")
-        token, _ = Token.objects.get_or_create(user=user)
-        return Response({"token": token.key})
+        token, key = services.api_token_create(user=user, name=data.validated_data["name"])
+        return Response({"token": key, "prefix": token.prefix, "name": token.name})
+
+    @extend_schema(request=None, responses={204: None})
+    def delete(self, request: Request) -> Response:
+        services.api_token_delete(actor=request.user, key=request.auth)
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class TeamViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,

@@ -13,6 +13,7 @@ from allocations import services
 from allocations.apply import jobs
 from allocations.apply.backends.agent import push_leases
 from allocations.models import ApplyJob, HostLeaseReport, Reservation
+from common.secrets import key_digest
 from inventory import services as inventory_services
 from inventory.models import HostToken, Node
 from portal.asgi import application
@@ -190,7 +191,7 @@ def test_revoking_one_token_of_a_host_leaves_its_other_tokens_channels_open(worl
     async def scenario():
         old, new = await _open(old_key), await _open(new_key)
         await database_sync_to_async(lambda: inventory_services.host_token_revoke(
-            actor=world.staff, token=HostToken.objects.get(key_hash=inventory_services.hash_key(old_key))))()
+            actor=world.staff, token=HostToken.objects.get(key_hash=key_digest(old_key))))()
         closed = await old.receive_output(timeout=5)
         quiet = await new.receive_nothing(timeout=0.5)
         await new.send_json_to({"type": "held", "held": []})

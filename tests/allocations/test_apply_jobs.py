@@ -118,6 +118,52 @@ def test_a_job_whose_worker_died_is_taken_back_by_the_sweep(world, api, scripted
     assert Reservation.objects.get(pk=reservation.pk).state == State.ACTIVE
 
 
+def test_a_running_job_whose_lease_lapsed_is_taken_back_long_before_its_deadline(world, api, scripted):
+    scripted()
+    reservation, job = activated(api(world.member))
+    ApplyJob.objects.filter(pk=job.pk).update(status="running", attempts=1,
+                                              lease_until=timezone.now() - timedelta(seconds=1))
+    assert job.deadline > timezone.now() + timedelta(minutes=5)
+    assert sweep_reservations()["apply_jobs"] == 1
+    job.refresh_from_db()
+    assert job.status == "succeeded" and job.attempts == 2 and job.lease_until is None
+    assert Reservation.objects.get(pk=reservation.pk).state == State.ACTIVE
+
+
+def test_a_running_job_whose_lease_holds_is_left_alone(world, api, scripted):
+    scripted()
+    _, job = activated(api(world.member))
+    ApplyJob.objects.filter(pk=job.pk).update(status="running", attempts=1,
+                                              lease_until=timezone.now() + timedelta(seconds=10))
+    assert sweep_reservations()["apply_jobs"] == 0
+    assert ApplyJob.objects.get(pk=job.pk).status == "running"
+
+
+def test_an_attempt_taken_back_while_it_ran_cannot_write_its_late_outcome(world, api, monkeypatch):
+    """The first attempt stalls past its lease; the sweep takes the job back and the second attempt
+    applies it; then the first attempt ends with a refusal, which must change nothing."""
+
+    class StallsOnceThenApplies:
+        name, reads_pools, calls = "scripted", True, 0
+
+        def sync(self, desired, *, teams=None):
+            self.calls += 1
+            if self.calls == 1:
+                ApplyJob.objects.filter(pk=job.pk).update(lease_until=timezone.now() - timedelta(seconds=1))
+                assert jobs.jobs_due_ids() == [job.pk]
+                assert jobs.job_run(job_id=job.pk) == "succeeded"
+                raise BackendRejected("a late answer of the first attempt")
+            return SyncReport(target="scripted")
+
+    backend = StallsOnceThenApplies()
+    monkeypatch.setattr(jobs, "backend_for", lambda cluster: backend)
+    reservation, job = activated(api(world.member))
+    assert jobs.job_run(job_id=job.pk) == ""
+    job.refresh_from_db()
+    assert (job.status, job.attempts, job.error) == ("succeeded", 2, "")
+    assert Reservation.objects.get(pk=reservation.pk).state == State.ACTIVE
+
+
 def test_the_page_shows_the_jobs(world, client, scripted):
     scripted(BackendError("connection refused"))
     client.force_login(world.member)

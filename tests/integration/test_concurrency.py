@@ -8,9 +8,9 @@ import httpx
 import pytest
 from django.db import IntegrityError, transaction
 from django.utils import timezone
-from rest_framework.authtoken.models import Token
 
 from allocations.models import Allocation, Reservation
+from portal.services import api_token_create
 from tests.factories import MembershipFactory, UserFactory
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -27,7 +27,7 @@ def test_twenty_requests_for_the_last_free_gpu_give_exactly_one_201(world, live_
     for i in range(20):
         user = UserFactory(username=f"racer{i}")
         MembershipFactory(user=user, team=world.team)
-        tokens.append(Token.objects.create(user=user).key)
+        tokens.append(api_token_create(user=user)[1])
 
     barrier = threading.Barrier(20)
     statuses: list[int] = []

@@ -8,10 +8,11 @@ import pytest
 from asgiref.sync import async_to_sync
 from channels.testing.websocket import WebsocketCommunicator
 from django.test import Client
-from rest_framework.authtoken.models import Token
 
 from inventory.models import Node
 from portal.asgi import application
+from portal.models import ApiToken
+from portal.services import api_token_create
 from tests.monitoring.conftest import batch, payload, post, sample
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -25,8 +26,8 @@ def _session_headers(user) -> list[tuple[bytes, bytes]]:
 
 
 def _token_headers(user) -> list[tuple[bytes, bytes]]:
-    token, _ = Token.objects.get_or_create(user=user)
-    return [(b"authorization", f"Token {token.key}".encode())]
+    _, key = api_token_create(user=user)
+    return [(b"authorization", f"Token {key}".encode())]
 
 
 async def _connect(path: str, headers) -> tuple[bool, WebsocketCommunicator]:
@@ -107,7 +108,9 @@ def test_one_agent_batch_reaches_the_pool_group_as_one_typed_message(world, host
     assert nothing_for_other and nothing_more  # l4 watchers get nothing of a100; one message per batch
 
 
-@pytest.mark.parametrize("how", ["stays", "leaves_team", "token_deleted", "deactivated", "logs_out"])
+@pytest.mark.parametrize("how", ["stays", "leaves_team", "token_deleted", "deactivated", "logs_out",
+                                 "changes_password", "changes_password_signed_in_by_session",
+                                 "is_deactivated_signed_in_by_session"])
 def test_a_watcher_who_loses_access_stops_receiving_on_the_next_recheck(world, host, monkeypatch, how):
     # Access was checked at connect only: a member who left the team, was deactivated, logged out or whose
     # token was deleted kept receiving the pool's live telemetry for as long as the socket stayed open.
@@ -119,15 +122,18 @@ def test_a_watcher_who_loses_access_stops_receiving_on_the_next_recheck(world, h
     browser.force_login(world.member)
     session = [(b"cookie", f"sessionid={browser.cookies['sessionid'].value}".encode()),
                (b"origin", b"http://testserver")]
-    headers = session if how == "logs_out" else _token_headers(world.member)
+    headers = session if how == "logs_out" or how.endswith("by_session") else _token_headers(world.member)
 
     def lose_access():
         if how == "leaves_team":
             Membership.objects.filter(user=world.member).delete()
         elif how == "token_deleted":
-            Token.objects.filter(user=world.member).delete()
-        elif how == "deactivated":
+            ApiToken.objects.filter(user=world.member).delete()
+        elif how in ("deactivated", "is_deactivated_signed_in_by_session"):
             world.member.is_active = False
+            world.member.save()
+        elif how.startswith("changes_password"):
+            world.member.set_password("a-new-and-long-password")
             world.member.save()
         elif how == "logs_out":
             browser.logout()

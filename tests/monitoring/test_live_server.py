@@ -10,10 +10,10 @@ import sys
 import pytest
 import websockets
 import websockets.exceptions
-from rest_framework.authtoken.models import Token
 
 from inventory import services
 from inventory.models import Node
+from portal.services import api_token_create
 from tests.conftest import BASE_DIR, wait_for
 from tests.factories import ClusterFactory, UserFactory
 
@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 def test_a_real_agent_streams_to_a_websocket_client_through_redis(asgi_server, tmp_path):
     staff = UserFactory(username="root", is_staff=True)
     _, key = services.host_token_create(actor=staff, cluster=ClusterFactory(slug="lab"), host_name="sim-01")
-    token = Token.objects.create(user=staff).key
+    _, token = api_token_create(user=staff)
     log = open(tmp_path / "agent.log", "wb")
     agent = subprocess.Popen([sys.executable, "-m", "agent", "--portal", asgi_server, f"--token={key}",
                               "--simulate", "4xH100", "--hostname", "sim-01", "--state-dir", str(tmp_path),

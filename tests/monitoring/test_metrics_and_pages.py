@@ -26,8 +26,13 @@ def _hold(world, gpus):
                                   ends_at=reservation.ends_at)
 
 
+@pytest.fixture(autouse=True)
+def _metrics_token(settings):
+    settings.METRICS_TOKEN = "scrape-token"
+
+
 def _scrape() -> dict:
-    body = Client().get("/metrics").content.decode()
+    body = Client().get("/metrics", HTTP_AUTHORIZATION="Bearer scrape-token").content.decode()
     out = {}
     for family in text_string_to_metric_families(body):
         for s in family.samples:

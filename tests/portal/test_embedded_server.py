@@ -6,6 +6,7 @@ must hold on SQLite too, and this is where the embedded demo runs it.
 from __future__ import annotations
 
 import os
+import stat
 import sys
 from datetime import datetime, timedelta, timezone
 
@@ -19,11 +20,15 @@ from tests.conftest import free_port, healthz_answers, start_server, stop_proces
 def embedded(tmp_path):
     port = free_port()
     env = {key: value for key, value in os.environ.items() if key not in ("DATABASE_URL", "REDIS_URL")}
-    env.update(PORTAL_VAR_DIR=str(tmp_path), DEMO_ADMIN_PASSWORD="admin-pw", PYTHONUNBUFFERED="1")
+    env.update(PORTAL_VAR_DIR=str(tmp_path / "var"), DEMO_ADMIN_PASSWORD="plenty-of-entropy-7q", PYTHONUNBUFFERED="1")
     base = f"http://127.0.0.1:{port}"
     process = start_server([sys.executable, "manage.py", "runembedded", "--port", str(port), "--no-agents"],
                            env=env, log_path=tmp_path / "embedded.log", ready=healthz_answers(base), what="runembedded")
-    passwords = dict(line.split(" ", 1) for line in (tmp_path / "demo-credentials.txt").read_text().splitlines())
+    credentials = tmp_path / "var" / "demo-credentials.txt"
+    assert stat.S_IMODE(credentials.stat().st_mode) == 0o600
+    assert stat.S_IMODE((tmp_path / "var").stat().st_mode) == 0o700
+    assert stat.S_IMODE((tmp_path / "var" / "portal.sqlite3").stat().st_mode) == 0o600
+    passwords = dict(line.split(" ", 1) for line in credentials.read_text().splitlines())
     try:
         yield base, passwords
     finally:

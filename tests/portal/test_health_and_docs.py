@@ -1,11 +1,16 @@
 """/healthz, /readyz, /metrics, the OpenAPI schema and the docs page."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from datetime import timedelta
 
+import pytest
 from django.test import Client
 from django.utils import timezone
 
+from tests.conftest import BASE_DIR
 from tests.factories import window
 
 
@@ -28,10 +33,11 @@ def test_readyz_says_which_part_is_down(db, monkeypatch):
     assert response.json()["database"] == "ok" and response.json()["broker"] != "ok"
 
 
-def test_metrics_report_pools_and_reservations(world, api):
+def test_metrics_report_pools_and_reservations(world, api, settings):
     _, end = window(0, 1)
     api(world.member).post("/api/v1/reservations/", {"pool": "a100", "team": "ml", "gpus": 2,
                                                      "ends_at": end.isoformat()}, format="json")
+    settings.METRICS_PUBLIC = True  # as behind an ingress that guards it
     text = Client().get("/metrics").content.decode()
     assert 'gpupool_pool_gpus{kind="allocated",pool="a100"} 2.0' in text
     assert 'gpupool_reservations{state="scheduled"} 1.0' in text
@@ -75,6 +81,25 @@ def test_metrics_can_require_a_token(db, settings):
     assert refused.status_code == 401 and refused["WWW-Authenticate"].startswith("Bearer")
     assert Client().get("/metrics", HTTP_AUTHORIZATION="Bearer wrong").status_code == 401
     assert Client().get("/metrics", HTTP_AUTHORIZATION="Bearer s3cret").status_code == 200
+
+
+def test_without_a_token_metrics_are_refused_outside_the_embedded_demo_unless_declared_public(db, settings):
+    settings.METRICS_TOKEN, settings.METRICS_PUBLIC = "", False
+    refused = Client().get("/metrics")
+    assert refused.status_code == 403 and b"METRICS_TOKEN" in refused.content and b"METRICS_PUBLIC" in refused.content
+    settings.METRICS_PUBLIC = True
+    assert Client().get("/metrics").status_code == 200
+
+
+@pytest.mark.parametrize("redis_url, public", [("", True), ("redis://127.0.0.1:6379/4", False)])
+def test_metrics_are_public_by_default_only_in_the_embedded_demo(redis_url, public, tmp_path):
+    env = dict(os.environ, REDIS_URL=redis_url, SECRET_KEY="x" * 50, DJANGO_SETTINGS_MODULE="portal.settings",
+               PORTAL_VAR_DIR=str(tmp_path))
+    env.pop("METRICS_PUBLIC", None)
+    code = "from django.conf import settings; print(settings.METRICS_PUBLIC)"
+    out = subprocess.run([sys.executable, "-c", f"import django; django.setup(); {code}"], env=env, cwd=BASE_DIR,
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    assert out.strip() == str(public)
 
 
 def test_a_metrics_token_with_non_ascii_characters_is_a_401(db, settings):

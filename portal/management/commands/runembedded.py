@@ -14,10 +14,12 @@ from pathlib import Path
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from portal.demo import load_demo
+from common.private_files import write_private
+from portal.demo import check_admin_password, load_demo
 
 
 class Command(BaseCommand):
@@ -33,6 +35,7 @@ class Command(BaseCommand):
     def handle(self, *args, host: str, port: int, no_demo: bool, no_agents: bool = False, **options) -> None:
         if not settings.EMBEDDED:
             raise CommandError("runembedded is the embedded mode; unset REDIS_URL, or run the Procfile processes.")
+        self._check_demo_admin_password()
         call_command("migrate", interactive=False, verbosity=0)
         self._demo(no_demo)
         self._start_celery()
@@ -44,12 +47,23 @@ class Command(BaseCommand):
 
         uvicorn.run("portal.asgi:application", host=host, port=port, lifespan="off", log_level="info")
 
+    def _check_demo_admin_password(self) -> None:
+        """Before anything starts: a weak DEMO_ADMIN_PASSWORD stops start-up with the validators' reasons."""
+        password = os.environ.get("DEMO_ADMIN_PASSWORD")
+        if not password:
+            return
+        try:
+            check_admin_password(password)
+        except ValidationError as refused:
+            raise CommandError("DEMO_ADMIN_PASSWORD is refused by the password validators: "
+                               + " ".join(refused.messages)
+                               + " Choose a longer, uncommon one, or unset it for a generated password.") from None
+
     def _demo(self, skip: bool) -> None:
         credentials = Path(settings.VAR_DIR) / "demo-credentials.txt"
         if not skip and not get_user_model().objects.exists():
             created = load_demo(admin_password=os.environ.get("DEMO_ADMIN_PASSWORD") or None)
-            credentials.write_text("".join(f"{user} {password}\n" for user, password in created.items()))
-            credentials.chmod(0o600)
+            write_private(credentials, "".join(f"{user} {password}\n" for user, password in created.items()))
         if credentials.exists():
             self.stdout.write("Demo accounts (user password), also in " + str(credentials) + ":")
             for line in credentials.read_text().splitlines():

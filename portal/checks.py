@@ -1,0 +1,14 @@
+"""Deployment checks of our own settings, shown by `manage.py check --deploy` beside Django's."""
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.checks import Tags, Warning, register
+
+
+@register(Tags.security, deploy=True)
+def metrics_access(app_configs, **kwargs) -> list[Warning]:
+    if settings.METRICS_TOKEN or settings.METRICS_PUBLIC:
+        return []
+    return [Warning("/metrics answers 403 to everyone: METRICS_TOKEN is not set.",
+                    hint="Set METRICS_TOKEN and scrape with `Authorization: Bearer <METRICS_TOKEN>`, or set "
+                         "METRICS_PUBLIC=true where the ingress protects /metrics.", id="portal.W001")]
