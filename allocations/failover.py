@@ -15,7 +15,6 @@ import logging
 from datetime import datetime
 
 from django.conf import settings
-from django.core.mail import send_mail
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
@@ -25,6 +24,7 @@ from allocations.models import Allocation, ApplyJob, Reservation
 from allocations.seam import Unplaceable, choose_whole_gpus
 from allocations.selectors import pool_gpus_for_window
 from allocations.transitions import move, record
+from common.notifications import mail_after_commit
 from inventory.models import GpuPool, Node
 from portal.models import Membership
 
@@ -111,22 +111,13 @@ def reservation_move_off_node(*, reservation_id: int, node: Node, reason: str, n
     return "moved"
 
 
-def _notify(reservation: Reservation, subject: str, body: str) -> None:
+def _notify(reservation: Reservation, headline: str, detail: str) -> None:
     """Email whoever booked it and the team's managers, after the commit."""
     recipients = set(Membership.objects.filter(team=reservation.team, role=Membership.Role.MANAGER)
-                     .exclude(user__email="").values_list("user__email", flat=True))
-    if reservation.requested_by is not None and reservation.requested_by.email:
+                     .values_list("user__email", flat=True))
+    if reservation.requested_by is not None:
         recipients.add(reservation.requested_by.email)
-    if not recipients:
-        return
-    link = f"{settings.PORTAL_BASE_URL}/reservations/{reservation.pk}/"
-    text = (f"{body}\n\nReservation #{reservation.pk} of team {reservation.team.slug}: {reservation.gpus} GPU(s) "
-            f"until {reservation.ends_at:%Y-%m-%d %H:%M} UTC, now {reservation.state}.\n{link}\n")
-
-    def send() -> None:
-        try:
-            send_mail(f"[GPU Pool] {subject}", text, None, sorted(recipients))
-        except Exception:  # mail trouble must not undo the failover
-            log.exception("could not email %s about reservation %s", sorted(recipients), reservation.pk)
-
-    transaction.on_commit(send)
+    mail_after_commit(to=recipients, subject=f"[GPU Pool] {headline}", template="allocations/email/reservation_failover",
+                      context={"reservation": reservation, "headline": headline, "detail": detail,
+                               "link": f"{settings.PORTAL_BASE_URL}/reservations/{reservation.pk}/"},
+                      about=f"reservation {reservation.pk}")

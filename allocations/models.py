@@ -12,6 +12,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import F, Q
 
+from allocations import units
 from inventory.models import Gpu, GpuPool
 from portal.models import Team
 
@@ -97,7 +98,17 @@ class AllocationQuerySet(models.QuerySet):
 
 
 class Allocation(models.Model):
-    """One GPU held by one reservation over [starts_at, ends_at)."""
+    """A grant: what one reservation holds of one GPU over [starts_at, ends_at).
+
+    What it holds is the part [share_from, share_to) of the card's share space, in milli-GPU
+    (0-1000; allocations.units): the whole card is [0, 1000), slot i of N time-slicing or MPS
+    replicas its N-th, a MIG instance the memory slices it occupies (125 each). Two grants on one
+    GPU whose windows overlap must hold disjoint parts: on PostgreSQL an exclusion constraint
+    says so (migration 0007), whatever the code does. `milli` is what the grant is worth in
+    milli-GPU (a MIG instance counts its compute slices out of 7, not its memory slices);
+    `mig_profile`/`mig_start`, `memory_mib` and `cores_pct` carry the rest of a share's shape.
+    A row written by hand SQL without these columns is a whole GPU (the database defaults).
+    """
 
     objects = AllocationQuerySet.as_manager()
 
@@ -105,6 +116,14 @@ class Allocation(models.Model):
     gpu = models.ForeignKey(Gpu, on_delete=models.PROTECT, related_name="allocations")
     starts_at = models.DateTimeField()
     ends_at = models.DateTimeField()
+    share_from = models.PositiveSmallIntegerField(default=0, db_default=0)
+    share_to = models.PositiveSmallIntegerField(default=units.MILLI_PER_GPU, db_default=units.MILLI_PER_GPU)
+    milli = models.PositiveSmallIntegerField(default=units.MILLI_PER_GPU, db_default=units.MILLI_PER_GPU,
+                                             help_text="What the grant is worth, in thousandths of a GPU")
+    mig_profile = models.CharField(max_length=32, blank=True, default="", db_default="")
+    mig_start = models.PositiveSmallIntegerField(null=True, blank=True)
+    memory_mib = models.PositiveIntegerField(null=True, blank=True, help_text="GPU memory cap of a share")
+    cores_pct = models.PositiveSmallIntegerField(null=True, blank=True, help_text="Compute cap of a share, %")
 
     class Meta:
         ordering = ["reservation_id", "gpu__node_id", "gpu__index"]
@@ -117,6 +136,10 @@ class Allocation(models.Model):
         constraints = [
             # Equal bounds (an empty window) mark a booking cancelled before it began.
             models.CheckConstraint(condition=Q(ends_at__gte=F("starts_at")), name="allocation_window_ordered"),
+            models.CheckConstraint(
+                condition=Q(share_from__lt=F("share_to"), share_to__lte=units.MILLI_PER_GPU,
+                            milli__gte=1, milli__lte=units.MILLI_PER_GPU),
+                name="allocation_share_in_gpu"),
         ]
 
     def __str__(self) -> str:

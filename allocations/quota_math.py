@@ -1,32 +1,13 @@
-"""Quota arithmetic over time windows: peak concurrent GPUs and GPU-hours per month.
+"""Calendar arithmetic for quotas: the UTC months a window touches and the hours it spends in each.
 
-Windows are half-open [start, end); each window is one GPU. Pure functions, so they are
-property-tested on their own.
+Windows are half-open [start, end). The peak held at once is allocations.units.peak. Pure
+functions, so they are property-tested on their own.
 """
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
-from typing import Iterable
 
 Window = tuple[datetime, datetime]
-
-
-def peak_concurrent(windows: Iterable[Window], start: datetime, end: datetime) -> tuple[int, datetime | None]:
-    """The most windows that overlap at one instant inside [start, end), and the first such instant."""
-    events: list[tuple[datetime, int]] = []
-    for w_start, w_end in windows:
-        lo, hi = max(w_start, start), min(w_end, end)
-        if lo < hi:
-            events.append((lo, 1))
-            events.append((hi, -1))
-    # At equal instants ends (-1) sort before starts (+1): [a, b) and [b, c) never overlap.
-    events.sort()
-    peak, running, peak_at = 0, 0, None
-    for instant, delta in events:
-        running += delta
-        if running > peak:
-            peak, peak_at = running, instant
-    return peak, peak_at
 
 
 def month_start(instant: datetime) -> datetime:

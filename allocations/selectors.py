@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
@@ -43,29 +43,60 @@ def reservations_visible_to(user: User) -> QuerySet[Reservation]:
     return qs.filter(team_id__in=list(team_ids))
 
 
-# The columns a reservation is shown with, in the order reservation_from_row reads them: the
-# API's list reads them through the ORM (values_list), the release's locked read by hand.
-RESERVATION_ROW = ("id", "gpus", "starts_at", "ends_at", "state", "reason", "ended_at", "created_at", "updated_at",
-                   "team_id", "team__slug", "pool_id", "pool__slug", "requested_by_id", "requested_by__username")
+class ReservationRow(NamedTuple):
+    """The columns a reservation is shown with (the API's list, a create's and a release's answer)."""
+
+    id: int
+    gpus: int
+    starts_at: datetime
+    ends_at: datetime
+    state: str
+    reason: str
+    ended_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+    team_id: int
+    team_slug: str
+    pool_id: int
+    pool_slug: str
+    requested_by_id: int | None
+    requested_by_username: str | None
 
 
-def reservation_from_row(row: Sequence) -> Reservation:
-    """A Reservation from a RESERVATION_ROW tuple, with its team, pool and booker as partial instances
-    (id and slug or username set; any other column loads when first used). Building these costs a
-    fraction of what select_related's full instances do, on every page of the API's list."""
-    (rid, gpus, starts_at, ends_at, state, reason, ended_at, created_at, updated_at, team_id, team_slug, pool_id,
-     pool_slug, user_id, username) = row[:15]
+# ReservationRow's columns as the ORM reads them (the API's list: values_list) and as hand-written SQL
+# over `allocations_reservation r`, `portal_team t`, `inventory_gpupool p` and `auth_user u` reads them
+# (the release's locked read): one table, so the two reads cannot drift apart.
+_RESERVATION_COLUMNS = {
+    "id": ("id", "r.id"), "gpus": ("gpus", "r.gpus"), "starts_at": ("starts_at", "r.starts_at"),
+    "ends_at": ("ends_at", "r.ends_at"), "state": ("state", "r.state"), "reason": ("reason", "r.reason"),
+    "ended_at": ("ended_at", "r.ended_at"), "created_at": ("created_at", "r.created_at"),
+    "updated_at": ("updated_at", "r.updated_at"), "team_id": ("team_id", "r.team_id"),
+    "team_slug": ("team__slug", "t.slug"), "pool_id": ("pool_id", "r.pool_id"), "pool_slug": ("pool__slug", "p.slug"),
+    "requested_by_id": ("requested_by_id", "r.requested_by_id"),
+    "requested_by_username": ("requested_by__username", "u.username"),
+}
+assert tuple(_RESERVATION_COLUMNS) == ReservationRow._fields
+RESERVATION_ROW = tuple(orm for orm, _ in _RESERVATION_COLUMNS.values())
+RESERVATION_ROW_SQL = ", ".join(column for _, column in _RESERVATION_COLUMNS.values())
+
+
+def reservation_from_row(row: ReservationRow | Sequence) -> Reservation:
+    """A Reservation from a ReservationRow (or a tuple in its order), with its team, pool and booker as
+    partial instances (id and slug or username set; any other column loads when first used). Building
+    these costs a fraction of what select_related's full instances do, on every page of the API's list."""
+    r = row if isinstance(row, ReservationRow) else ReservationRow._make(row)
     reservation = Reservation.from_db(
         DEFAULT_DB_ALIAS,
         ["id", "team_id", "pool_id", "requested_by_id", "gpus", "starts_at", "ends_at", "state", "reason",
          "ended_at", "created_at", "updated_at"],
-        [rid, team_id, pool_id, user_id, gpus, sql.aware(starts_at), sql.aware(ends_at), state, reason,
-         sql.aware(ended_at), sql.aware(created_at), sql.aware(updated_at)],
+        [r.id, r.team_id, r.pool_id, r.requested_by_id, r.gpus, sql.aware(r.starts_at), sql.aware(r.ends_at),
+         r.state, r.reason, sql.aware(r.ended_at), sql.aware(r.created_at), sql.aware(r.updated_at)],
     )
-    reservation.team = Team.from_db(DEFAULT_DB_ALIAS, ["id", "slug"], [team_id, team_slug])
-    reservation.pool = GpuPool.from_db(DEFAULT_DB_ALIAS, ["id", "slug"], [pool_id, pool_slug])
-    reservation.requested_by = (get_user_model().from_db(DEFAULT_DB_ALIAS, ["id", "username"], [user_id, username])
-                                if user_id is not None else None)
+    reservation.team = Team.from_db(DEFAULT_DB_ALIAS, ["id", "slug"], [r.team_id, r.team_slug])
+    reservation.pool = GpuPool.from_db(DEFAULT_DB_ALIAS, ["id", "slug"], [r.pool_id, r.pool_slug])
+    reservation.requested_by = (
+        get_user_model().from_db(DEFAULT_DB_ALIAS, ["id", "username"], [r.requested_by_id, r.requested_by_username])
+        if r.requested_by_id is not None else None)
     return reservation
 
 

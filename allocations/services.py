@@ -16,10 +16,11 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, transaction
 from django.utils import timezone
 
-from allocations import quota_math, selectors
+from allocations import quota_math, selectors, units
 from allocations.apply import jobs
 from allocations.models import Allocation, ApplyJob, Quota, Reservation
 from allocations.seam import Unplaceable, choose_whole_gpus
+from allocations.transitions import ending_state
 from allocations.transitions import move as _move
 from allocations.transitions import record as _record
 from common import sql
@@ -49,10 +50,15 @@ def _validated_window(starts_at: datetime | None, ends_at: datetime, now: dateti
     if starts_at - now > settings.RESERVATION_MAX_LEAD:
         raise ValidationFailed(f"starts_at may be at most {settings.RESERVATION_MAX_LEAD.days} days ahead.",
                                field="starts_at", rule="max_lead")
+    _check_duration(starts_at, ends_at)
+    return starts_at
+
+
+def _check_duration(starts_at: datetime, ends_at: datetime) -> None:
+    """A reservation's window, as created or extended, is at most RESERVATION_MAX_DURATION long."""
     if ends_at - starts_at > settings.RESERVATION_MAX_DURATION:
         raise ValidationFailed(f"A reservation lasts at most {settings.RESERVATION_MAX_DURATION.days} days.",
                                field="ends_at", rule="max_duration")
-    return starts_at
 
 
 @dataclass(frozen=True)
@@ -72,9 +78,9 @@ def _check_quota(quota: QuotaLimits, *, gpus: int, start: datetime, end: datetim
     """Refuse when the team would hold more than max_gpus at any instant of [start, end),
     or book more GPU-hours in a calendar month than gpu_hours_per_month."""
     team, pool = quota.team_slug, quota.pool_slug
-    peak, peak_at = quota_math.peak_concurrent(
-        selectors.team_windows(quota.team_id, quota.pool_id, start, end, exclude_reservation), start, end
-    )
+    windows = selectors.team_windows(quota.team_id, quota.pool_id, start, end, exclude_reservation)
+    # Each window is one whole GPU held.
+    peak, peak_at = units.peak(((w_start, w_end, 1) for w_start, w_end in windows), start, end)
     if peak + gpus > quota.max_gpus:
         when = f" at {peak_at:%Y-%m-%d %H:%M} UTC" if peak else ""
         raise Conflict(
@@ -172,9 +178,11 @@ def _insert_reservation(*, booking: _Booking, actor: AbstractBaseUser, gpus: int
         + sql.values_rows(len(gpu_ids), 4),
         [value for gpu_id in gpu_ids for value in (reservation_id, gpu_id, start, end)],
     )
-    reservation = selectors.reservation_from_row(
-        (reservation_id, gpus, starts_at, ends_at, State.SCHEDULED, "", None, now, now, booking.team.pk,
-         booking.team.slug, booking.pool.pk, booking.pool.slug, actor.pk, actor.get_username()))
+    reservation = selectors.reservation_from_row(selectors.ReservationRow(
+        id=reservation_id, gpus=gpus, starts_at=starts_at, ends_at=ends_at, state=State.SCHEDULED, reason="",
+        ended_at=None, created_at=now, updated_at=now, team_id=booking.team.pk, team_slug=booking.team.slug,
+        pool_id=booking.pool.pk, pool_slug=booking.pool.slug, requested_by_id=actor.pk,
+        requested_by_username=actor.get_username()))
     reservation.team, reservation.pool, reservation.requested_by = booking.team, booking.pool, actor
     _record(reservation, from_state="", to_state=State.SCHEDULED, actor=actor, reason=f"{gpus} GPU(s) placed",
             at=now)
@@ -236,9 +244,8 @@ def _locked_reservation(reservation_id: int, actor: AbstractBaseUser) -> Reserva
     """Lock the reservation's row and read it with its team, pool and booker; 404 when it does not
     exist or the actor may not act for its team (outsiders do not learn that it exists)."""
     row = sql.fetch_one(
-        # selectors.RESERVATION_ROW's columns, then the actor's role in the team.
-        "SELECT r.id, r.gpus, r.starts_at, r.ends_at, r.state, r.reason, r.ended_at, r.created_at, r.updated_at, "
-        "r.team_id, t.slug, r.pool_id, p.slug, r.requested_by_id, u.username, m.role "
+        # The reservation's columns, then the actor's role in the team.
+        f"SELECT {selectors.RESERVATION_ROW_SQL}, m.role "
         "FROM allocations_reservation r JOIN portal_team t ON t.id = r.team_id "
         "JOIN inventory_gpupool p ON p.id = r.pool_id "
         "LEFT JOIN auth_user u ON u.id = r.requested_by_id "
@@ -246,9 +253,10 @@ def _locked_reservation(reservation_id: int, actor: AbstractBaseUser) -> Reserva
         "WHERE r.id = %s" + sql.for_update_of("r"),
         [actor.pk, reservation_id],
     )
-    if row is None or not (actor.is_staff or row[-1] is not None):
+    *columns, actor_role = row or (None,)
+    if row is None or not (actor.is_staff or actor_role is not None):
         raise NotFound(f"Reservation {reservation_id} does not exist.", field="id", rule="does_not_exist")
-    return selectors.reservation_from_row(row)
+    return selectors.reservation_from_row(columns)
 
 
 @transaction.atomic
@@ -261,7 +269,7 @@ def reservation_release(*, actor: AbstractBaseUser, reservation_id: int, now: da
     if reservation.state not in Reservation.LIVE_STATES:
         raise Conflict(f"A {reservation.state} reservation cannot be released.", field="state", rule="not_live")
     who = getattr(actor, "username", "system")
-    if reservation.ends_at <= now:
+    if ending_state(ends_at=reservation.ends_at, released_at=now) == State.EXPIRED:
         # The window is already over and the sweep has not got to it yet: do what the sweep would,
         # so it ends as expired (its GPUs were held to the end, not given back early).
         _undo(reservation, final_state=State.EXPIRED, actor=actor, reason="Window ended.", now=now)
@@ -306,9 +314,7 @@ def reservation_extend(*, actor: AbstractBaseUser, reservation_id: int, ends_at:
     if ends_at <= old_end:
         raise ValidationFailed(f"ends_at must be after the current end ({old_end.isoformat()}).", field="ends_at",
                                rule="after_current_end")
-    if ends_at - reservation.starts_at > settings.RESERVATION_MAX_DURATION:
-        raise ValidationFailed(f"A reservation lasts at most {settings.RESERVATION_MAX_DURATION.days} days.",
-                               field="ends_at", rule="max_duration")
+    _check_duration(reservation.starts_at, ends_at)
     # The GPUs it holds up to its end: not those a failover moved it off (their rows end earlier).
     gpu_ids = list(reservation.allocations.filter(ends_at=old_end).values_list("gpu_id", flat=True))
     # Longer on a broken or drained GPU is a booking placement would not make: refuse, as create would.
@@ -376,7 +382,9 @@ def reservation_undo_again(*, reservation_id: int, now: datetime | None = None) 
     if reservation is None or reservation.apply_jobs.filter(action=ApplyJob.Action.UNDO,
                                                             status__in=ApplyJob.OPEN_STATUSES).exists():
         return False
-    final = State.EXPIRED if reservation.ends_at <= now and "Window ended" in reservation.reason else State.RELEASED
+    went_releasing_at = (reservation.events.filter(to_state=State.RELEASING).order_by("-at")
+                         .values_list("at", flat=True).first() or now)
+    final = ending_state(ends_at=reservation.ends_at, released_at=went_releasing_at)
     if not jobs.jobs_create(reservation=reservation, action=ApplyJob.Action.UNDO, final_state=final, now=now):
         _move(reservation, final, reason=reservation.reason, now=now)
     return True

@@ -1,7 +1,9 @@
-"""State changes of a reservation, each recorded with who, when and why (the caller holds the row lock).
+"""State changes of a reservation: which are allowed, and each recorded with who, when and why.
 
-Plain SQL (common/sql.py says why): every create and release records one, and the ORM's
-save() and create() cost ~0.5 ms of CPU each here.
+The caller holds the row lock and has checked the state it expects, so a change outside
+ALLOWED is a bug in the caller: move() refuses it rather than write it. Plain SQL
+(common/sql.py says why): every create and release records one, and the ORM's save() and
+create() cost ~0.5 ms of CPU each here.
 """
 from __future__ import annotations
 
@@ -12,6 +14,36 @@ from django.utils import timezone
 
 from allocations.models import Reservation
 from common import sql
+
+
+State = Reservation.State
+
+#: from-state → the states it may move to. A move to the same state is a recorded event
+#: without a change (failover moving a reservation that is scheduled or applying).
+ALLOWED: dict[str, frozenset[str]] = {
+    # Waiting in the queue: placed, refused at last (failed), withdrawn (released) or out of time.
+    State.PENDING: frozenset({State.SCHEDULED, State.RELEASED, State.EXPIRED, State.FAILED}),
+    # Placed, its window not started: applied at the start, cancelled, ended unapplied, or failed
+    # when failover finds no room.
+    State.SCHEDULED: frozenset({State.SCHEDULED, State.APPLYING, State.RELEASED, State.EXPIRED, State.FAILED}),
+    State.APPLYING: frozenset({State.APPLYING, State.ACTIVE, State.RELEASING, State.FAILED}),
+    # Active: released or ended (through releasing), moved by failover (applying again), or failed.
+    State.ACTIVE: frozenset({State.RELEASING, State.APPLYING, State.FAILED}),
+    State.RELEASING: frozenset({State.RELEASED, State.EXPIRED, State.FAILED}),
+    State.RELEASED: frozenset(),
+    State.EXPIRED: frozenset(),
+    State.FAILED: frozenset(),
+}
+
+
+def ending_state(*, ends_at: datetime, released_at: datetime) -> str:
+    """How a live reservation ends once it is let go at `released_at`: expired if its window was
+    over by then (it held its GPUs to the end, by the sweep or by a late release), released if early."""
+    return State.EXPIRED if ends_at <= released_at else State.RELEASED
+
+
+class TransitionNotAllowed(RuntimeError):
+    """A caller asked for a state change outside ALLOWED: a bug, never a user's mistake."""
 
 
 def record(reservation: Reservation, *, from_state: str, to_state: str, actor: AbstractBaseUser | None,
@@ -28,6 +60,8 @@ def move(reservation: Reservation, to_state: str, *, actor: AbstractBaseUser | N
          now: datetime | None = None) -> None:
     """Change state (the row must be locked by the caller) and record who, when and why."""
     from_state = reservation.state
+    if to_state not in ALLOWED[from_state]:
+        raise TransitionNotAllowed(f"reservation {reservation.pk}: {from_state} → {to_state} is not allowed")
     reservation.state = to_state
     reservation.reason = reason  # the reason always describes the current state
     reservation.updated_at = timezone.now()

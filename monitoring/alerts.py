@@ -25,14 +25,13 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.mail import EmailMultiAlternatives
 from django.db import transaction
-from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 
 from allocations.models import Allocation
 from allocations.selectors import with_occupancy
+from common.notifications import mail_after_commit
 from inventory.models import Cluster, Gpu, GpuPool, Node
 from monitoring import hot, live
 from monitoring.models import Alert, AlertRule, Metric, Scope, Silence
@@ -256,16 +255,8 @@ def _notify(alert: Alert, kind: str, now: datetime, silences: list[Silence], rep
     if not to:
         log.warning("alert %s %s: nobody to mail", alert, kind)
         return 0
-    message = _message(alert, kind, to, repeat)
-    transaction.on_commit(lambda: _send(message, alert))
+    _mail(alert, kind, to, repeat)
     return 1
-
-
-def _send(message: EmailMultiAlternatives, alert: Alert) -> None:
-    try:
-        message.send()
-    except Exception:  # noqa: BLE001 - a mail server hiccup must not stop the evaluation of other alerts
-        log.exception("could not mail about alert %s", alert)
 
 
 def recipients(alert: Alert) -> list[str]:
@@ -303,14 +294,12 @@ def alert_link(alert: Alert) -> str:
     return settings.PORTAL_BASE_URL + path
 
 
-def _message(alert: Alert, kind: str, to: list[str], repeat: bool) -> EmailMultiAlternatives:
+def _mail(alert: Alert, kind: str, to: list[str], repeat: bool) -> None:
     rule = alert.rule
     context = {"alert": alert, "rule": rule, "kind": kind, "repeat": repeat, "link": alert_link(alert),
                "condition": f"{rule.get_metric_display()} {rule.comparison} {rule.threshold:g}",
                "value": f"{alert.value:.1f}"}
     state = "RESOLVED" if kind == "resolved" else "FIRING"
-    subject = f"[{state} {rule.severity}] {rule.name}: {alert.subject_label}"
-    message = EmailMultiAlternatives(subject=subject, body=render_to_string("monitoring/email/alert.txt", context),
-                                     from_email=settings.DEFAULT_FROM_EMAIL, to=to)
-    message.attach_alternative(render_to_string("monitoring/email/alert.html", context), "text/html")
-    return message
+    # Alertmanager's subject shape, which people's mail filters already know.
+    mail_after_commit(to=to, subject=f"[{state} {rule.severity}] {rule.name}: {alert.subject_label}",
+                      template="monitoring/email/alert", context=context, about=f"alert {alert}")

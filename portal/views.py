@@ -18,6 +18,7 @@ from django.views.decorators.http import require_POST
 
 from allocations import selectors as alloc_selectors
 from allocations import services as alloc_services
+from allocations.filters import ReservationFilterSet
 from allocations.models import Allocation, Reservation
 from common.errors import ApplicationError
 from monitoring import views as monitoring_views
@@ -68,7 +69,7 @@ def _availability_context(user, data) -> dict:
     start = max(form.cleaned_data.get("start") or timezone.now(), timezone.now())
     start = start.replace(minute=0, second=0, microsecond=0)
     slots = alloc_selectors.pool_availability(pool, start, start + span, slot)
-    total = pool.gpus.filter(healthy=True, node__healthy=True, node__schedulable=True).count()
+    total = pool.gpus.usable().count()
     return {"pool": pool, "slots": slots, "total": total,
             "range": form.cleaned_data.get("range") or "24h", "ranges": list(AvailabilityForm.RANGES)}
 
@@ -106,7 +107,11 @@ def availability_partial(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def reservations(request: HttpRequest) -> HttpResponse:
-    visible = alloc_selectors.reservations_visible_to(request.user)
+    # The API's own filters (team, pool, state, starts_after, ends_before), so a link such as
+    # /reservations/?team=vision&state=active shows what GET /api/v1/reservations/ would list.
+    # A value the filter refuses is named on the page; the other filters still apply.
+    filters = ReservationFilterSet(request.GET, queryset=alloc_selectors.reservations_visible_to(request.user))
+    visible = filters.qs
     live = visible.filter(state__in=Reservation.LIVE_STATES + (Reservation.State.RELEASING,))
     # Pages of live ones: staff see the whole fleet's, which can run into thousands.
     # get_page answers a missing, malformed or too-large ?page= with the first or last page.
@@ -114,7 +119,15 @@ def reservations(request: HttpRequest) -> HttpResponse:
                           LIVE_RESERVATIONS_PER_PAGE).get_page(request.GET.get("page"))
     # Newest ended first through reservation_team_ended: the page must not sort a team's whole history.
     ended = visible.filter(state__in=Reservation.FINAL_STATES).order_by("-ended_at", "-id")[:50]
+    kept = request.GET.copy()
+    kept.pop("page", None)
     return render(request, "portal/reservations.html", {
+        "filters": filters,
+        "filtered": any(request.GET.get(name) for name in filters.filters),
+        "filter_query": kept.urlencode(),
+        "filter_teams": teams_of(request.user).order_by("slug").values_list("slug", flat=True),
+        "filter_pools": alloc_selectors.pools_visible_to(request.user).order_by("slug").values_list("slug", flat=True),
+        "states": Reservation.State.choices,
         "live": live_page,
         "ended": ended.prefetch_related(ALLOCATIONS),
         "extend_form": ExtendForm(),

@@ -32,10 +32,10 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from allocations import units
+
 MIG_SLICES = 8
 FULL_MASK = (1 << MIG_SLICES) - 1
-#: Compute slices of a whole GPU (a 7g instance is the whole GPU).
-COMPUTE_SLICES = 7
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class MigProfile:
     @property
     def milli(self) -> int:
         """Compute share in milli-GPU, used to compare MIG demand with fractional demand."""
-        return round(1000 * self.compute_slices / COMPUTE_SLICES)
+        return units.mig_milli(self.compute_slices)
 
 
 def _family(mem_per_slice_gb: int, mem_per_slice_mib: int) -> dict[str, MigProfile]:
@@ -140,7 +140,7 @@ def profile_for(model: str, profile: str) -> MigProfile | None:
 def mig_compute_milli(profile_name: str) -> int:
     """Compute share of a profile name in milli-GPU, from its "<g>g." prefix (0 if unparseable)."""
     m = re.match(r"^(\d+)g\.", profile_name)
-    return round(1000 * int(m.group(1)) / COMPUTE_SLICES) if m else 0
+    return units.mig_milli(int(m.group(1))) if m else 0
 
 
 def free_starts(profile: MigProfile, used_mask: int, has_media_instance: bool = False) -> list[int]:

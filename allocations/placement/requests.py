@@ -24,9 +24,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
+from allocations.units import MILLI_PER_GPU
+
 Time = float | int | datetime
 
-MILLI_PER_GPU = 1000
 
 
 def to_seconds(t: Time) -> float:

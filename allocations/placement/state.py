@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from allocations import units
+
 from .arrays import AFFINITY_BIG, AFFINITY_MIG, AFFINITY_SHARE, ClusterArrays
 from .mig import FULL_MASK, profile_for
 from .requests import MILLI_PER_GPU, Time, to_seconds
@@ -77,26 +79,6 @@ class Holding:
     @property
     def window(self) -> tuple[float, float]:
         return to_seconds(self.start), to_seconds(self.end)
-
-
-def peak_usage(intervals: Iterable[tuple[float, float, float]], start: float, end: float) -> float:
-    """Largest total ``amount`` in use at any instant of ``[start, end)``.
-
-    ``intervals`` are ``(start, end, amount)``, half-open. At equal times releases are
-    processed before acquisitions, so back-to-back holdings do not overlap.
-    """
-    events: list[tuple[float, float]] = []
-    for s, e, amount in intervals:
-        lo, hi = max(s, start), min(e, end)
-        if lo < hi and amount:
-            events.append((lo, amount))
-            events.append((hi, -amount))
-    events.sort()
-    current = best = 0.0
-    for _, amount in events:
-        current += amount
-        best = max(best, current)
-    return best
 
 
 def overlaps(window: tuple[float, float], start: float, end: float) -> bool:
@@ -218,18 +200,18 @@ class ClusterState:
         for (n, _), k in whole.items():
             arrays.affinity[n, min(k, AFFINITY_BIG)] += 1
         for n, iv in node_cpu.items():
-            arrays.cpu_free[n] -= int(math.ceil(peak_usage(iv, ws, we)))
+            arrays.cpu_free[n] -= int(math.ceil(units.peak(iv, ws, we).amount))
         for n, iv in node_mem.items():
-            arrays.mem_free[n] -= int(math.ceil(peak_usage(iv, ws, we)))
+            arrays.mem_free[n] -= int(math.ceil(units.peak(iv, ws, we).amount))
         for (n, slot), iv in gpu_milli.items():
-            used = int(peak_usage(iv, ws, we))
+            used = int(units.peak(iv, ws, we).amount)
             # MIG-carved for part of the window and milli-shared for another part: the
             # GPU can serve neither kind for the whole window (gpu_free is already 0).
             arrays.gpu_free[n, slot] = max(0, arrays.gpu_free[n, slot] - used)
             if arrays.mig_capable[n, slot]:
                 arrays.mig_used[n, slot] = FULL_MASK
         for (n, slot), iv in gpu_mem.items():
-            arrays.gpu_mem_free[n, slot] = max(0, arrays.gpu_mem_free[n, slot] - int(peak_usage(iv, ws, we)))
+            arrays.gpu_mem_free[n, slot] = max(0, arrays.gpu_mem_free[n, slot] - int(units.peak(iv, ws, we).amount))
         np.maximum(arrays.cpu_free, 0, out=arrays.cpu_free)
         np.maximum(arrays.mem_free, 0, out=arrays.mem_free)
         arrays.version += 1

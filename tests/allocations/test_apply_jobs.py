@@ -367,6 +367,8 @@ def test_failover_fails_the_reservation_when_nothing_is_free(world, api, django_
     assert len(mail.outbox) == 1
     assert sorted(mail.outbox[0].to) == sorted({"member@example.com", world.owner.email} - {""})
     assert "failed" in mail.outbox[0].subject and f"/reservations/{running.pk}/" in mail.outbox[0].body
+    html, mime = mail.outbox[0].alternatives[0]
+    assert mime == "text/html" and "no healthy GPUs of pool a100 are free" in html and "Failed" in html
 
 
 def test_a_silent_host_announces_itself_and_the_sweep_moves_its_work(world, api, django_capture_on_commit_callbacks,

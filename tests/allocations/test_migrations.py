@@ -6,6 +6,8 @@ from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 from django.test.utils import CaptureQueriesContext
 
+from tests.factories import window
+
 HISTORY_INDEXES = {
     "allocations_allocation": {"allocation_window"},
     "allocations_reservation": {"reservation_team_pool_end", "reservation_team_newest", "reservation_team_ended"},
@@ -30,7 +32,7 @@ def test_the_history_indexes_migrate_both_ways():
         migrate([("allocations", "0004_lease_failures")])
         assert indexes_present() == {table: set() for table in HISTORY_INDEXES}
         with CaptureQueriesContext(connection) as ran:
-            migrate(latest)
+            migrate([("allocations", "0005_indexes_that_skip_history")])
         assert indexes_present() == HISTORY_INDEXES
         creates = [q["sql"] for q in ran.captured_queries if q["sql"].startswith("CREATE INDEX")]
         assert len(creates) == 4
@@ -38,3 +40,76 @@ def test_the_history_indexes_migrate_both_ways():
             assert all(sql.startswith("CREATE INDEX CONCURRENTLY") for sql in creates)
     finally:
         migrate(latest)
+
+
+def _exclusion_constraints() -> set[str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT conname FROM pg_constraint WHERE conrelid = 'allocations_allocation'::regclass "
+                       "AND contype = 'x'")
+        return {name for (name,) in cursor.fetchall()}
+
+
+def _insert(gpu_id: int, reservation_id: int, share: tuple[int, int] | None = None) -> None:
+    from common import sql
+
+    start, end = window(0, 1)
+    columns, values = "reservation_id, gpu_id, starts_at, ends_at", "%s, %s, %s, %s"
+    params = [reservation_id, gpu_id, sql.db_datetime(start), sql.db_datetime(end)]
+    if share:
+        columns, values = columns + ", share_from, share_to, milli", values + ", %s, %s, %s"
+        params += [share[0], share[1], share[1] - share[0]]
+    with connection.cursor() as cursor:
+        cursor.execute(f"INSERT INTO allocations_allocation ({columns}) VALUES ({values})", params)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_allocations_become_whole_gpu_grants_and_back_without_a_change_in_meaning(world, api):
+    from django.db import IntegrityError, transaction
+
+    from allocations.models import Allocation
+
+    latest = MigrationExecutor(connection).loader.graph.leaf_nodes()
+    booked = api(world.member).post("/api/v1/reservations/", {"pool": "a100", "team": "ml", "gpus": 2,
+                                                              "ends_at": window(0, 2)[1].isoformat()}, format="json")
+    assert booked.status_code == 201, booked.content
+    rid = booked.json()["id"]
+    gpu_ids = sorted(Allocation.objects.filter(reservation_id=rid).values_list("gpu_id", flat=True))
+    try:
+        migrate([("allocations", "0006_apply_job_lease")])
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM allocations_allocation WHERE reservation_id = %s", [rid])
+            assert cursor.fetchone() == (2,)
+        if connection.vendor == "postgresql":
+            assert _exclusion_constraints() == {"allocation_no_overlap_on_gpu"}
+        migrate(latest)
+        rows = list(Allocation.objects.filter(reservation_id=rid).order_by("gpu_id")
+                    .values_list("gpu_id", "share_from", "share_to", "milli", "mig_profile"))
+        assert rows == [(gpu_id, 0, 1000, 1000, "") for gpu_id in gpu_ids]
+        if connection.vendor != "postgresql":
+            return
+        assert _exclusion_constraints() == {"allocation_no_overlapping_share"}
+        # A whole card still refuses any other holder at the same time...
+        with pytest.raises(IntegrityError), transaction.atomic():
+            _insert(gpu_ids[0], rid, share=(500, 1000))
+        # ...and on a free card two disjoint halves may overlap in time, two overlapping ones may not.
+        free_gpu = world.pool.gpus.exclude(pk__in=gpu_ids).first().pk
+        _insert(free_gpu, rid, share=(0, 500))
+        _insert(free_gpu, rid, share=(500, 1000))
+        with pytest.raises(IntegrityError), transaction.atomic():
+            _insert(free_gpu, rid, share=(250, 750))
+        Allocation.objects.filter(gpu_id=free_gpu).delete()
+    finally:
+        migrate(latest)
+
+
+@pytest.mark.django_db
+def test_a_grant_must_lie_inside_its_gpu(world, api):
+    from django.db import IntegrityError, transaction
+
+    booked = api(world.member).post("/api/v1/reservations/", {"pool": "a100", "team": "ml", "gpus": 1,
+                                                              "ends_at": window(0, 2)[1].isoformat()}, format="json")
+    rid = booked.json()["id"]
+    free_gpu = world.pool.gpus.exclude(allocations__reservation_id=rid).first().pk
+    for bad in ((0, 1001), (600, 600), (700, 300)):
+        with pytest.raises(IntegrityError), transaction.atomic():
+            _insert(free_gpu, rid, share=bad)

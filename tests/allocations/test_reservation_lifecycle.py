@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
 from django.utils import timezone
 
 from allocations import services
@@ -205,3 +206,30 @@ def test_the_sweep_queues_an_undo_for_a_release_whose_job_was_lost(world, api):
     assert sweep_reservations()["undo_again"] == 1
     run_open_jobs()
     assert Reservation.objects.get(pk=r["id"]).state == State.RELEASED
+
+
+def test_a_lost_undo_of_an_expiry_still_ends_expired_whatever_its_reason_says(world, api):
+    client = api(world.member)
+    r = reserve(client, hours=1)
+    services.reservation_activate(reservation_id=r["id"])
+    run_open_jobs()
+    Reservation.objects.filter(pk=r["id"]).update(starts_at=timezone.now() - timedelta(hours=2),
+                                                  ends_at=timezone.now() - timedelta(seconds=1))
+    assert services.reservation_expire(reservation_id=r["id"]) is True
+    # The undo job vanished (its cluster row was deleted, say) and someone reworded the reason.
+    ApplyJob.objects.filter(action="undo").delete()
+    Reservation.objects.filter(pk=r["id"]).update(reason="Ended; undo pending.")
+    assert services.reservation_undo_again(reservation_id=r["id"]) is True
+    run_open_jobs()
+    assert Reservation.objects.get(pk=r["id"]).state == State.EXPIRED
+
+
+def test_a_state_change_outside_the_table_is_refused_and_not_written(world, api):
+    from allocations.transitions import TransitionNotAllowed, move
+
+    r = reserve(api(world.member))
+    reservation = Reservation.objects.get(pk=r["id"])
+    with pytest.raises(TransitionNotAllowed):
+        move(reservation, State.ACTIVE)  # scheduled cannot become active without being applied
+    assert Reservation.objects.get(pk=r["id"]).state == State.SCHEDULED
+    assert states(r["id"]) == [("", "scheduled")]

@@ -19,7 +19,6 @@ from allocations.placement import (
     place,
     place_many,
 )
-from allocations.placement.state import peak_usage
 
 from .conftest import make_node
 
@@ -34,13 +33,6 @@ def req(**kw) -> PlacementRequest:
 
 def busy(node: str, gpu: int, start: float = 0.0, end: float = H, milli: int = 1000, **kw) -> Holding:
     return Holding(node, start, end, gpu_id=f"{node}-g{gpu}", milli=milli, **kw)
-
-
-def test_peak_usage_does_not_add_back_to_back_holdings() -> None:
-    assert peak_usage([(0, 10, 600), (10, 20, 600)], 0, 20) == 600
-    assert peak_usage([(0, 10, 600), (5, 20, 300)], 0, 20) == 900
-    assert peak_usage([(0, 10, 600), (5, 20, 300)], 10, 20) == 300
-    assert peak_usage([(0, 10, 600)], 10, 20) == 0
 
 
 def test_whole_gpus_land_on_one_node(small_state: ClusterState) -> None:

@@ -141,3 +141,34 @@ def test_a_release_after_the_window_ended_says_it_expires(world, browser, api):
     page = browser(world.member).post(f"/reservations/{rid}/release/", follow=True).content.decode()
     assert f"Reservation #{rid} had already ended; it expires now." in page
     assert Reservation.objects.get(pk=rid).state == Reservation.State.EXPIRED
+
+
+def test_my_reservations_filter_with_the_apis_filters_and_keep_them_across_pages(world, browser, api):
+    start = timezone.now() + timedelta(hours=1)
+    Reservation.objects.bulk_create(
+        Reservation(team=team, pool=world.pool, requested_by=world.staff, gpus=1,
+                    starts_at=start + timedelta(hours=i), ends_at=start + timedelta(hours=i, minutes=30),
+                    state=Reservation.State.SCHEDULED)
+        for i in range(60) for team in (world.team, world.other_team)
+    )
+    client = browser(world.staff)
+    page = client.get("/reservations/?team=infra&state=scheduled").content.decode()
+    api_count = api(world.staff).get("/api/v1/reservations/?team=infra&state=scheduled").json()["count"]
+    assert "1–50 of 60" in page and api_count == 60
+    assert 'href="?team=infra&amp;state=scheduled&amp;page=2"' in page
+    assert '<option value="infra" selected>' in page and '<option value="scheduled" selected>' in page
+    second = client.get("/reservations/?team=infra&state=scheduled&page=2").content.decode()
+    assert second.count('<tr id="reservation-') == 10
+    assert client.get("/reservations/?state=active").content.decode().count('<tr id="reservation-') == 0
+
+
+def test_a_filter_value_the_api_would_refuse_is_named_on_the_page(world, browser):
+    page = browser(world.member).get("/reservations/?state=sleeping").content.decode()
+    assert 'role="alert">state: Select a valid choice. sleeping is not one of the available choices.' in page
+
+
+def test_members_can_filter_only_by_their_own_teams(world, browser, api):
+    api(world.outsider).post("/api/v1/reservations/", {"pool": "a100", "team": "infra", "gpus": 1,
+                                                       "ends_at": window(0, 2)[1].isoformat()}, format="json")
+    page = browser(world.member).get("/reservations/?team=infra").content.decode()
+    assert '<option value="infra"' not in page and '<tr id="reservation-' not in page
