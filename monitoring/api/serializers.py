@@ -22,8 +22,9 @@ class AlertRuleSerializer(CleanModelSerializer):
 class AlertSerializer(serializers.ModelSerializer):
     rule = serializers.CharField(source="rule.name")
     severity = serializers.CharField(source="rule.severity")
-    pool = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    # A GPU or node alert may concern no team, a team alert no pool: null then, and the schema says so.
+    pool = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
+    team = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
 
     class Meta:
         model = Alert
