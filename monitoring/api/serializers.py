@@ -39,7 +39,8 @@ class SilenceSerializer(CleanModelSerializer):
     rule = serializers.PrimaryKeyRelatedField(queryset=AlertRule.objects.all(), required=False, allow_null=True)
     pool = SlugLookupField(slug_field="slug", queryset=GpuPool.objects.all(), required=False,
                                         allow_null=True)
-    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True,
+                                              allow_null=True)  # None once the account is deleted
     starts_at = serializers.DateTimeField(required=False)
 
     class Meta:
