@@ -290,6 +290,8 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
+                             "portal.api.schema.declare_error_responses"],
     # Reservations and alerts both have a "state" with different choices: name the two enums.
     "ENUM_NAME_OVERRIDES": {
         "ReservationStateEnum": "allocations.models.Reservation.State",
