@@ -103,12 +103,6 @@ def _check_quota(quota: QuotaLimits, *, gpus: int, start: datetime, end: datetim
             )
 
 
-def _enqueue_after_commit(task_name: str, reservation_id: int) -> None:
-    from allocations import tasks  # tasks import services; importing here keeps that one-way at load time
-
-    enqueue_after_commit(getattr(tasks, task_name), reservation_id)
-
-
 # --- commands ------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -221,7 +215,7 @@ def reservation_create(*, actor: AbstractBaseUser, request: ReservationRequest,
             reservation = _insert_reservation(asked=asked, actor=actor, gpus=gpus, gpu_ids=chosen,
                                               starts_at=starts_at, ends_at=ends_at, now=now)
             if starts_at <= now:
-                _enqueue_after_commit("activate_reservation", reservation.pk)
+                enqueue_after_commit("allocations.tasks.activate_reservation", reservation.pk)
     except IntegrityError as exc:
         # Only the exclusion constraint can fire here, and only if the lock above was bypassed.
         raise Conflict("Those GPUs were just taken; try again.", field="gpus", rule="gpus_busy") from exc
