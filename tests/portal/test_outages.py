@@ -17,7 +17,7 @@ import httpx
 import pytest
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from django.utils import timezone
-from rest_framework.authtoken.models import Token
+from portal.services import api_token_create
 
 from allocations.models import Reservation
 from inventory.models import Gpu
@@ -82,9 +82,9 @@ def test_while_redis_is_down_the_api_serves_the_database_and_answers_503_json_fo
     staff = UserFactory(username="staff", is_staff=True)
     _, host_key = host_token_create(actor=staff, cluster=pool.gpus.first().node.cluster, host_name="node-a")
     gpus = list(Gpu.objects.filter(pool=pool))
-    env = dict(worker_env, REDIS_URL=private_redis.url())
+    env = dict(worker_env, REDIS_URL=private_redis.url(), METRICS_TOKEN="outage-test-metrics")
     web, base = start_portal(env, tmp_path)
-    api = httpx.Client(base_url=base, timeout=30, headers={"Authorization": f"Token {Token.objects.create(user=member).key}"})
+    api = httpx.Client(base_url=base, timeout=30, headers={"Authorization": f"Token {api_token_create(user=member)[1]}"})
     agent = httpx.Client(base_url=base, timeout=30, headers={"Authorization": f"Host {host_key}"})
     browser = httpx.Client(base_url=base, timeout=30)
     ends_at = (timezone.now() + timedelta(hours=2)).isoformat()
@@ -113,7 +113,7 @@ def test_while_redis_is_down_the_api_serves_the_database_and_answers_503_json_fo
         # What needs Redis itself: the API's 503, quickly, and nothing stored.
         ingest_s, ingest = timed(agent.post, "/api/v1/agent/telemetry/", json=telemetry(gpus, seq=1))
         assert_unavailable(ingest, "broker_unavailable")
-        assert_unavailable(api.get("/metrics"), "broker_unavailable")
+        assert_unavailable(api.get("/metrics", headers={"Authorization": "Bearer outage-test-metrics"}), "broker_unavailable")
         assert ingest_s < 1.0
         assert not Sample.objects.exists()
         ready = api.get("/readyz")
@@ -149,7 +149,7 @@ def test_while_redis_is_down_the_api_serves_the_database_and_answers_503_json_fo
 
 
 SEED = """
-from rest_framework.authtoken.models import Token
+from portal.services import api_token_create
 from tests.factories import MembershipFactory, PoolFactory, QuotaFactory, TeamFactory, UserFactory, add_node
 pool = PoolFactory(slug="a100")
 add_node(pool, "node-a", 4)
@@ -157,7 +157,7 @@ team = TeamFactory(slug="ml")
 QuotaFactory(team=team, pool=pool, max_gpus=4)
 member = UserFactory(username="member")
 MembershipFactory(user=member, team=team)
-print("TOKEN", Token.objects.create(user=member).key)
+print("TOKEN", api_token_create(user=member)[1])
 """
 
 

@@ -12,7 +12,7 @@ import httpx
 import orjson
 import pytest
 from django.utils import timezone
-from rest_framework.authtoken.models import Token
+from portal.services import api_token_create
 
 from inventory.models import Gpu
 from inventory.services import host_token_create
@@ -62,7 +62,7 @@ def portal_with_data(worker_env, tmp_path):
     process = start_server([sys.executable, "-m", "portal.web"],
                            env=dict(worker_env, WEB_WORKERS="1", WEB_THREADS="2", PORT=str(port)),
                            log_path=tmp_path / "web.log", ready=healthz_answers(base), what="python -m portal.web")
-    yield SimpleNamespace(base=base, token=Token.objects.create(user=member).key, host_key=host_key, quota=quota,
+    yield SimpleNamespace(base=base, token=api_token_create(user=member)[1], host_key=host_key, quota=quota,
                           gpus=list(Gpu.objects.filter(pool=pool)))
     stop_process_group(process)
 
