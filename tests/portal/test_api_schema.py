@@ -16,7 +16,7 @@ from django.core.wsgi import get_wsgi_application
 from django.db import close_old_connections
 from django.utils import timezone
 from hypothesis import HealthCheck, settings
-from rest_framework.authtoken.models import Token
+from portal.services import api_token_create
 from schemathesis.checks import not_a_server_error
 from schemathesis.config import SchemathesisConfig
 from schemathesis.specs.openapi.checks import response_schema_conformance, status_code_conformance
@@ -85,7 +85,7 @@ def fleet(world, api) -> dict[str, object]:
         "silences": silence.pk, "teams": world.team.slug, "username": world.member.username,
         # Authorization headers: a staff token for the API (staff see and may do the most), a host's key for
         # the agent endpoints.
-        "staff": f"Token {Token.objects.create(user=world.staff).key}", "host": f"Host {host_key}",
+        "staff": f"Token {api_token_create(user=world.staff)[1]}", "host": f"Host {host_key}",
     }
 
 
