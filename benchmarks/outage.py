@@ -21,8 +21,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# A member with a quota and an API token in a fresh database (run by `manage.py shell -c`); the outage
+# test seeds its private PostgreSQL with it too.
 SEED = """
-from rest_framework.authtoken.models import Token
+from portal.services import api_token_create
 from tests.factories import MembershipFactory, PoolFactory, QuotaFactory, TeamFactory, UserFactory, add_node
 pool = PoolFactory(slug="a100")
 add_node(pool, "node-a", 4)
@@ -30,7 +32,7 @@ team = TeamFactory(slug="ml")
 QuotaFactory(team=team, pool=pool, max_gpus=4)
 member = UserFactory(username="member")
 MembershipFactory(user=member, team=team)
-print("TOKEN", Token.objects.create(user=member).key)
+print("TOKEN", api_token_create(user=member)[1])
 """
 
 

@@ -17,12 +17,13 @@ import httpx
 import pytest
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from django.utils import timezone
-from portal.services import api_token_create
 
 from allocations.models import Reservation
+from benchmarks.outage import SEED
 from inventory.models import Gpu
 from inventory.services import host_token_create
 from monitoring.models import Sample
+from portal.services import api_token_create
 from tests.conftest import BASE_DIR, free_port, healthz_answers, start_server, stop_process_group, wait_for
 from tests.factories import PASSWORD, MembershipFactory, PoolFactory, QuotaFactory, TeamFactory, UserFactory, add_node
 from tests.outages import private_postgres, private_redis  # noqa: F401
@@ -146,19 +147,6 @@ def test_while_redis_is_down_the_api_serves_the_database_and_answers_503_json_fo
         for client in (api, agent, browser):
             client.close()
         stop_process_group(web)
-
-
-SEED = """
-from portal.services import api_token_create
-from tests.factories import MembershipFactory, PoolFactory, QuotaFactory, TeamFactory, UserFactory, add_node
-pool = PoolFactory(slug="a100")
-add_node(pool, "node-a", 4)
-team = TeamFactory(slug="ml")
-QuotaFactory(team=team, pool=pool, max_gpus=4)
-member = UserFactory(username="member")
-MembershipFactory(user=member, team=team)
-print("TOKEN", api_token_create(user=member)[1])
-"""
 
 
 def test_while_postgresql_is_down_requests_answer_503_at_once_and_service_returns_with_it(
