@@ -32,6 +32,7 @@ from allocations.placement import (
     PlacementRequest,
     place,
 )
+from allocations.models import AllocationQuerySet
 from common import sql
 
 log = logging.getLogger(__name__)
@@ -137,8 +138,7 @@ def pool_snapshot(pool_id: int, start: datetime, end: datetime, *,
     grant_query = (
         "SELECT a.gpu_id, a.reservation_id, a.starts_at, a.ends_at, a.milli, a.mig_profile, a.mig_start "
         "FROM allocations_allocation a JOIN inventory_gpu g ON g.id = a.gpu_id "
-        # AllocationQuerySet.booked_during, by hand:
-        "WHERE g.pool_id = %s AND a.starts_at < %s AND a.ends_at > %s AND a.ends_at > a.starts_at")
+        f"WHERE g.pool_id = %s AND {AllocationQuerySet.BOOKED_DURING_SQL}")
     params = [pool_id, sql.db_datetime(end), sql.db_datetime(start)]
     if without_reservation is not None:
         grant_query += " AND a.reservation_id <> %s"

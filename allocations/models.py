@@ -91,9 +91,14 @@ class Reservation(models.Model):
 
 
 class AllocationQuerySet(models.QuerySet):
+    # booked_during in SQL, over an allocation aliased `a`, with the window's end and then its start as
+    # parameters: the hand-written reads on the hot path (booking.pool_snapshot, selectors.team_windows)
+    # use it; tests/allocations/test_booked_during.py keeps the two equal.
+    BOOKED_DURING_SQL = "a.starts_at < %s AND a.ends_at > %s AND a.ends_at > a.starts_at"
+
     def booked_during(self, start, end) -> "AllocationQuerySet":
         """Allocations holding their GPU at some instant of [start, end). A cancelled booking's empty
-        window [s, s) holds nothing, even where s falls inside. (allocations.booking.pool_snapshot says the same in SQL.)"""
+        window [s, s) holds nothing, even where s falls inside."""
         return self.filter(starts_at__lt=end, ends_at__gt=start).filter(ends_at__gt=F("starts_at"))
 
 

@@ -14,7 +14,7 @@ from django.db.models.functions import Coalesce, Greatest, Least
 from django.utils import timezone
 
 from allocations import quota_math
-from allocations.models import Allocation, Quota, Reservation
+from allocations.models import Allocation, AllocationQuerySet, Quota, Reservation
 from common import sql
 from common.errors import ValidationFailed
 from inventory.models import Gpu, GpuPool
@@ -257,7 +257,7 @@ def team_windows(team_id: int, pool_id: int, start: datetime, end: datetime,
     reservations took 3.2-4.0x as long as one for a team without before, 1.1x after)."""
     query = ("SELECT a.starts_at, a.ends_at FROM allocations_allocation a "
              "JOIN allocations_reservation r ON r.id = a.reservation_id "
-             "WHERE r.team_id = %s AND r.pool_id = %s AND r.ends_at > %s AND a.starts_at < %s AND a.ends_at > %s")
+             f"WHERE r.team_id = %s AND r.pool_id = %s AND r.ends_at > %s AND {AllocationQuerySet.BOOKED_DURING_SQL}")
     params = [team_id, pool_id, sql.db_datetime(start), sql.db_datetime(end), sql.db_datetime(start)]
     if exclude_reservation is not None:
         query += " AND a.reservation_id <> %s"

@@ -111,7 +111,7 @@ POOL_GRANTS = (
 TEAM_WINDOWS = (
     "SELECT a.starts_at, a.ends_at FROM allocations_allocation a JOIN allocations_reservation r "
     "ON r.id = a.reservation_id WHERE r.team_id = %s AND r.pool_id = %s AND r.ends_at > %s "
-    "AND a.starts_at < %s AND a.ends_at > %s")
+    "AND a.starts_at < %s AND a.ends_at > %s AND a.ends_at > a.starts_at")
 INSERT_RESERVATION = (
     "INSERT INTO allocations_reservation (team_id, pool_id, requested_by_id, gpus, starts_at, ends_at, state, "
     "reason, ended_at, created_at, updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s, '', NULL, %s, %s) "
