@@ -26,7 +26,7 @@ from allocations.selectors import pool_gpus_for_window
 from allocations.transitions import move, record
 from common.notifications import mail_after_commit
 from inventory.models import GpuPool, Node
-from portal.models import Membership
+from teams.models import Membership
 
 log = logging.getLogger(__name__)
 State = Reservation.State

@@ -13,7 +13,7 @@ import websockets.exceptions
 
 from inventory import services
 from inventory.models import Node
-from portal.services import api_token_create
+from teams.services import api_token_create
 from tests.conftest import BASE_DIR, wait_for
 from tests.factories import ClusterFactory, UserFactory
 
