@@ -82,7 +82,7 @@ def test_while_redis_is_down_the_api_serves_the_database_and_answers_503_json_fo
     staff = UserFactory(username="staff", is_staff=True)
     _, host_key = host_token_create(actor=staff, cluster=pool.gpus.first().node.cluster, host_name="node-a")
     gpus = list(Gpu.objects.filter(pool=pool))
-    env = dict(worker_env, REDIS_URL=private_redis.url())
+    env = dict(worker_env, REDIS_URL=private_redis.url(), METRICS_PUBLIC="true")
     web, base = start_portal(env, tmp_path)
     _, key = api_token_create(user=member)
     api = httpx.Client(base_url=base, timeout=30, headers={"Authorization": f"Token {key}"})
