@@ -23,10 +23,9 @@ def _start_failover(sender, *, node_id: int, healthy: bool, reason: str = "", **
     """A node went unhealthy: move its reservations (in a task; the beat sweep is the backstop)."""
     if healthy:
         return
-    from allocations import tasks
     from common.dispatch import enqueue
 
-    enqueue(tasks.failover_node, node_id, reason)
+    enqueue("allocations.tasks.failover_node", node_id, reason)
 
 
 def _refuse_moving_a_booked_gpu(sender, *, gpu_id: int, pool_id: int | None, fields: list[str], **_) -> None:

@@ -19,10 +19,9 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from allocations import booking
 from allocations.apply import jobs
 from allocations.models import Allocation, ApplyJob, Reservation
-from allocations.seam import Unplaceable, choose_whole_gpus
-from allocations.selectors import pool_gpus_for_window
 from allocations.transitions import move, record
 from common.notifications import mail_after_commit
 from inventory.models import GpuPool, Node
@@ -83,19 +82,16 @@ def reservation_move_off_node(*, reservation_id: int, node: Node, reason: str, n
     reservation.allocations.filter(ends_at__gt=start, starts_at__lt=start).update(ends_at=start)
     reservation.allocations.filter(starts_at__gte=start).update(ends_at=F("starts_at"))  # empty: never used
     try:
-        chosen = choose_whole_gpus(pool_gpus_for_window(pool.pk, start, reservation.ends_at), reservation.gpus, start=start, end=reservation.ends_at,
-                                   policy=pool.placement_policy)
-    except Unplaceable as refused:
+        chosen = booking.choose_whole_gpus(booking.pool_snapshot(pool.pk, start, reservation.ends_at),
+                                           reservation.gpus, policy=pool.placement_policy)
+    except booking.BookingRefused as refused:
         message = (f"Its GPUs were on {node.name}, which failed ({reason}), and no healthy GPUs of pool "
                    f"{pool.slug} are free for the rest of the window: {refused.message}")
         move(reservation, State.FAILED, reason=message, now=now)
         _notify(reservation, f"Reservation #{reservation.pk} failed: node {node.name} is down", message)
         jobs.reconcile_enqueue(cluster=node.cluster, now=now)
         return "failed"
-    Allocation.objects.bulk_create(
-        Allocation(reservation=reservation, gpu_id=gpu_id, starts_at=start, ends_at=reservation.ends_at)
-        for gpu_id in chosen
-    )
+    booking.grants_write(reservation_id=reservation.pk, gpu_ids=chosen, start=start, end=reservation.ends_at)
     new_nodes = sorted(set(Node.objects.filter(gpus__id__in=chosen).values_list("name", flat=True)))
     message = f"Moved from {node.name} to {', '.join(new_nodes)}: {reason}."
     if reservation.state == State.SCHEDULED:

@@ -93,7 +93,7 @@ class Reservation(models.Model):
 class AllocationQuerySet(models.QuerySet):
     def booked_during(self, start, end) -> "AllocationQuerySet":
         """Allocations holding their GPU at some instant of [start, end). A cancelled booking's empty
-        window [s, s) holds nothing, even where s falls inside. (pool_gpus_for_window says the same in SQL.)"""
+        window [s, s) holds nothing, even where s falls inside. (allocations.booking.pool_snapshot says the same in SQL.)"""
         return self.filter(starts_at__lt=end, ends_at__gt=start).filter(ends_at__gt=F("starts_at"))
 
 

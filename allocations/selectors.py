@@ -15,7 +15,6 @@ from django.utils import timezone
 
 from allocations import quota_math
 from allocations.models import Allocation, Quota, Reservation
-from allocations.seam import PoolGpu
 from common import sql
 from common.errors import ValidationFailed
 from inventory.models import Gpu, GpuPool
@@ -245,28 +244,6 @@ def _month_bookings(team_id: int, pool_ids: list[int], month: quota_math.Window,
     rows = (allocations.order_by().values("reservation__pool_id").annotate(**more, booked=booked)
             .values_list("reservation__pool_id", *more, "booked"))
     return [(*row[:-1], row[-1] / timedelta(hours=1) if row[-1] else 0.0) for row in rows]
-
-
-def pool_gpus_for_window(pool_id: int, start: datetime, end: datetime) -> list[PoolGpu]:
-    """Every GPU of the pool as placement sees it for [start, end): whether it can be used and whether
-    an allocation overlapping the window holds it. One hand-written query (every create runs it; the
-    ORM version cost ~2.8 ms of CPU). Callers hold the pool's row lock."""
-    rows = sql.fetch_all(
-        'SELECT g.id, g.node_id, n.name, g."index", g.uuid, g.model_name, g.memory_mib, '
-        "g.healthy AND n.healthy AND n.schedulable, "  # GpuQuerySet.USABLE, by hand
-        "EXISTS (SELECT 1 FROM allocations_allocation a "  # AllocationQuerySet.booked_during, by hand:
-        "        WHERE a.gpu_id = g.id AND a.starts_at < %s AND a.ends_at > %s AND a.ends_at > a.starts_at), "
-        "n.cpu_milli, n.memory_mib "
-        "FROM inventory_gpu g JOIN inventory_node n ON n.id = g.node_id "
-        'WHERE g.pool_id = %s ORDER BY n.name, g.node_id, g."index"',
-        [sql.db_datetime(end), sql.db_datetime(start), pool_id],
-    )
-    return [
-        PoolGpu(id=gpu_id, node_id=node_id, node_name=node_name, index=index, uuid=uuid, model=model,
-                memory_mib=memory, usable=bool(usable), busy=bool(busy), node_cpu_milli=cpu,
-                node_memory_mib=node_memory)
-        for (gpu_id, node_id, node_name, index, uuid, model, memory, usable, busy, cpu, node_memory) in rows
-    ]
 
 
 def team_windows(team_id: int, pool_id: int, start: datetime, end: datetime,

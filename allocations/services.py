@@ -16,10 +16,9 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, transaction
 from django.utils import timezone
 
-from allocations import quota_math, selectors, units
+from allocations import booking, quota_math, selectors, units
 from allocations.apply import jobs
 from allocations.models import Allocation, ApplyJob, Quota, Reservation
-from allocations.seam import Unplaceable, choose_whole_gpus
 from allocations.transitions import ending_state
 from allocations.transitions import move as _move
 from allocations.transitions import record as _record
@@ -104,12 +103,6 @@ def _check_quota(quota: QuotaLimits, *, gpus: int, start: datetime, end: datetim
             )
 
 
-def _enqueue_after_commit(task_name: str, reservation_id: int) -> None:
-    from allocations import tasks  # tasks import services; importing here keeps that one-way at load time
-
-    enqueue_after_commit(getattr(tasks, task_name), reservation_id)
-
-
 # --- commands ------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -124,7 +117,7 @@ class ReservationRequest:
 
 
 @dataclass(frozen=True)
-class _Booking:
+class _Asked:
     """A create's pool, team, the actor's role in the team and the team's quota in the pool."""
 
     pool: GpuPool
@@ -133,7 +126,7 @@ class _Booking:
     quota: QuotaLimits | None
 
 
-def _lock_pool_for(request: ReservationRequest, actor: AbstractBaseUser) -> _Booking:
+def _lock_pool_for(request: ReservationRequest, actor: AbstractBaseUser) -> _Asked:
     """Lock the pool's row and read, in the same statement, the team, the actor's role in it and the
     team's quota in the pool. Everything placement decides on is read after this lock."""
     row = sql.fetch_one(
@@ -161,29 +154,25 @@ def _lock_pool_for(request: ReservationRequest, actor: AbstractBaseUser) -> _Boo
     team = Team.from_db(DEFAULT_DB_ALIAS, ["id", "slug"], [team_id, request.team])
     quota = QuotaLimits(team_id=team_id, team_slug=request.team, pool_id=pool_id, pool_slug=request.pool,
                         max_gpus=max_gpus, gpu_hours_per_month=gpu_hours) if has_quota else None
-    return _Booking(pool=pool, team=team, role=role, quota=quota)
+    return _Asked(pool=pool, team=team, role=role, quota=quota)
 
 
-def _insert_reservation(*, booking: _Booking, actor: AbstractBaseUser, gpus: int, gpu_ids: list[int],
+def _insert_reservation(*, asked: _Asked, actor: AbstractBaseUser, gpus: int, gpu_ids: list[int],
                         starts_at: datetime, ends_at: datetime, now: datetime) -> Reservation:
-    """Write the reservation, one allocation per GPU and its first event; return it as saved."""
+    """Write the reservation, its grants and its first event; return it as saved."""
     start, end, at = sql.db_datetime(starts_at), sql.db_datetime(ends_at), sql.db_datetime(now)
     (reservation_id,) = sql.fetch_one(
         "INSERT INTO allocations_reservation (team_id, pool_id, requested_by_id, gpus, starts_at, ends_at, state, "
         "reason, ended_at, created_at, updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s, '', NULL, %s, %s) RETURNING id",
-        [booking.team.pk, booking.pool.pk, actor.pk, gpus, start, end, State.SCHEDULED, at, at],
+        [asked.team.pk, asked.pool.pk, actor.pk, gpus, start, end, State.SCHEDULED, at, at],
     )
-    sql.execute(
-        "INSERT INTO allocations_allocation (reservation_id, gpu_id, starts_at, ends_at) VALUES "
-        + sql.values_rows(len(gpu_ids), 4),
-        [value for gpu_id in gpu_ids for value in (reservation_id, gpu_id, start, end)],
-    )
+    booking.grants_write(reservation_id=reservation_id, gpu_ids=gpu_ids, start=starts_at, end=ends_at)
     reservation = selectors.reservation_from_row(selectors.ReservationRow(
         id=reservation_id, gpus=gpus, starts_at=starts_at, ends_at=ends_at, state=State.SCHEDULED, reason="",
-        ended_at=None, created_at=now, updated_at=now, team_id=booking.team.pk, team_slug=booking.team.slug,
-        pool_id=booking.pool.pk, pool_slug=booking.pool.slug, requested_by_id=actor.pk,
+        ended_at=None, created_at=now, updated_at=now, team_id=asked.team.pk, team_slug=asked.team.slug,
+        pool_id=asked.pool.pk, pool_slug=asked.pool.slug, requested_by_id=actor.pk,
         requested_by_username=actor.get_username()))
-    reservation.team, reservation.pool, reservation.requested_by = booking.team, booking.pool, actor
+    reservation.team, reservation.pool, reservation.requested_by = asked.team, asked.pool, actor
     _record(reservation, from_state="", to_state=State.SCHEDULED, actor=actor, reason=f"{gpus} GPU(s) placed",
             at=now)
     return reservation
@@ -201,9 +190,9 @@ def reservation_create(*, actor: AbstractBaseUser, request: ReservationRequest,
 
     try:
         with transaction.atomic():
-            booking = _lock_pool_for(request, actor)
-            pool, team = booking.pool, booking.team
-            if not (actor.is_staff or booking.role is not None):
+            asked = _lock_pool_for(request, actor)
+            pool, team = asked.pool, asked.team
+            if not (actor.is_staff or asked.role is not None):
                 raise PermissionDenied(f"You are not a member of team {team.slug}.", field="team",
                                        rule="not_a_member")
             if pool.sharing_mode not in RESERVABLE_MODES:
@@ -211,27 +200,26 @@ def reservation_create(*, actor: AbstractBaseUser, request: ReservationRequest,
                     f"Pool {pool.slug} shares GPUs by {pool.sharing_mode}; only whole-GPU (exclusive) pools can be "
                     "reserved yet.", field="pool", rule="sharing_mode_unsupported",
                 )
-            if booking.quota is None:
+            if asked.quota is None:
                 raise PermissionDenied(f"Team {team.slug} has no quota in pool {pool.slug}.", field="pool",
                                        rule="no_quota")
-            pool_gpus = selectors.pool_gpus_for_window(pool.pk, starts_at, ends_at)
-            if gpus > len(pool_gpus):
-                raise ValidationFailed(f"Pool {pool.slug} has {len(pool_gpus)} GPUs; {gpus} requested.", field="gpus",
-                                       rule="exceeds_pool_size")
-            _check_quota(booking.quota, gpus=gpus, start=starts_at, end=ends_at)
+            snapshot = booking.pool_snapshot(pool.pk, starts_at, ends_at)
+            if gpus > len(snapshot.gpus):
+                raise ValidationFailed(f"Pool {pool.slug} has {len(snapshot.gpus)} GPUs; {gpus} requested.",
+                                       field="gpus", rule="exceeds_pool_size")
+            _check_quota(asked.quota, gpus=gpus, start=starts_at, end=ends_at)
             try:
-                chosen = choose_whole_gpus(pool_gpus, gpus, start=starts_at, end=ends_at,
-                                           policy=pool.placement_policy)
-            except Unplaceable as refused:
+                chosen = booking.choose_whole_gpus(snapshot, gpus, policy=pool.placement_policy)
+            except booking.BookingRefused as refused:
                 raise Conflict(refused.message, field="gpus", rule=refused.code) from None
-            reservation = _insert_reservation(booking=booking, actor=actor, gpus=gpus, gpu_ids=chosen,
+            reservation = _insert_reservation(asked=asked, actor=actor, gpus=gpus, gpu_ids=chosen,
                                               starts_at=starts_at, ends_at=ends_at, now=now)
             if starts_at <= now:
-                _enqueue_after_commit("activate_reservation", reservation.pk)
+                enqueue_after_commit("allocations.tasks.activate_reservation", reservation.pk)
     except IntegrityError as exc:
         # Only the exclusion constraint can fire here, and only if the lock above was bypassed.
         raise Conflict("Those GPUs were just taken; try again.", field="gpus", rule="gpus_busy") from exc
-    by_id = {gpu.id: gpu for gpu in pool_gpus}
+    by_id = {gpu.id: gpu for gpu in snapshot.gpus}
     reservation.allocated_gpus = [
         {"uuid": gpu.uuid, "node": gpu.node_name, "index": gpu.index, "model_name": gpu.model,
          "starts_at": starts_at, "ends_at": ends_at}
@@ -326,13 +314,13 @@ def reservation_extend(*, actor: AbstractBaseUser, reservation_id: int, ends_at:
         raise Conflict(f"GPU {broken.uuid} ({broken.node.name}, index {broken.index}) {why}; the reservation "
                        "cannot be extended on it. Book again for the extra time.", field="ends_at",
                        rule="gpus_unusable")
-    clash = (
-        Allocation.objects.filter(gpu_id__in=gpu_ids).booked_during(old_end, ends_at)
-        .exclude(reservation=reservation).select_related("gpu").order_by("starts_at").first()
-    )
+    # The extra time is booked like any other window: the same GPUs must be free for all of it.
+    extra = booking.pool_snapshot(pool_id, old_end, ends_at, without_reservation=reservation.pk)
+    clash = booking.first_clash(extra, gpu_ids)
     if clash is not None:
+        uuid = next(gpu.uuid for gpu in extra.gpus if gpu.id == clash.gpu_id)
         raise Conflict(
-            f"GPU {clash.gpu.uuid} is booked by another reservation from {clash.starts_at:%Y-%m-%d %H:%M} UTC; "
+            f"GPU {uuid} is booked by another reservation from {clash.starts_at:%Y-%m-%d %H:%M} UTC; "
             f"the latest possible end is {clash.starts_at.isoformat()}.", field="ends_at", rule="gpus_busy",
         )
     _check_quota(_quota_limits(reservation), gpus=len(gpu_ids), start=old_end, end=ends_at,

@@ -101,10 +101,13 @@ LOCK_POOL = (
     "LEFT JOIN allocations_quota q ON q.team_id = t.id AND q.pool_id = p.id WHERE p.slug = %s FOR UPDATE OF p")
 POOL_GPUS = (
     'SELECT g.id, g.node_id, n.name, g."index", g.uuid, g.model_name, g.memory_mib, '
-    "g.healthy AND n.healthy AND n.schedulable, EXISTS (SELECT 1 FROM allocations_allocation a "
-    "WHERE a.gpu_id = g.id AND a.starts_at < %s AND a.ends_at > %s AND a.ends_at > a.starts_at), "
+    "g.healthy AND n.healthy AND n.schedulable, "
     'n.cpu_milli, n.memory_mib FROM inventory_gpu g JOIN inventory_node n ON n.id = g.node_id '
     'WHERE g.pool_id = %s ORDER BY n.name, g.node_id, g."index"')
+POOL_GRANTS = (
+    "SELECT a.gpu_id, a.reservation_id, a.starts_at, a.ends_at, a.milli, a.mig_profile, a.mig_start "
+    "FROM allocations_allocation a JOIN inventory_gpu g ON g.id = a.gpu_id "
+    "WHERE g.pool_id = %s AND a.starts_at < %s AND a.ends_at > %s AND a.ends_at > a.starts_at")
 TEAM_WINDOWS = (
     "SELECT a.starts_at, a.ends_at FROM allocations_allocation a JOIN allocations_reservation r "
     "ON r.id = a.reservation_id WHERE r.team_id = %s AND r.pool_id = %s AND r.ends_at > %s "
@@ -144,9 +147,10 @@ def _sql_client(dsn: str, ids: list[tuple], deadline: float, seed: int, out: lis
             started = time.perf_counter()
             with conn.transaction():
                 conn.execute(LOCK_POOL, (team_slug, user_id, pool_slug)).fetchall()
-                gpu_rows = conn.execute(POOL_GPUS, (end, start, pool_id)).fetchall()
+                gpu_rows = conn.execute(POOL_GPUS, (pool_id,)).fetchall()
+                held = {row[0] for row in conn.execute(POOL_GRANTS, (pool_id, end, start)).fetchall()}
                 conn.execute(TEAM_WINDOWS, (team_id, pool_id, start, end, start)).fetchall()
-                free = [row[0] for row in gpu_rows if row[7] and not row[8]][:gpus]
+                free = [row[0] for row in gpu_rows if row[7] and row[0] not in held][:gpus]
                 if len(free) < gpus:
                     refused += 1
                     continue

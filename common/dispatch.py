@@ -1,4 +1,8 @@
-"""The one way a Celery task is queued: after the commit of the transaction that made it due.
+"""The one way a Celery task is queued: by name, after the commit of the transaction that made it due.
+
+Callers name the task ("allocations.tasks.activate_reservation") rather than import it: the
+tasks call the services, so a service that imported its tasks made an import loop. The name
+is resolved in the Celery app's registry when the message is sent.
 
 The database is the truth and a task is only a nudge (the beat sweep activates, expires and
 re-drives whatever is due), so a task that cannot be queued because the broker is unreachable
@@ -10,6 +14,7 @@ import logging
 
 import kombu.exceptions
 import redis
+from celery import current_app
 from django.db import transaction
 
 from common import redis_cache
@@ -20,8 +25,17 @@ BROKER_UNREACHABLE = (kombu.exceptions.OperationalError, redis.exceptions.Connec
                       redis.exceptions.TimeoutError)
 
 
-def enqueue(task, *args, countdown: float = 0.0) -> None:
-    """Queue `task(*args)` now; a broker that does not answer leaves it to the sweep."""
+def _task(name: str):
+    """The registered task called `name`. Celery registers the apps' tasks modules only when a worker
+    starts (autodiscovery on its import signal), so a web process loads them at its first dispatch."""
+    if name not in current_app.tasks:
+        current_app.loader.import_default_modules()
+    return current_app.tasks[name]
+
+
+def enqueue(task_name: str, *args, countdown: float = 0.0) -> None:
+    """Queue the task named `task_name` with `args` now; a broker that does not answer leaves it to the sweep."""
+    task = _task(task_name)
     if redis_cache.outage.is_down and not redis_cache.outage.admit():
         # The cache found Redis (the same server) unreachable a moment ago: do not wait for the broker's retries.
         log.warning("not queued, Redis unreachable (the sweep will do it): %s%r", task.name, args)
@@ -36,6 +50,6 @@ def enqueue(task, *args, countdown: float = 0.0) -> None:
         log.warning("not queued, broker unreachable (the sweep will do it): %s%r: %s", task.name, args, error)
 
 
-def enqueue_after_commit(task, *args, countdown: float = 0.0) -> None:
-    """Queue `task(*args)` once the current transaction commits (at once outside one)."""
-    transaction.on_commit(lambda: enqueue(task, *args, countdown=countdown))
+def enqueue_after_commit(task_name: str, *args, countdown: float = 0.0) -> None:
+    """Queue the task named `task_name` with `args` once the current transaction commits (at once outside one)."""
+    transaction.on_commit(lambda: enqueue(task_name, *args, countdown=countdown))

@@ -8,11 +8,13 @@ one stops start-up with the variable's name.
 """
 from __future__ import annotations
 
+import re
 import secrets
 from datetime import timedelta
 from pathlib import Path
 
 import environ
+import redis.connection
 
 from common.private_files import private_dir, private_file, write_private
 
@@ -146,6 +148,16 @@ else:
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- cache, broker, channel layer -------------------------------------------------------
+def channel_layer_prefix(redis_url: str) -> str:
+    """The start of every pub/sub channel name of this installation: CHANNEL_LAYER_PREFIX and the
+    database number of REDIS_URL. Redis pub/sub ignores database numbers, so two portals sharing one
+    Redis on two databases would otherwise receive each other's live messages."""
+    name = env.str("CHANNEL_LAYER_PREFIX", default="gpupool")
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,40}", name):
+        raise environ.ImproperlyConfigured("CHANNEL_LAYER_PREFIX must be 1 to 40 letters, digits, '-' or '_'")
+    return f"{name}.{redis.connection.parse_url(redis_url).get('db', 0)}."
+
+
 if EMBEDDED:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
@@ -160,7 +172,7 @@ else:
     # pub/sub layer's at-most-once delivery is the right trade.
     CHANNEL_LAYERS = {
         "default": {"BACKEND": "common.channel_layer.PubSubChannelLayer",
-                    "CONFIG": {"hosts": [{"address": REDIS_URL}]}}
+                    "CONFIG": {"hosts": [{"address": REDIS_URL}], "prefix": channel_layer_prefix(REDIS_URL)}}
     }
     CELERY_BROKER_URL = REDIS_URL
 
@@ -311,6 +323,8 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
+                             "config.api_schema.declare_error_responses"],
     # Reservations and alerts both have a "state" with different choices: name the two enums.
     "ENUM_NAME_OVERRIDES": {
         "ReservationStateEnum": "allocations.models.Reservation.State",

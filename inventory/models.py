@@ -99,7 +99,7 @@ class GpuPool(models.Model):
 
 class GpuQuerySet(models.QuerySet):
     # What a new booking may use: a healthy GPU on a healthy, schedulable node (placement's
-    # SQL in allocations.selectors.pool_gpus_for_window spells the same test).
+    # SQL in allocations.booking.pool_snapshot spells the same test).
     USABLE = models.Q(healthy=True, node__healthy=True, node__schedulable=True)
 
     def usable(self) -> GpuQuerySet:

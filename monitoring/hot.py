@@ -17,6 +17,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from django.core.cache import cache
 
@@ -92,6 +93,20 @@ for i = 2, #ARGV, 3 do
 end
 redis.call('EXPIRE', KEYS[1], ARGV[1])
 """
+# Raises KEYS[1], a stream position (a non-negative integer), to ARGV[1] if it is lower, and returns the
+# position after. Written whole by Redis, so two overlapping requests of one stream (a resend of a
+# request that timed out) can only move it forward. Compared as decimal strings (length, then digits):
+# Lua's numbers are doubles, exact only up to 2^53, and positions go up to 2^63 - 1.
+_ADVANCE_POSITION = """
+local seen = redis.call('GET', KEYS[1])
+local new = ARGV[1]
+if not seen or #seen < #new or (#seen == #new and seen < new) then
+  redis.call('SET', KEYS[1], new, 'EX', ARGV[2])
+  return new
+end
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+return seen
+"""
 # Without Redis (local memory: one process's own cache, every writer a thread of it) a lock
 # makes the read-merge-write of a node's entry whole.
 _merge_lock = threading.Lock()
@@ -123,11 +138,19 @@ def _execute(pipe) -> list:
 COUNTER_PREFIX = "tm:count:"
 
 
+class Exchanged(NamedTuple):
+    counts: dict[str, int]  # the counters' new values
+    found: dict  # the values read
+    positions: dict[str, int]  # each advanced position after the write
+
+
 def exchange(*, incr: dict[str, int] | None = None, incr_timeout: int | None = None, get: Iterable[str] = (),
              put: dict | None = None, put_timeout: int | None = None,
-             newest: dict[int, dict[int, tuple]] | None = None) -> tuple[dict[str, int], dict]:
-    """Add to counters, read keys, write values and merge GPUs' newest samples ({node id: {gpu id:
-    values}}, see node_key) in one cache round trip; returns (the counters' new values, the values found).
+             newest: dict[int, dict[int, tuple]] | None = None,
+             advance: dict[str, int] | None = None, advance_timeout: int = STORE_TTL) -> Exchanged:
+    """Add to counters, read keys, write values, merge GPUs' newest samples ({node id: {gpu id:
+    values}}, see node_key) and move positions forward ({key: at least this non-negative integer},
+    never back) in one cache round trip.
 
     On Redis it is one pipeline (INCRBY/EXPIRE, GET, SET EX, EVAL), values serialized as Django's
     cache does, so `cache.get` reads them back. The ingest calls this twice per agent
@@ -139,10 +162,12 @@ def exchange(*, incr: dict[str, int] | None = None, incr_timeout: int | None = N
     get = list(get)
     put = put or {}
     newest = newest or {}
+    advance = advance or {}
     client = _redis_client()
     if client is None:
         _merge_by_api(newest)
-        return _exchange_by_api(incr, incr_timeout, get, put, put_timeout)
+        positions = _advance_by_api(advance, advance_timeout)
+        return Exchanged(*_exchange_by_api(incr, incr_timeout, get, put, put_timeout), positions)
     backend = cache._cache
     key = cache.make_and_validate_key
     pipe = client.pipeline(transaction=False)
@@ -161,13 +186,16 @@ def exchange(*, incr: dict[str, int] | None = None, incr_timeout: int | None = N
         for gpu_id, values in gpus.items():
             args += (gpu_id, values[0], backend._serializer.dumps(values))
         pipe.eval(_MERGE_NEWEST, 1, key(node_key(node_id)), *args)
+    for name, position in advance.items():
+        pipe.eval(_ADVANCE_POSITION, 1, key(name), int(position), advance_timeout)
     replies = _execute(pipe)
     step = 1 if incr_timeout is None else 2
     counts = {name: int(replies[i * step]) for i, name in enumerate(incr)}
     offset = len(incr) * step
     found = {name: backend._serializer.loads(raw)
              for name, raw in zip(get, replies[offset:offset + len(get)]) if raw is not None}
-    return counts, found
+    positions = {name: int(raw) for name, raw in zip(advance, replies[len(replies) - len(advance):])}
+    return Exchanged(counts, found, positions)
 
 
 def _merge_by_api(newest: dict[int, dict[int, tuple]]) -> None:
@@ -181,6 +209,16 @@ def _merge_by_api(newest: dict[int, dict[int, tuple]]) -> None:
                 if gpu_id not in entry or entry[gpu_id][0] <= values[0]:
                     entry[gpu_id] = values
         cache.set_many(entries, timeout=STORE_TTL)
+
+
+def _advance_by_api(advance: dict[str, int], timeout: int) -> dict[str, int]:
+    if not advance:
+        return {}
+    with _merge_lock:
+        found = cache.get_many(list(advance))
+        positions = {name: max(position, found.get(name, position)) for name, position in advance.items()}
+        cache.set_many(positions, timeout=timeout)
+    return positions
 
 
 def _exchange_by_api(incr, incr_timeout, get, put, put_timeout) -> tuple[dict[str, int], dict]:

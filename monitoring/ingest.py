@@ -32,6 +32,7 @@ registered GPU's samples are refused as unknown for at most as long.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import random
@@ -44,7 +45,7 @@ import msgspec
 import orjson
 from django.conf import settings
 from django.core.cache import cache
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 from allocations.models import Allocation
@@ -64,6 +65,7 @@ REJECT_REASONS = ("malformed", "unknown_gpu", "negative_memory", "memory_out_of_
 # Memory columns are 32-bit integers (MiB): 2 PiB, far above any GPU. Beyond it one sample would fail
 # the whole request's INSERT on PostgreSQL.
 MAX_MEMORY_MIB = 2**31 - 1
+MAX_SEQ = 2**63 - 1
 CLAMP_REASONS = ("utilization_clamped", "memory_clamped")
 
 
@@ -212,19 +214,19 @@ def telemetry_ingest(*, token: HostToken, payload, now: float | None = None) -> 
                     token.host_name, size, settings.TELEMETRY_MAX_SAMPLES_PER_REQUEST)
         raise PayloadTooLarge(f"{size} samples in one request; at most {settings.TELEMETRY_MAX_SAMPLES_PER_REQUEST}.",
                               field="batches", rule="too_large")
-    stream_key, flood_key = f"tm:stream:{token.pk}", _flood_key(token, now)
+    stream_key, flood_key = _stream_key(token, stream), _flood_key(token, now)
     # One cache round trip: count this request against the host's minute, and read the host's
     # GPU map and the stream's position.
-    totals, cached = hot.exchange(incr={flood_key: size}, incr_timeout=120, get=[_host_key(token), stream_key])
+    totals, cached, _ = hot.exchange(incr={flood_key: size}, incr_timeout=120, get=[_host_key(token), stream_key])
     _refuse_flood(token, size, totals.get(flood_key, 0))
     refs = host_gpus(token, cached=cached)
-    last = cached.get(stream_key)
-    last_seq = last[1] if last and last[0] == stream else -1
+    last_seq = cached.get(stream_key, -1)
     result = IngestResult(ack=last_seq if last_seq >= 0 else None)
     oldest = now - settings.TELEMETRY_RAW_RETENTION.total_seconds()
     rows: list[tuple] = []
     # gpu id → (its ref, its newest values as a tuple in hot.Latest's field order)
     newest: dict[int, tuple[GpuRef, tuple]] = {}
+    stored: set[tuple[int, int]] = set()  # (gpu id, second) of each row
     max_seq = last_seq
 
     for batch in batches:
@@ -233,6 +235,7 @@ def telemetry_ingest(*, token: HostToken, payload, now: float | None = None) -> 
             result.rejected["malformed"] += _batch_size(batch)
             continue
         seq, ts, samples = fields
+        _check_seq(seq)
         if seq <= last_seq:
             result.rejected["duplicate"] += len(samples)
             continue
@@ -249,34 +252,55 @@ def telemetry_ingest(*, token: HostToken, payload, now: float | None = None) -> 
             if parsed is None:
                 continue
             ref, values, procs = parsed
+            if (ref.gpu_id, second) in stored:
+                # History holds one sample per GPU and second; the first one sent is the one kept.
+                result.rejected["duplicate"] += 1
+                continue
+            stored.add((ref.gpu_id, second))
             rows.append((ref.gpu_id, ref.pool_id, second, *values))
-            result.accepted += 1
             previous = newest.get(ref.gpu_id)
             if previous is None or previous[1][0] <= ts:
                 newest[ref.gpu_id] = (ref, (ts, *values, procs))
 
     # One statement, in autocommit: committed when it returns, so what follows is after commit.
-    _store_raw(rows)
+    # Rows another request stored first (an overlapping resend) are not inserted and not accepted.
+    result.accepted = _store_raw(rows)
+    if result.accepted < len(rows):
+        result.rejected["duplicate"] += len(rows) - result.accepted
     # Live first: the dashboards wait on this push, not on the hot values written below.
     live.send(_group_payloads(newest))
     _mark_late_minutes(rows, now)
     per_node: dict[int, dict[int, tuple]] = defaultdict(dict)
     for gpu_id, (ref, latest) in newest.items():
         per_node[ref.node_id][gpu_id] = latest
-    entries = {}
-    if max_seq > last_seq:
-        entries[stream_key] = (stream, max_seq)
-        result.ack = max_seq
     # One round trip for the hot values, the stream's new position and the counters. The hot values
-    # are merged per GPU, not put: a GPU whose samples were all rejected here keeps its last good one,
-    # and a backlog arriving after newer samples (or a resent request finishing after the one that
-    # replaced it) never puts older values back.
-    hot.exchange(put=entries, put_timeout=hot.STORE_TTL, newest=per_node,
-                 incr=hot.counter_amounts({"accepted": result.accepted, **result.rejected, **result.clamped}))
+    # are merged per GPU and the position only moves forward: a GPU whose samples were all rejected here
+    # keeps its last good one, and a resent request finishing after the one that replaced it puts
+    # neither older values nor a lower position back.
+    advance = {stream_key: max_seq} if max_seq > last_seq else {}
+    _, _, positions = hot.exchange(newest=per_node, advance=advance, incr=hot.counter_amounts(
+        {"accepted": result.accepted, **result.rejected, **result.clamped}))
+    if positions:
+        result.ack = positions[stream_key]
     if result.rejected or result.clamped:
         log.warning("telemetry from %s/%s: %d accepted, rejected %s, clamped %s", token.cluster.slug, token.host_name,
                     result.accepted, dict(result.rejected), dict(result.clamped))
     return result
+
+
+def _stream_key(token: HostToken, stream: str) -> str:
+    """The cache key of a stream's position (the highest seq stored), one per agent run: a digest, as
+    the stream id is whatever string the agent chose."""
+    return f"tm:stream:{token.pk}:{hashlib.blake2b(stream.encode(), digest_size=12).hexdigest()}"
+
+
+def _check_seq(seq: int) -> None:
+    """A seq is a position in the stream, a 64-bit signed integer at most (the agent counts from 1): one
+    beyond would become the stream's position, and every later batch would be dropped as already held."""
+    if not 0 <= seq <= MAX_SEQ:
+        hot.count({"malformed": 1})
+        rule = "min_value" if seq < 0 else "max_value"
+        raise ValidationFailed(f"seq must be an integer from 0 to {MAX_SEQ}.", field="seq", rule=rule)
 
 
 def _batch_size(batch) -> int:
@@ -350,12 +374,12 @@ COLUMNS = ("gpu_id", "pool_id", "ts", "util", "mem_util", "mem_used", "mem_total
 PG_TYPES = ("bigint", "bigint", "bigint", "smallint", "smallint", "integer", "integer", "smallint", "float8")
 
 
-def _store_raw(rows: list[tuple]) -> None:
-    """One INSERT for the whole request. On PostgreSQL the columns travel as nine arrays through
-    unnest(), so the statement is the same size for 10 rows or 10,000 and costs no per-row SQL
-    building; ON CONFLICT DO NOTHING makes a resent sample harmless."""
+def _store_raw(rows: list[tuple]) -> int:
+    """One INSERT for the whole request; returns the rows inserted. On PostgreSQL the columns travel
+    as nine arrays through unnest(), so the statement is the same size for 10 rows or 10,000 and costs
+    no per-row SQL building; ON CONFLICT DO NOTHING makes a resent sample harmless."""
     if not rows:
-        return
+        return 0
     if connection.vendor == "postgresql":
         # Array literals as text ("{1,2,NULL}"): psycopg would otherwise adapt every element.
         # Every value is a number or None, so "None" can only be a NULL.
@@ -364,9 +388,12 @@ def _store_raw(rows: list[tuple]) -> None:
         with connection.cursor() as cursor:
             cursor.execute(f"INSERT INTO {Sample._meta.db_table} ({', '.join(COLUMNS)}) "
                            f"SELECT * FROM unnest({unnest}) ON CONFLICT DO NOTHING", arrays)
-    else:
-        Sample.objects.bulk_create([Sample(**dict(zip(COLUMNS, row))) for row in rows], batch_size=500,
-                                   ignore_conflicts=True)
+            return cursor.rowcount
+    # SQLite (embedded): executemany's rowcount is the sum of the rows each statement inserted.
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.executemany(f"INSERT INTO {Sample._meta.db_table} ({', '.join(COLUMNS)}) "
+                           f"VALUES ({', '.join(['%s'] * len(COLUMNS))}) ON CONFLICT DO NOTHING", rows)
+        return cursor.rowcount
 
 
 def _mark_late_minutes(rows: list[tuple], now: float) -> None:

@@ -84,7 +84,8 @@ class AllocatedGpuSerializer(serializers.Serializer):
 
 
 class ReservationEventSerializer(serializers.ModelSerializer):
-    actor = serializers.CharField(source="actor.username", default=None)
+    # None: a transition made by the portal itself (the sweep, failover) or by an account since deleted.
+    actor = serializers.CharField(source="actor.username", default=None, allow_null=True)
 
     class Meta:
         model = ReservationEvent
@@ -104,7 +105,8 @@ class ReservationSerializer(serializers.Serializer):
     ends_at = _time()
     state = serializers.ChoiceField(choices=Reservation.State.choices, read_only=True)
     reason = serializers.CharField(read_only=True, help_text=Reservation._meta.get_field("reason").help_text)
-    requested_by = serializers.CharField(source="requested_by.username", default=None, read_only=True)
+    requested_by = serializers.CharField(source="requested_by.username", default=None, read_only=True,
+                                         allow_null=True)  # None once the account is deleted
     allocated_gpus = AllocatedGpuSerializer(many=True, read_only=True)
     created_at = _time()
     updated_at = _time()

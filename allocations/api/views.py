@@ -126,7 +126,9 @@ class PoolViewSet(viewsets.ModelViewSet):
         return selectors.with_occupancy(selectors.pools_visible_to(self.request.user))
 
     @extend_schema(parameters=[AvailabilityQuery], responses=SlotSerializer(many=True))
-    @action(detail=True, methods=["get"])
+    # A timeline, not a list of resources: every slot of the window in one array (the window's slot count
+    # is bounded by AvailabilityQuery), so not paged, and the schema says so.
+    @action(detail=True, methods=["get"], pagination_class=None)
     def availability(self, request: Request, slug: str) -> Response:
         pool: GpuPool = self.get_object()
         query = AvailabilityQuery(data=request.query_params)

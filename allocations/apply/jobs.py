@@ -64,9 +64,7 @@ def retry_delay(attempts: int) -> float:
 
 
 def _enqueue(job_id: int, countdown: float = 0.0) -> None:
-    from allocations import tasks
-
-    enqueue_after_commit(tasks.run_apply_job, job_id, countdown=countdown)
+    enqueue_after_commit("allocations.tasks.run_apply_job", job_id, countdown=countdown)
 
 
 def _clusters_of(reservation: Reservation) -> list[Cluster]:

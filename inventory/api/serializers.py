@@ -71,7 +71,8 @@ class GpuSerializer(CleanModelSerializer):
 
 class HostTokenSerializer(serializers.ModelSerializer):
     cluster = SlugLookupField(slug_field="slug", queryset=Cluster.objects.all())
-    created_by = serializers.CharField(source="created_by.username", default=None, read_only=True)
+    created_by = serializers.CharField(source="created_by.username", default=None, read_only=True,
+                                       allow_null=True)  # None once the account is deleted
 
     class Meta:
         model = HostToken

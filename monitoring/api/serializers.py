@@ -22,8 +22,9 @@ class AlertRuleSerializer(CleanModelSerializer):
 class AlertSerializer(serializers.ModelSerializer):
     rule = serializers.CharField(source="rule.name")
     severity = serializers.CharField(source="rule.severity")
-    pool = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    # A GPU or node alert may concern no team, a team alert no pool: null then, and the schema says so.
+    pool = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
+    team = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
 
     class Meta:
         model = Alert
@@ -38,7 +39,8 @@ class SilenceSerializer(CleanModelSerializer):
     rule = serializers.PrimaryKeyRelatedField(queryset=AlertRule.objects.all(), required=False, allow_null=True)
     pool = SlugLookupField(slug_field="slug", queryset=GpuPool.objects.all(), required=False,
                                         allow_null=True)
-    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True,
+                                              allow_null=True)  # None once the account is deleted
     starts_at = serializers.DateTimeField(required=False)
 
     class Meta:

@@ -97,8 +97,9 @@ class TeamViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Creat
     def members(self, request: Request, slug: str) -> Response:
         team: Team = self.get_object()
         if request.method == "GET":
-            memberships = team.memberships.select_related("user")
-            return Response(MembershipSerializer(memberships, many=True).data)
+            # Paged like every other list of the API (limit/offset; count, next, previous, results).
+            page = self.paginate_queryset(team.memberships.select_related("user").order_by("user__username"))
+            return self.get_paginated_response(MembershipSerializer(page, many=True).data)
         data = MembershipAddInput(data=request.data)
         data.is_valid(raise_exception=True)
         membership = services.membership_add(actor=request.user, team=team, **data.validated_data)

@@ -81,7 +81,7 @@ def test_floor_sql_tier_sends_the_statements_the_services_send(world):
     def normalized(statement: str) -> str:
         return " ".join(statement.split())
 
-    floor = [api_floor.LOCK_POOL, api_floor.POOL_GPUS, api_floor.TEAM_WINDOWS, api_floor.INSERT_RESERVATION,
+    floor = [api_floor.LOCK_POOL, api_floor.POOL_GPUS, api_floor.POOL_GRANTS, api_floor.TEAM_WINDOWS, api_floor.INSERT_RESERVATION,
              api_floor.INSERT_ALLOCATION, api_floor.INSERT_EVENT, api_floor.LOCK_RESERVATION,
              api_floor.CANCEL_ALLOCATIONS, api_floor.RELEASE_RESERVATION]
     for statement in floor:

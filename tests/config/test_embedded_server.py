@@ -69,3 +69,27 @@ def test_the_embedded_server_books_releases_and_lists_on_sqlite(embedded):
         assert states == {first.json()["id"]: "released", second.json()["id"]: "scheduled"}
         again = client.post("/api/v1/reservations/", json=body, headers=headers)
         assert again.status_code == 201, "the released GPUs are free again"
+
+
+def test_the_embedded_server_counts_telemetry_it_stores_on_sqlite(embedded):
+    """The ingest's INSERT on SQLite answers how many rows it stored: a GPU sent twice in one batch and a
+    resent request count as duplicates, not as accepted."""
+    import time
+    import uuid as uuid_module
+
+    base, passwords = embedded
+    with httpx.Client(base_url=base, timeout=10) as client:
+        token = client.post("/api/v1/auth/token/", json={"username": "admin", "password": passwords["admin"]}).json()
+        created = client.post("/api/v1/host-tokens/", json={"cluster": "lab", "host_name": "gpu-l40s-01"},
+                              headers={"Authorization": f"Token {token['token']}"})
+        assert created.status_code == 201, created.text
+        headers = {"Authorization": f"Host {created.json()['key']}"}
+        gpu = f"GPU-{uuid_module.uuid5(uuid_module.NAMESPACE_DNS, 'gpu-l40s-01.demo.gpupool/0')}"
+        one = {"uuid": gpu, "utilization_gpu_pct": 50, "memory_used_mib": 1000, "memory_total_mib": 46068,
+               "temperature_c": 50}
+        body = {"stream": "s", "batches": [{"seq": 1, "t": time.time(), "gpus": [one, {**one, "utilization_gpu_pct": 9}]}]}
+        first = client.post("/api/v1/agent/telemetry/", json=body, headers=headers)
+        assert first.status_code == 200, first.text
+        assert first.json()["accepted"] == 1 and first.json()["rejected"] == {"duplicate": 1}
+        again = client.post("/api/v1/agent/telemetry/", json={**body, "stream": "another-run"}, headers=headers)
+        assert again.json()["accepted"] == 0 and again.json()["rejected"] == {"duplicate": 2}

@@ -49,6 +49,10 @@ def test_the_openapi_schema_and_docs_are_served(world, api):
     assert schema.status_code == 200
     paths = schema.json()["paths"]
     assert "/api/v1/reservations/" in paths and "/api/v1/pools/{slug}/availability/" in paths
+    # The timeline is one array of slots, as the view answers it (test_api_schema checks every answer).
+    availability = paths["/api/v1/pools/{slug}/availability/"]["get"]["responses"]["200"]
+    assert availability["content"]["application/json"]["schema"] == {
+        "type": "array", "items": {"$ref": "#/components/schemas/Slot"}}
     assert api(world.member).get("/api/v1/docs/").status_code == 200
 
 

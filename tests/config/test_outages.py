@@ -82,7 +82,7 @@ def test_while_redis_is_down_the_api_serves_the_database_and_answers_503_json_fo
     staff = UserFactory(username="staff", is_staff=True)
     _, host_key = host_token_create(actor=staff, cluster=pool.gpus.first().node.cluster, host_name="node-a")
     gpus = list(Gpu.objects.filter(pool=pool))
-    env = dict(worker_env, REDIS_URL=private_redis.url(), METRICS_PUBLIC="true")
+    env = dict(worker_env, REDIS_URL=private_redis.url(), METRICS_TOKEN="outage-test-metrics")
     web, base = start_portal(env, tmp_path)
     _, key = api_token_create(user=member)
     api = httpx.Client(base_url=base, timeout=30, headers={"Authorization": f"Token {key}"})
@@ -114,7 +114,7 @@ def test_while_redis_is_down_the_api_serves_the_database_and_answers_503_json_fo
         # What needs Redis itself: the API's 503, quickly, and nothing stored.
         ingest_s, ingest = timed(agent.post, "/api/v1/agent/telemetry/", json=telemetry(gpus, seq=1))
         assert_unavailable(ingest, "broker_unavailable")
-        assert_unavailable(api.get("/metrics"), "broker_unavailable")
+        assert_unavailable(api.get("/metrics", headers={"Authorization": "Bearer outage-test-metrics"}), "broker_unavailable")
         assert ingest_s < 1.0
         assert not Sample.objects.exists()
         ready = api.get("/readyz")

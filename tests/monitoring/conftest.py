@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import itertools
 import time
+from urllib.parse import urlsplit
 
 import pytest
+import redis.connection
+from django.conf import settings
 from rest_framework.test import APIClient
 
 from inventory import services as inventory_services
@@ -27,6 +30,16 @@ def batch(samples: list[dict], t: float | None = None, seq: int | None = None) -
 
 def payload(*batches: dict, stream: str = "test-stream") -> dict:
     return {"stream": stream, "batches": list(batches)}
+
+
+def installation_url(db: int) -> str:
+    """The suite's Redis URL on another database number: what a second portal sharing this Redis uses."""
+    return urlsplit(settings.REDIS_URL)._replace(path=f"/{db}", query="").geturl()
+
+
+def other_db() -> int:
+    """A database of the suite's Redis that the suite does not use (15, or 14 when the suite is on 15)."""
+    return 14 if redis.connection.parse_url(settings.REDIS_URL).get("db", 0) == 15 else 15
 
 
 @pytest.fixture

@@ -221,3 +221,68 @@ def test_two_requests_of_one_node_racing_keep_the_newest_hot_sample(host, either
     assert post(host, payload(batch([sample(u, util=30) for u in host.uuids], t=t, seq=1))).status_code == 200
     assert raced[0].json()["accepted"] == 4
     assert _hot(host) == {i: (t + 1, 90) for i in range(4)}
+
+
+@pytest.mark.parametrize("seq, rule", [(10**30, "max_value"), (2**63, "max_value"), (-1, "min_value")])
+@pytest.mark.parametrize("reading", ["typed", "field_by_field"])
+def test_a_seq_outside_63_bits_is_refused_and_later_batches_still_count(host, seq, rule, reading):
+    """A seq of 10**30 once became the stream's position, and every later batch was dropped as held."""
+    extra = [sample(host.uuids[1], temperature_c="hot")] if reading == "field_by_field" else []
+    refused = post(host, payload(batch([sample(host.uuids[0]), *extra], seq=seq)))
+    assert refused.status_code == 400, refused.content
+    assert refused.json()["errors"][0]["field"] == "seq" and refused.json()["errors"][0]["rule"] == rule
+    answer = post(host, payload(batch([sample(host.uuids[0])], seq=5)))
+    assert answer.json()["accepted"] == 1 and answer.json()["ack"] == 5
+    assert Sample.objects.count() == 1
+
+
+def test_the_largest_seq_is_accepted(host):
+    answer = post(host, payload(batch([sample(host.uuids[0])], seq=2**63 - 1))).json()
+    assert answer["accepted"] == 1 and answer["ack"] == 2**63 - 1
+
+
+def test_the_same_gpu_twice_in_one_batch_is_stored_once_and_counted_as_a_duplicate(host):
+    t = time.time()
+    answer = post(host, payload(batch([sample(host.uuids[0], util=10), sample(host.uuids[0], util=90),
+                                       sample(host.uuids[1])], t=t))).json()
+    assert answer["accepted"] == 2 and answer["rejected"] == {"duplicate": 1}
+    assert hot.counters(["accepted", "duplicate"]) == {"accepted": 2, "duplicate": 1}
+    # The first one sent is kept, in history and in the hot cache alike.
+    assert Sample.objects.get(gpu_id=host.gpus[0].pk).util == 10
+    assert _hot(host)[0] == (t, 10)
+
+
+def test_two_batches_in_one_second_store_one_sample_per_gpu(host):
+    t = int(time.time()) - 1
+    answer = post(host, payload(batch([sample(host.uuids[0], util=10)], t=t + 0.1),
+                                batch([sample(host.uuids[0], util=20)], t=t + 0.6))).json()
+    assert answer["accepted"] == 1 and answer["rejected"] == {"duplicate": 1}
+    assert Sample.objects.count() == 1
+
+
+def test_an_overlapping_resend_counts_its_samples_once_and_never_moves_the_ack_back(host, either_cache,
+                                                                                       monkeypatch):
+    """An agent resends a request that timed out (seq 1-2) with its next batch (seq 3) while the first is
+    still being handled. Before, the first request, finishing last, wrote position 2 over 3 (a lower ack)
+    and both requests counted seq 1-2 as accepted."""
+    from monitoring import live
+
+    t = time.time() - 10
+    first = [batch([sample(u) for u in host.uuids], t=t, seq=1), batch([sample(u) for u in host.uuids], t=t + 1, seq=2)]
+    third = batch([sample(u) for u in host.uuids], t=t + 2, seq=3)
+    send, raced = live.send, []
+
+    def send_then_race(groups):
+        send(groups)
+        if not raced:  # the first request has stored its rows but not yet moved the position
+            raced.append(None)
+            raced[0] = post(host, payload(*first, third))
+
+    monkeypatch.setattr(live, "send", send_then_race)
+    answer = post(host, payload(*first)).json()
+    resend = raced[0].json()
+    assert resend["accepted"] == 4 and resend["rejected"] == {"duplicate": 8} and resend["ack"] == 3
+    assert answer["accepted"] == 8 and answer["ack"] == 3
+    assert Sample.objects.count() == 12 and hot.counters(["accepted"]) == {"accepted": 12}
+    again = post(host, payload(third)).json()
+    assert again["ack"] == 3 and again["accepted"] == 0 and again["rejected"] == {"duplicate": 4}

@@ -7,15 +7,19 @@ import json
 import subprocess
 import sys
 
+import httpx
 import pytest
 import websockets
 import websockets.exceptions
 
+from common.channel_layer import PubSubChannelLayer
+from config.settings import channel_layer_prefix
 from inventory import services
 from inventory.models import Node
 from teams.services import api_token_create
-from tests.conftest import BASE_DIR, wait_for
+from tests.conftest import BASE_DIR, free_port, healthz_answers, start_server, stop_process_group, wait_for
 from tests.factories import ClusterFactory, UserFactory
+from tests.monitoring.conftest import batch, installation_url, other_db, payload, sample
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -62,3 +66,57 @@ def test_the_running_server_refuses_a_websocket_without_credentials(asgi_server,
         return refused.value.response.status_code
 
     assert asyncio.run(attempt()) == 403
+
+
+def _uvicorn(env: dict, log_path) -> tuple[str, object]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    process = start_server(
+        [sys.executable, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port", str(port),
+         "--lifespan", "off", "--log-level", "warning"],
+        env=env, log_path=log_path, what="uvicorn", ready=healthz_answers(url))
+    return url, process
+
+
+def test_a_portal_on_another_database_of_the_same_redis_never_receives_this_portals_live_messages(
+        worker_env, tmp_path, world):
+    """Two installations sharing one Redis server, on two database numbers: a telemetry batch sent to one
+    reaches that one's sockets and not the other's. Before, both used the channel prefix `asgi` and Redis
+    pub/sub, which ignores database numbers, delivered it to both."""
+    theirs_redis = installation_url(other_db())
+    ours, ours_process = _uvicorn(worker_env, tmp_path / "ours.log")
+    theirs, theirs_process = _uvicorn(dict(worker_env, REDIS_URL=theirs_redis), tmp_path / "theirs.log")
+    node = Node.objects.get(name="node-a")
+    _, host_key = services.host_token_create(actor=world.staff, cluster=node.cluster, host_name=node.name)
+    _, token = api_token_create(user=world.staff)
+    group = f"node.{node.pk}"
+    uuids = list(node.gpus.order_by("index").values_list("uuid", flat=True))
+
+    async def scenario():
+        headers = {"Authorization": f"Token {token}"}
+        path = f"/ws/nodes/{node.pk}/"
+        async with websockets.connect(ours.replace("http", "ws") + path, additional_headers=headers) as mine, \
+                websockets.connect(theirs.replace("http", "ws") + path, additional_headers=headers) as other:
+            for ws in (mine, other):
+                assert json.loads(await asyncio.wait_for(ws.recv(), 10))["type"] == "hello"
+            answer = await asyncio.to_thread(
+                httpx.post, f"{ours}/api/v1/agent/telemetry/", headers={"Authorization": f"Host {host_key}"},
+                json=payload(batch([sample(u, util=11) for u in uuids])), timeout=10)
+            assert answer.status_code == 200 and answer.json()["accepted"] == 4, answer.text
+            received = json.loads(await asyncio.wait_for(mine.recv(), 10))
+            # The other portal's own message, published after ours: one subscriber gets Redis' messages in
+            # publishing order, so had ours reached that socket it would come first.
+            their_layer = PubSubChannelLayer(hosts=[{"address": theirs_redis}],
+                                             prefix=channel_layer_prefix(theirs_redis))
+            await asyncio.to_thread(their_layer.publish_groups,
+                                    {group: {"type": "live.message", "text": json.dumps({"type": "theirs"})}})
+            first_of_theirs = json.loads(await asyncio.wait_for(other.recv(), 10))
+            return received, first_of_theirs
+
+    try:
+        received, first_of_theirs = asyncio.run(scenario())
+    finally:
+        stop_process_group(ours_process)
+        stop_process_group(theirs_process)
+    assert received["type"] == "telemetry.samples" and {s["util"] for s in received["samples"]} == {11}
+    assert first_of_theirs == {"type": "theirs"}

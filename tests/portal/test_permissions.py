@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from tests.allocations.test_reservation_lifecycle import reserve
-from tests.factories import ClusterFactory, UserFactory, window
+from tests.factories import ClusterFactory, MembershipFactory, UserFactory, window
 
 
 @pytest.fixture
@@ -120,7 +120,16 @@ def test_managers_manage_members_and_members_do_not(world, api):
     assert owner.post("/api/v1/teams/ml/members/", {"username": "newcomer"}, format="json").status_code == 201
     assert owner.patch("/api/v1/teams/ml/members/newcomer/", {"role": "manager"}, format="json").status_code == 200
     assert owner.delete("/api/v1/teams/ml/members/newcomer/").status_code == 204
-    assert [m["username"] for m in api(world.member).get("/api/v1/teams/ml/members/").json()] == ["member", "owner"]
+    members = api(world.member).get("/api/v1/teams/ml/members/").json()
+    assert members["count"] == 2 and [m["username"] for m in members["results"]] == ["member", "owner"]
+
+
+def test_team_members_are_paged_like_every_list(world, api):
+    for i in range(3):
+        MembershipFactory(user=UserFactory(username=f"user-{i}"), team=world.team)
+    page = api(world.member).get("/api/v1/teams/ml/members/?limit=2&offset=2").json()
+    assert page["count"] == 5 and [m["username"] for m in page["results"]] == ["user-0", "user-1"]
+    assert page["next"].endswith("/api/v1/teams/ml/members/?limit=2&offset=4")
 
 
 def test_managers_cannot_touch_other_teams(world, api):

@@ -104,10 +104,8 @@ def host_lease_report(*, node: Node, held: list[str], failed: dict[str, str] | N
                                            status=ApplyJob.Status.RETRYING).values_list("pk", flat=True))
     if waiting:
         ApplyJob.objects.filter(pk__in=waiting, status=ApplyJob.Status.RETRYING).update(next_attempt_at=now)
-        from allocations import tasks
-
         for pk in waiting:
-            enqueue_after_commit(tasks.run_apply_job, pk)
+            enqueue_after_commit("allocations.tasks.run_apply_job", pk)
 
 
 class AgentBackend:
