@@ -68,7 +68,7 @@ benchmark-apply: $(VENV)/.dev services
 		$(PY) -m benchmarks.apply --fresh-db --json benchmarks/results/apply.json
 
 # Telemetry at the issue's targets: 10,000 GPUs at 1 Hz and 1,000 WebSocket dashboards, Redis
-# mode (PostgreSQL + Redis, 2 uvicorn workers, the web server as portal/web.py runs it), then the embedded
+# mode (PostgreSQL + Redis, 2 uvicorn workers, the web server as config/web.py runs it), then the embedded
 # mode (SQLite, in-process). 15 s of warm-up: 100 agents and 1,000 sockets start within seconds of
 # each other and the first requests fill the caches.
 benchmark-telemetry-history: $(VENV)/.dev services

@@ -25,7 +25,7 @@ from allocations.models import Allocation, ApplyJob, Reservation
 from allocations.transitions import move, record
 from common.notifications import mail_after_commit
 from inventory.models import GpuPool, Node
-from portal.models import Membership
+from teams.models import Membership
 
 log = logging.getLogger(__name__)
 State = Reservation.State

@@ -14,7 +14,7 @@ from django.db.models import F, Q
 
 from allocations import units
 from inventory.models import Gpu, GpuPool
-from portal.models import Team
+from teams.models import Team
 
 
 class Quota(models.Model):

@@ -18,8 +18,8 @@ from allocations.models import Allocation, AllocationQuerySet, Quota, Reservatio
 from common import sql
 from common.errors import ValidationFailed
 from inventory.models import Gpu, GpuPool
-from portal.models import Membership, Team
-from portal.selectors import teams_of
+from teams.models import Membership, Team
+from teams.selectors import teams_of
 
 User = AbstractBaseUser | AnonymousUser
 
@@ -63,7 +63,7 @@ class ReservationRow(NamedTuple):
 
 
 # ReservationRow's columns as the ORM reads them (the API's list: values_list) and as hand-written SQL
-# over `allocations_reservation r`, `portal_team t`, `inventory_gpupool p` and `auth_user u` reads them
+# over `allocations_reservation r`, `teams_team t`, `inventory_gpupool p` and `auth_user u` reads them
 # (the release's locked read): one table, so the two reads cannot drift apart.
 _RESERVATION_COLUMNS = {
     "id": ("id", "r.id"), "gpus": ("gpus", "r.gpus"), "starts_at": ("starts_at", "r.starts_at"),

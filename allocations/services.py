@@ -27,7 +27,7 @@ from common.dispatch import enqueue_after_commit
 from common.errors import Conflict, FieldError, NotFound, PermissionDenied, ValidationFailed
 from inventory.models import Gpu, GpuPool
 from inventory.sharing import RESERVABLE_MODES
-from portal.models import Team
+from teams.models import Team
 
 State = Reservation.State
 
@@ -132,15 +132,15 @@ def _lock_pool_for(request: ReservationRequest, actor: AbstractBaseUser) -> _Ask
     row = sql.fetch_one(
         "SELECT p.id, p.sharing_mode, p.placement_policy, t.id, m.role, q.max_gpus, q.gpu_hours_per_month, "
         "q.id IS NOT NULL "
-        "FROM inventory_gpupool p JOIN portal_team t ON t.slug = %s "
-        "LEFT JOIN portal_membership m ON m.team_id = t.id AND m.user_id = %s "
+        "FROM inventory_gpupool p JOIN teams_team t ON t.slug = %s "
+        "LEFT JOIN teams_membership m ON m.team_id = t.id AND m.user_id = %s "
         "LEFT JOIN allocations_quota q ON q.team_id = t.id AND q.pool_id = p.id "
         "WHERE p.slug = %s" + sql.for_update_of("p"),
         [request.team, actor.pk, request.pool],
     )
     if row is None:
         pool_id, team_id = sql.fetch_one(
-            "SELECT (SELECT id FROM inventory_gpupool WHERE slug = %s), (SELECT id FROM portal_team WHERE slug = %s)",
+            "SELECT (SELECT id FROM inventory_gpupool WHERE slug = %s), (SELECT id FROM teams_team WHERE slug = %s)",
             [request.pool, request.team],
         )
         missing = [FieldError(field=name, rule="does_not_exist", message=f"There is no {name} {slug!r}.")
@@ -234,10 +234,10 @@ def _locked_reservation(reservation_id: int, actor: AbstractBaseUser) -> Reserva
     row = sql.fetch_one(
         # The reservation's columns, then the actor's role in the team.
         f"SELECT {selectors.RESERVATION_ROW_SQL}, m.role "
-        "FROM allocations_reservation r JOIN portal_team t ON t.id = r.team_id "
+        "FROM allocations_reservation r JOIN teams_team t ON t.id = r.team_id "
         "JOIN inventory_gpupool p ON p.id = r.pool_id "
         "LEFT JOIN auth_user u ON u.id = r.requested_by_id "
-        "LEFT JOIN portal_membership m ON m.team_id = r.team_id AND m.user_id = %s "
+        "LEFT JOIN teams_membership m ON m.team_id = r.team_id AND m.user_id = %s "
         "WHERE r.id = %s" + sql.for_update_of("r"),
         [actor.pk, reservation_id],
     )

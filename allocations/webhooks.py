@@ -10,7 +10,7 @@
 - ``validate-pods``: refuses a pod that asks for more of a GPU resource (sum over its
   containers, or its largest init container) than the team holds on the cluster now.
 
-Routes (``portal/urls.py``): ``/webhooks/kubernetes/{mutate,validate}-pods/[<cluster>/[<token>/]]``.
+Routes (``config/urls.py``): ``/webhooks/kubernetes/{mutate,validate}-pods/[<cluster>/[<token>/]]``.
 The cluster slug in the path limits the grants to that cluster (several clusters may
 call one portal); without it every Kubernetes cluster's grants count.
 

@@ -9,7 +9,7 @@ double bookings (two allocations of one GPU with overlapping windows).
 
 It needs the portal's DATABASE_URL (to create the benchmark's pools, teams and tokens,
 and for the final check). Either point it at a running portal with --url, or let it
-start one with --serve: the web server as the Procfile runs it (`python -m portal.web`)
+start one with --serve: the web server as the Procfile runs it (`python -m config.web`)
 plus a Celery worker. A quarter of the reservations start at once, so the worker has
 activations to do; here it shares the cores with the web server, PostgreSQL and the load
 generator (--worker-nice lowers its priority, as if it had cores of its own). The Celery
@@ -38,7 +38,7 @@ BENCH_PREFIX = "bench"
 # --- fixtures in the database ------------------------------------------------------------
 
 def _django() -> None:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     import django
 
     django.setup()
@@ -69,8 +69,8 @@ def prepare(pools: int, teams: int, nodes_per_pool: int, gpus_per_node: int) -> 
 
     from allocations.models import Quota
     from inventory.models import Cluster, Gpu, GpuPool, Node
-    from portal.models import Membership, Team
-    from portal.services import api_token_create
+    from teams.models import Membership, Team
+    from teams.services import api_token_create
 
     call_command("migrate", verbosity=0)
     with transaction.atomic():
@@ -125,7 +125,7 @@ def clear_reservations() -> None:
     cascade collects every row first, which a long history made too big for one query)."""
     from django.db import connection
 
-    mine = ("SELECT r.id FROM allocations_reservation r JOIN portal_team t ON t.id = r.team_id "
+    mine = ("SELECT r.id FROM allocations_reservation r JOIN teams_team t ON t.id = r.team_id "
             "WHERE t.slug LIKE %s")
     with connection.cursor() as cursor:
         for table in ("allocations_allocation", "allocations_reservationevent", "allocations_applyjob"):
@@ -246,11 +246,11 @@ def _summary(calls: Calls, seconds: float) -> dict[str, dict]:
 
 def _serve(port: int, workers: int, threads: int, worker_nice: int) -> list[subprocess.Popen]:
     env = dict(os.environ, PYTHONUNBUFFERED="1", LOG_LEVEL="WARNING")
-    web = subprocess.Popen([sys.executable, "-m", "portal.web", "--port", str(port), "--log-level", "warning",
+    web = subprocess.Popen([sys.executable, "-m", "config.web", "--port", str(port), "--log-level", "warning",
                             *(["--workers", str(workers)] if workers else []),
                             *(["--threads", str(threads)] if threads else [])],
                            cwd=ROOT, env=env)
-    worker = subprocess.Popen(["nice", "-n", str(worker_nice), sys.executable, "-m", "celery", "-A", "portal",
+    worker = subprocess.Popen(["nice", "-n", str(worker_nice), sys.executable, "-m", "celery", "-A", "config",
                                "worker", "--pool=solo", "--loglevel=WARNING", "--without-mingle", "--without-gossip"],
                               cwd=ROOT, env=env)
     import urllib.request
@@ -291,9 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--url", default="http://127.0.0.1:8000", help="a running portal (ignored with --serve)")
     parser.add_argument("--serve", action="store_true", help="start the web server + a Celery worker for the run")
     parser.add_argument("--web-workers", type=int, default=0,
-                        help="web server processes (default: portal.web's, WEB_WORKERS or cores + 1)")
+                        help="web server processes (default: config.web's, WEB_WORKERS or cores + 1)")
     parser.add_argument("--web-threads", type=int, default=0,
-                        help="threads per web server process (default: portal.web's, WEB_THREADS or 2)")
+                        help="threads per web server process (default: config.web's, WEB_THREADS or 2)")
     parser.add_argument("--worker-nice", type=int, default=0,
                         help="niceness of the Celery worker started with --serve (0: as the web server)")
     parser.add_argument("--port", type=int, default=8077)

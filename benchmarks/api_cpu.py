@@ -77,7 +77,7 @@ def measure_worker(cpu_ms, timed, client, pairs, calls: int, warmup: int, rng: r
     from allocations import services
     from allocations.apply import jobs
     from allocations.models import ApplyJob
-    from portal.celery import app
+    from config.celery import app
 
     def open_job(reservation_id: int, action: str) -> int:
         return ApplyJob.objects.filter(reservation_id=reservation_id, action=action).order_by("-pk").values_list(

@@ -96,8 +96,8 @@ def _service_client(pairs: list[dict], deadline: float, seed: int, out: list) ->
 
 LOCK_POOL = (
     "SELECT p.id, p.sharing_mode, p.placement_policy, t.id, m.role, q.max_gpus, q.gpu_hours_per_month, "
-    "q.id IS NOT NULL FROM inventory_gpupool p JOIN portal_team t ON t.slug = %s "
-    "LEFT JOIN portal_membership m ON m.team_id = t.id AND m.user_id = %s "
+    "q.id IS NOT NULL FROM inventory_gpupool p JOIN teams_team t ON t.slug = %s "
+    "LEFT JOIN teams_membership m ON m.team_id = t.id AND m.user_id = %s "
     "LEFT JOIN allocations_quota q ON q.team_id = t.id AND q.pool_id = p.id WHERE p.slug = %s FOR UPDATE OF p")
 POOL_GPUS = (
     'SELECT g.id, g.node_id, n.name, g."index", g.uuid, g.model_name, g.memory_mib, '
@@ -123,9 +123,9 @@ INSERT_EVENT = (
 LOCK_RESERVATION = (
     "SELECT r.id, r.gpus, r.starts_at, r.ends_at, r.state, r.reason, r.ended_at, r.created_at, r.updated_at, "
     "r.team_id, t.slug, r.pool_id, p.slug, r.requested_by_id, u.username, m.role "
-    "FROM allocations_reservation r JOIN portal_team t ON t.id = r.team_id "
+    "FROM allocations_reservation r JOIN teams_team t ON t.id = r.team_id "
     "JOIN inventory_gpupool p ON p.id = r.pool_id LEFT JOIN auth_user u ON u.id = r.requested_by_id "
-    "LEFT JOIN portal_membership m ON m.team_id = r.team_id AND m.user_id = %s WHERE r.id = %s FOR UPDATE OF r")
+    "LEFT JOIN teams_membership m ON m.team_id = r.team_id AND m.user_id = %s WHERE r.id = %s FOR UPDATE OF r")
 CANCEL_ALLOCATIONS = "UPDATE allocations_allocation SET ends_at = starts_at WHERE reservation_id = %s"
 RELEASE_RESERVATION = (
     "UPDATE allocations_reservation SET state = %s, reason = %s, updated_at = %s, ended_at = %s WHERE id = %s")

@@ -3,7 +3,7 @@
 Measures how fast a reservation is enforced where its GPUs are, through the real code
 paths: `allocations.services.reservation_create` / `reservation_release`, apply and undo
 jobs (`allocations/apply/jobs.py`) run by a real Celery worker process
-(`celery -A portal worker -B --pool=solo`), on PostgreSQL and Redis.
+(`celery -A config worker -B --pool=solo`), on PostgreSQL and Redis.
 
 * Kubernetes: a real control plane (`scripts/kube-control-plane start DIR`, v1.20.2) with
   GPU Nodes created through the API (there is no kubelet), registered as a cluster with its
@@ -11,7 +11,7 @@ jobs (`allocations/apply/jobs.py`) run by a real Celery worker process
   backend applies each reservation as the team's ResourceQuota. Measured: creation →
   `active`, and release → the quota's `requests.nvidia.com/gpu` back to what it was before
   (read from the API server).
-* Bare metal: a real portal server (`python -m portal.web`, or uvicorn when the agent has the WebSocket
+* Bare metal: a real portal server (`python -m config.web`, or uvicorn when the agent has the WebSocket
   lease channel) and a real `python -m agent --simulate 8xH100` process. Measured:
   creation → `active` (which needs the agent's acknowledgement), and release → the host's
   lease report (`HostLeaseReport`, what the agent says it holds) without the reservation's
@@ -148,9 +148,10 @@ def footprint(first: ProcSnapshot, last: ProcSnapshot, *, gpus: int, clk_tck: in
 
 
 def lease_path(root: Path) -> str:
-    """'websocket' when the portal serves the agents' lease channel (then it must run under ASGI)."""
-    routing = root / "portal" / "routing.py"
-    has_route = routing.exists() and "ws/agent/" in routing.read_text()
+    """'websocket' when the portal serves the agents' lease channel (then it must run under ASGI).
+    The routes live in config/ (portal/ in commits before the wiring had its own package)."""
+    has_route = any(routing.exists() and "ws/agent/" in routing.read_text()
+                    for routing in (root / "config" / "routing.py", root / "portal" / "routing.py"))
     return "websocket" if has_route and (root / "agent" / "lease_channel.py").exists() else "http-poll"
 
 
@@ -196,7 +197,7 @@ def machine_info(root: Path) -> dict:
             head = subprocess.run(["git", "-C", str(root), "log", "-1", "--format=%h %s"], capture_output=True,
                                   text=True, timeout=10).stdout.strip()
             dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "agent", "allocations",
-                                    "inventory", "portal"], capture_output=True, text=True, timeout=10).stdout
+                                    "inventory", "teams", "config", "portal"], capture_output=True, text=True, timeout=10).stdout
             info["git_head"] = head
             info["uncommitted_in_code_under_test"] = sorted(line[3:] for line in dirty.splitlines())
         except (OSError, subprocess.SubprocessError):
@@ -249,10 +250,10 @@ class Stack:
         return process
 
     def worker(self) -> subprocess.Popen:
-        process = self.spawn("worker", [sys.executable, "-m", "celery", "-A", "portal", "worker", "-B", "--pool=solo",
+        process = self.spawn("worker", [sys.executable, "-m", "celery", "-A", "config", "worker", "-B", "--pool=solo",
                                         "--loglevel=WARNING", "--without-mingle", "--without-gossip",
                                         "-s", str(self.workdir / "var" / "celerybeat-schedule")])
-        from portal.celery import app
+        from config.celery import app
 
         for _ in range(120):
             if process.poll() is not None:
@@ -268,10 +269,10 @@ class Stack:
             if probe.connect_ex(("127.0.0.1", port)) == 0:
                 raise SystemExit(f"port {port} is in use; pick another with --port")
         if server == "uvicorn":
-            argv = [sys.executable, "-m", "uvicorn", "portal.asgi:application", "--host", "127.0.0.1",
+            argv = [sys.executable, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1",
                     "--port", str(port), "--log-level", "warning", "--no-access-log"]
         else:  # the Procfile's web process, as benchmarks.api runs it
-            argv = [sys.executable, "-m", "portal.web", "--port", str(port), "--log-level", "warning"]
+            argv = [sys.executable, "-m", "config.web", "--port", str(port), "--log-level", "warning"]
         process = self.spawn(server, argv)
         base = f"http://127.0.0.1:{port}"
         for _ in range(240):
@@ -432,7 +433,7 @@ def accounts(run: str):
 
 def team_with_quota(staff, member, pool, slug: str, max_gpus: int):
     from allocations.services import quota_set
-    from portal.services import membership_add, team_create
+    from teams.services import membership_add, team_create
 
     team = team_create(actor=staff, slug=slug, name=slug)
     membership_add(actor=staff, team=team, username=member.username)

@@ -43,7 +43,7 @@ def add_history(team_slug: str, pool_slug: str, count: int) -> None:
             """WITH ids AS (
                    SELECT t.id AS team_id, p.id AS pool_id,
                           array(SELECT g.id FROM inventory_gpu g WHERE g.pool_id = p.id ORDER BY g.id) AS gpus
-                   FROM portal_team t, inventory_gpupool p WHERE t.slug = %s AND p.slug = %s),
+                   FROM teams_team t, inventory_gpupool p WHERE t.slug = %s AND p.slug = %s),
                r AS (
                    INSERT INTO allocations_reservation (team_id, pool_id, requested_by_id, gpus, starts_at, ends_at,
                                                         state, reason, ended_at, created_at, updated_at)

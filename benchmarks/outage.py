@@ -2,7 +2,7 @@
 
 Starts a PostgreSQL and a Redis of its own (tests/outages.py: needs the server binaries
 scripts/test-services installs), migrates and seeds the database, starts the web server as the
-Procfile does (`python -m portal.web`, --workers processes x 2 threads), and runs --clients
+Procfile does (`python -m config.web`, --workers processes x 2 threads), and runs --clients
 keep-alive clients listing reservations with a token. After --up seconds it stops the service
 (kill / `pg_ctl -m immediate`, as a crash), after --down seconds starts it again, and after
 --up more seconds prints the statuses and latencies before, during and after, and how long
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # A member with a quota and an API token in a fresh database (run by `manage.py shell -c`); the outage
 # test seeds its private PostgreSQL with it too.
 SEED = """
-from portal.services import api_token_create
+from teams.services import api_token_create
 from tests.factories import MembershipFactory, PoolFactory, QuotaFactory, TeamFactory, UserFactory, add_node
 pool = PoolFactory(slug="a100")
 add_node(pool, "node-a", 4)
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--up", type=float, default=3.0)
     parser.add_argument("--down", type=float, default=5.0)
     args = parser.parse_args(argv)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     os.environ.setdefault("SECRET_KEY", "bench-only")
     os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/13")
     import django
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
         token = next(line.split()[1] for line in seeded.splitlines() if line.startswith("TOKEN "))
         port = free_port()
         base = f"http://127.0.0.1:{port}"
-        web = subprocess.Popen([sys.executable, "-m", "portal.web"], cwd=ROOT, start_new_session=True,
+        web = subprocess.Popen([sys.executable, "-m", "config.web"], cwd=ROOT, start_new_session=True,
                                env=dict(env, WEB_WORKERS=str(args.workers), WEB_THREADS="2", PORT=str(port)),
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 60

@@ -45,7 +45,7 @@ PREFIX = "bench-tm"
 
 def prepare(gpus: int, per_agent: int, pools: int) -> dict:
     """Create the benchmark fleet (idempotently): hosts of `per_agent` GPUs, `pools` pools, a staff token."""
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     import django
 
     django.setup()
@@ -56,7 +56,7 @@ def prepare(gpus: int, per_agent: int, pools: int) -> dict:
     from inventory import services
     from inventory.models import Cluster, Gpu, GpuPool, HostToken, Node
     from monitoring.models import Sample
-    from portal.services import api_token_create
+    from teams.services import api_token_create
 
     call_command("migrate", verbosity=0)
     User = get_user_model()
@@ -97,7 +97,7 @@ def publish_baseline(groups: list[str], per_message: int, seconds: float) -> Non
     and shape of a telemetry message carrying `per_message` GPUs, through the portal's channel layer
     (common.channel_layer.send_to_groups, as the ingest does), with no ingest behind it. The clients
     time these as they time telemetry: what the fan-out alone costs on this machine right now."""
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     import django
 
     django.setup()
@@ -330,9 +330,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=0,
                         help="uvicorn processes (default: redis 2, embedded 1)")
     parser.add_argument("--web-workers", type=int, default=0,
-                        help="web server processes in redis mode (default: portal.web's, WEB_WORKERS or cores + 1)")
+                        help="web server processes in redis mode (default: config.web's, WEB_WORKERS or cores + 1)")
     parser.add_argument("--web-threads", type=int, default=0,
-                        help="threads per web server process (default: portal.web's, WEB_THREADS or 2)")
+                        help="threads per web server process (default: config.web's, WEB_THREADS or 2)")
     parser.add_argument("--warmup", type=float, default=5)
     parser.add_argument("--baseline-seconds", type=float, default=12,
                         help="redis mode: first time a bare Channels fan-out to the same clients (0: skip)")
@@ -367,15 +367,15 @@ def main(argv: list[str] | None = None) -> int:
     ws_port = _free_port()
     ws_base = f"http://127.0.0.1:{ws_port}"
     # As in production (Procfile): WebSockets from uvicorn; in redis mode the HTTP ingest from
-    # the web server (python -m portal.web), in embedded mode everything from one process.
-    commands = [("uvicorn", ws_port, [sys.executable, "-m", "uvicorn", "portal.asgi:application", "--host",
+    # the web server (python -m config.web), in embedded mode everything from one process.
+    commands = [("uvicorn", ws_port, [sys.executable, "-m", "uvicorn", "config.asgi:application", "--host",
                                       "127.0.0.1", "--port", str(ws_port), "--workers", str(workers),
                                       "--lifespan", "off", "--log-level", "warning", "--no-access-log"])]
     http_base = ws_base
     if args.mode == "redis":
         http_port = _free_port()
         http_base = f"http://127.0.0.1:{http_port}"
-        commands.append(("web", http_port, [sys.executable, "-m", "portal.web", "--workers", str(web_workers),
+        commands.append(("web", http_port, [sys.executable, "-m", "config.web", "--workers", str(web_workers),
                                             *(["--threads", str(args.web_threads)] if args.web_threads else []),
                                             "--port", str(http_port), "--log-level", "warning"]))
     for name, port, command in commands:

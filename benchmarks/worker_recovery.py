@@ -1,6 +1,6 @@
 """Worker recovery benchmark: `python -m benchmarks.worker_recovery [--runs N] [--json FILE]`.
 
-How long the Celery worker takes to recover, with the production defaults of portal/settings.py
+How long the Celery worker takes to recover, with the production defaults of config/settings.py
 (sweep every 5 s, apply-job lease 15 s, lost messages re-driven after 30 s, retries capped at 60 s):
 
 * after a Redis outage (6 s, `shutdown nosave`-like: everything in Redis is lost) under a load

@@ -2,7 +2,7 @@
 
 A request that meets such a failure is answered 503 with the rule naming the service
 (`broker_unavailable`, `database_unavailable`) and Retry-After, never a 500: the API through
-its exception handler, pages with a "temporarily unavailable" page (portal/outages.py).
+its exception handler, pages with a "temporarily unavailable" page (config/outages.py).
 Everything else (a query the database refuses, a bug) is left alone.
 """
 from __future__ import annotations

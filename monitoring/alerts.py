@@ -35,7 +35,7 @@ from common.notifications import mail_after_commit
 from inventory.models import Cluster, Gpu, GpuPool, Node
 from monitoring import hot, live
 from monitoring.models import Alert, AlertRule, Metric, Scope, Silence
-from portal.models import Membership, Team
+from teams.models import Membership, Team
 
 log = logging.getLogger(__name__)
 

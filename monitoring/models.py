@@ -14,7 +14,7 @@ from django.core.validators import validate_email
 from django.db import models
 
 from inventory.models import GpuPool, Node
-from portal.models import Team
+from teams.models import Team
 
 
 class Sample(models.Model):

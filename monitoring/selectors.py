@@ -14,8 +14,8 @@ from common import sql
 from inventory.models import Gpu, GpuPool, Node
 from monitoring import hot, live
 from monitoring.models import Alert, HourRollup, MinuteRollup, Sample
-from portal.models import Team
-from portal.selectors import can_act_for_team, teams_of
+from teams.models import Team
+from teams.selectors import can_act_for_team, teams_of
 
 # --- who may watch what ------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ from django.shortcuts import render
 from allocations.selectors import pools_visible_to
 from common.errors import ServiceUnavailable
 from monitoring import hot, selectors
-from portal.selectors import teams_of
+from teams.selectors import teams_of
 
 # Points each chart keeps (1 Hz → the last five minutes); older ones scroll out.
 WINDOW = 300

@@ -1,4 +1,4 @@
-"""WebSocket authentication for scripts: `Authorization: Token <key>` (API tokens, portal/tokens.py), beside the session.
+"""WebSocket authentication for scripts: `Authorization: Token <key>` (API tokens, teams/tokens.py), beside the session.
 
 Browsers always send an Origin header, and AllowedHostsOriginValidator checks it.
 Scripts and host agents send none; a connection with no Origin but an `Authorization:
@@ -21,7 +21,7 @@ def _header(scope, name: bytes) -> str | None:
 
 @database_sync_to_async
 def _user_for_token(key: str):
-    from portal.tokens import user_for_token
+    from teams.tokens import user_for_token
 
     return user_for_token(key)
 

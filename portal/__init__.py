@@ -1,4 +1,3 @@
-"""GPU Pool Portal: project wiring (settings, urls, asgi, celery) plus teams, auth and pages."""
-from portal.celery import app as celery_app
+"""The pages: dashboard, reservation form and lists, team pages (views, forms, templates/portal/).
 
-__all__ = ["celery_app"]
+Its migrations hold the history of the teams' models, which lived here until they moved to `teams`."""

@@ -1,25 +1,6 @@
 from django.apps import AppConfig
-from django.db.models.signals import post_delete, post_save, pre_save
 
 
 class PortalConfig(AppConfig):
     name = "portal"
-    verbose_name = "Teams and members"
-
-    def ready(self) -> None:
-        from django.contrib.auth import get_user_model
-
-        from portal import checks  # noqa: F401  (registers the deploy checks)
-        from portal.credentials import credentials_changed, credentials_changing
-        from portal.models import ApiToken
-        from portal.tokens import token_forget
-
-        User = get_user_model()
-        # A deleted token, a deactivated user or a changed staff flag must hold from the next
-        # request on, whatever changed it (API, admin, shell): the cached lookup goes with it.
-        for model in (ApiToken, User):
-            post_save.connect(token_forget, sender=model, dispatch_uid=f"token-forget-save-{model.__name__}")
-            post_delete.connect(token_forget, sender=model, dispatch_uid=f"token-forget-delete-{model.__name__}")
-        # A new password or a deactivation ends the user's tokens and sessions.
-        pre_save.connect(credentials_changing, sender=User, dispatch_uid="credentials-changing")
-        post_save.connect(credentials_changed, sender=User, dispatch_uid="credentials-changed")
+    verbose_name = "Pages"

@@ -7,7 +7,7 @@ from django import forms
 from django.utils import timezone
 
 from allocations.selectors import LATEST_INSTANT
-from portal.models import Membership
+from teams.models import Membership
 
 DATETIME_LOCAL = "%Y-%m-%dT%H:%M"
 

@@ -22,9 +22,9 @@ from allocations.filters import ReservationFilterSet
 from allocations.models import Allocation, Reservation
 from common.errors import ApplicationError
 from monitoring import views as monitoring_views
-from portal import services as team_services
 from portal.forms import AvailabilityForm, ExtendForm, MemberAddForm, MemberRemoveForm, ReservationForm
-from portal.selectors import can_manage_team, teams_of
+from teams import services as team_services
+from teams.selectors import can_manage_team, teams_of
 
 LIVE_RESERVATIONS_PER_PAGE = 50
 ALLOCATIONS = Prefetch("allocations", queryset=Allocation.objects.select_related("gpu__node"))

@@ -14,7 +14,7 @@ from django.core.cache import cache
 from rest_framework.test import APIClient
 
 from inventory.models import GpuPool
-from portal.models import Membership, Team
+from teams.models import Membership, Team
 from tests.factories import MembershipFactory, PoolFactory, QuotaFactory, TeamFactory, UserFactory, add_node
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -111,7 +111,7 @@ def celery_worker_process(worker_env, tmp_path):
 
     redis.Redis.from_url(worker_env["REDIS_URL"]).flushdb()  # no stale task from an earlier run
     process = start_server(
-        [sys.executable, "-m", "celery", "-A", "portal", "worker", "-B", "--pool=threads", "--concurrency=2",
+        [sys.executable, "-m", "celery", "-A", "config", "worker", "-B", "--pool=threads", "--concurrency=2",
          "--loglevel=INFO",
          "--without-mingle", "--without-gossip", "--schedule", str(tmp_path / "beat-schedule")],
         env=worker_env, log_path=tmp_path / "worker.log", what="the Celery worker",
@@ -195,7 +195,7 @@ def asgi_server(worker_env, tmp_path):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     process = start_server(
-        [sys.executable, "-m", "uvicorn", "portal.asgi:application", "--host", "127.0.0.1", "--port", str(port),
+        [sys.executable, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port", str(port),
          "--workers", "2", "--lifespan", "off", "--log-level", "warning"],
         env=worker_env, log_path=tmp_path / "uvicorn.log", what="uvicorn", ready=healthz_answers(url),
     )

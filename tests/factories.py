@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from allocations.models import Quota, Reservation
 from inventory.models import Cluster, Gpu, GpuPool, Node
-from portal.models import Membership, Team
+from teams.models import Membership, Team
 
 PASSWORD = "correct horse battery staple"
 

@@ -7,7 +7,7 @@ from django.core import mail
 from django.db import transaction
 
 from common.notifications import mail_after_commit
-from portal.models import Team
+from teams.models import Team
 from tests.conftest import free_port
 
 CONTEXT = {"reservation": None, "headline": "Moved", "detail": "Its node failed.", "link": "http://x/"}

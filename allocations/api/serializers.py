@@ -11,7 +11,7 @@ from allocations.placement import DEFAULT_POLICY, POLICY_NAMES
 from allocations.selectors import LATEST_INSTANT
 from common.api import CleanModelSerializer, SlugLookupField
 from inventory.models import GpuPool
-from portal.models import Team
+from teams.models import Team
 
 MAX_GPUS_PER_REQUEST = 1024
 

@@ -30,7 +30,7 @@ from common.api import IsStaffOrReadOnly
 from common.errors import NotFound
 from inventory.filters import GpuPoolFilterSet
 from inventory.models import GpuPool
-from portal.selectors import teams_of
+from teams.selectors import teams_of
 
 EVENTS = Prefetch("events", queryset=ReservationEvent.objects.select_related("actor"))
 APPLY_JOBS = Prefetch("apply_jobs", queryset=ApplyJob.objects.select_related("cluster"))

@@ -71,7 +71,7 @@ def _teams_desired(slugs: Collection[str], grants: dict[str, list[Grant]]) -> tu
 def team_slug_for_namespace(namespace: str) -> str | None:
     """The team whose namespace (``team_namespace(slug)``) this is, or None for any other namespace."""
     from allocations.apply.desired import team_namespace
-    from portal.models import Team
+    from teams.models import Team
 
     if not namespace.startswith("gpupool-"):
         return None

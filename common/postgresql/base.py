@@ -1,6 +1,6 @@
 """Django's PostgreSQL backend, with pooled connections checked before use only after sitting idle.
 
-Set as the ENGINE when DATABASE_URL is PostgreSQL (portal/settings.py). psycopg_pool's own
+Set as the ENGINE when DATABASE_URL is PostgreSQL (config/settings.py). psycopg_pool's own
 check, which Django's CONN_HEALTH_CHECKS turns on for a pool, sends an empty query every
 time a connection is taken: one more round trip in every request. On a busy machine each
 round trip is also a wait for the database process to be scheduled; in the telemetry

@@ -40,7 +40,7 @@ class TelemetryParser(BaseParser):
                                     field="body", rule="too_large")
         declared = parser_context["request"].META.get("CONTENT_LENGTH") or ""
         if declared.isdigit() and int(declared) > limit:
-            raise too_large  # without reading it (portal.request_body then closes the connection)
+            raise too_large  # without reading it (config.request_body then closes the connection)
         body = stream.read(limit + 1)
         if len(body) > limit:
             raise too_large

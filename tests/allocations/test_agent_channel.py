@@ -14,9 +14,9 @@ from allocations.apply import jobs
 from allocations.apply.backends.agent import push_leases
 from allocations.models import ApplyJob, HostLeaseReport, Reservation
 from common.secrets import key_digest
+from config.asgi import application
 from inventory import services as inventory_services
 from inventory.models import HostToken, Node
-from portal.asgi import application
 from tests.allocations.test_reservation_lifecycle import reserve
 
 pytestmark = pytest.mark.django_db(transaction=True)

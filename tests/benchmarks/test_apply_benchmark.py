@@ -92,12 +92,13 @@ def test_footprint_block_and_targets():
     assert heavy["target_met"] is False
 
 
-def test_lease_path_follows_the_code(tmp_path):
-    (tmp_path / "portal").mkdir()
+@pytest.mark.parametrize("wiring", ["config", "portal"])  # portal/: commits before the wiring moved out
+def test_lease_path_follows_the_code(tmp_path, wiring):
+    (tmp_path / wiring).mkdir()
     (tmp_path / "agent").mkdir()
-    (tmp_path / "portal" / "routing.py").write_text('path("ws/pools/<slug:key>/", PoolConsumer.as_asgi()),')
+    (tmp_path / wiring / "routing.py").write_text('path("ws/pools/<slug:key>/", PoolConsumer.as_asgi()),')
     assert lease_path(tmp_path) == "http-poll"
-    (tmp_path / "portal" / "routing.py").write_text('path("ws/agent/", AgentLeaseConsumer.as_asgi()),')
+    (tmp_path / wiring / "routing.py").write_text('path("ws/agent/", AgentLeaseConsumer.as_asgi()),')
     (tmp_path / "agent" / "lease_channel.py").write_text("")
     assert lease_path(tmp_path) == "websocket"
 

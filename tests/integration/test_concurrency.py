@@ -10,7 +10,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from allocations.models import Allocation, Reservation
-from portal.services import api_token_create
+from teams.services import api_token_create
 from tests.factories import MembershipFactory, UserFactory
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]

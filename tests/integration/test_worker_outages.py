@@ -41,13 +41,13 @@ from tests.outages import private_redis  # noqa: F401
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 PRODUCTION_TIMINGS = os.environ.get("WORKER_RECOVERY_TIMINGS") == "production"
-SWEEP_SECONDS = 5.0 if PRODUCTION_TIMINGS else 1.0  # production: portal/settings.py's defaults
+SWEEP_SECONDS = 5.0 if PRODUCTION_TIMINGS else 1.0  # production: config/settings.py's defaults
 
 
 @pytest.fixture
 def broker(private_redis, worker_env):  # noqa: F811
     """Point the worker's environment and this process's Celery app at the private Redis."""
-    from portal.celery import app
+    from config.celery import app
 
     def publish_to(url: str) -> None:
         app.conf.broker_url = url
@@ -66,7 +66,7 @@ def procfile_worker(env: dict, tmp_path, name: str = "worker"):
     """`celery worker` as the Procfile starts it (thread pool, concurrency 4, no embedded beat)."""
     log = tmp_path / f"{name}.log"
     return start_server(
-        [sys.executable, "-m", "celery", "-A", "portal", "worker", "--loglevel", "INFO", "--pool", "threads",
+        [sys.executable, "-m", "celery", "-A", "config", "worker", "--loglevel", "INFO", "--pool", "threads",
          "--concurrency", "4"],
         env=env, log_path=log, what="the Celery worker", ready=lambda: b"ready." in log.read_bytes())
 
@@ -74,7 +74,7 @@ def procfile_worker(env: dict, tmp_path, name: str = "worker"):
 def procfile_beat(env: dict, tmp_path):
     log = tmp_path / "beat.log"
     return start_server(
-        [sys.executable, "-m", "celery", "-A", "portal", "beat", "--loglevel", "INFO", "--schedule",
+        [sys.executable, "-m", "celery", "-A", "config", "beat", "--loglevel", "INFO", "--schedule",
          str(tmp_path / "beat-schedule")],
         env=env, log_path=log, what="Celery beat", ready=lambda: b"beat: Starting" in log.read_bytes())
 

@@ -51,6 +51,6 @@ def test_the_same_gpu_registered_twice_at_once_is_one_gpu_and_one_409(world, mon
 def test_a_unique_violation_is_read_from_sqlites_message_too(message, field):
     from django.db import IntegrityError
 
-    from portal.api.exception_handler import _unique_violation_field
+    from config.exception_handler import _unique_violation_field
 
     assert _unique_violation_field(IntegrityError(message)) == field

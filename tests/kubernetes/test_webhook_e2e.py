@@ -1,6 +1,6 @@
 """End to end: kube-apiserver itself calls the portal's webhooks over TLS when a team pod is created.
 
-The portal runs as its real web server process (`python -m portal.web`) over HTTPS (a certificate for 127.0.0.1 signed by
+The portal runs as its real web server process (`python -m config.web`) over HTTPS (a certificate for 127.0.0.1 signed by
 the control plane's CA) on this test's PostgreSQL database; the webhook configurations come
 from ``kube_webhook_config``, narrowed to this test's namespace so nothing else in the
 session is affected, and are deleted at the end.
@@ -46,7 +46,7 @@ def https_portal(worker_env, control_plane, tmp_path):
             return False
 
     process = start_server(
-        [sys.executable, "-m", "portal.web", "--workers", "1", "--port", str(port),
+        [sys.executable, "-m", "config.web", "--workers", "1", "--port", str(port),
          "--ssl-certificate", str(cert), "--ssl-keyfile", str(key), "--access-log"],
         env=worker_env, log_path=tmp_path / "web.log", what="the portal over HTTPS", ready=listening,
     )

@@ -8,7 +8,7 @@ import pytest
 from django.conf import settings
 
 from common.channel_layer import PubSubChannelLayer
-from portal.settings import channel_layer_prefix
+from config.settings import channel_layer_prefix
 from tests.monitoring.conftest import installation_url, other_db
 
 pytestmark = pytest.mark.integration

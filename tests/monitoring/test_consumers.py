@@ -9,10 +9,10 @@ from asgiref.sync import async_to_sync
 from channels.testing.websocket import WebsocketCommunicator
 from django.test import Client
 
+from config.asgi import application
 from inventory.models import Node
-from portal.asgi import application
-from portal.models import ApiToken
-from portal.services import api_token_create
+from teams.models import ApiToken
+from teams.services import api_token_create
 from tests.monitoring.conftest import batch, payload, post, sample
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -115,7 +115,7 @@ def test_a_watcher_who_loses_access_stops_receiving_on_the_next_recheck(world, h
     # Access was checked at connect only: a member who left the team, was deactivated, logged out or whose
     # token was deleted kept receiving the pool's live telemetry for as long as the socket stayed open.
     from monitoring import consumers
-    from portal.models import Membership
+    from teams.models import Membership
 
     monkeypatch.setattr(consumers, "RECHECK_SECONDS", 0)
     browser = Client()

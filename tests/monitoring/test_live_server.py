@@ -13,10 +13,10 @@ import websockets
 import websockets.exceptions
 
 from common.channel_layer import PubSubChannelLayer
+from config.settings import channel_layer_prefix
 from inventory import services
 from inventory.models import Node
-from portal.services import api_token_create
-from portal.settings import channel_layer_prefix
+from teams.services import api_token_create
 from tests.conftest import BASE_DIR, free_port, healthz_answers, start_server, stop_process_group, wait_for
 from tests.factories import ClusterFactory, UserFactory
 from tests.monitoring.conftest import batch, installation_url, other_db, payload, sample
@@ -72,7 +72,7 @@ def _uvicorn(env: dict, log_path) -> tuple[str, object]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     process = start_server(
-        [sys.executable, "-m", "uvicorn", "portal.asgi:application", "--host", "127.0.0.1", "--port", str(port),
+        [sys.executable, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port", str(port),
          "--lifespan", "off", "--log-level", "warning"],
         env=env, log_path=log_path, what="uvicorn", ready=healthz_answers(url))
     return url, process

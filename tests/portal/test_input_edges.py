@@ -8,7 +8,7 @@ import pytest
 from django.test import Client
 
 from allocations.models import Quota
-from portal.models import Membership
+from teams.models import Membership
 
 
 def _rules(response) -> list[tuple[str, str]]:

@@ -1,0 +1,32 @@
+"""The Celery app: worker and beat for applying reservations, the sweep, discovery, reconcile, telemetry and alerts."""
+import os
+
+from celery import Celery
+
+from config.broker import report_a_detached_redis_channel_as_a_connection_error
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+
+app = Celery("portal")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks()
+report_a_detached_redis_channel_as_a_connection_error()
+
+
+# Periodic work beat schedules: (the setting that holds its period in seconds, task, name).
+PERIODIC_TASKS = (
+    ("RESERVATION_SWEEP_SECONDS", "allocations.tasks.sweep_reservations", "sweep reservations"),
+    ("HOST_SILENCE_CHECK_SECONDS", "inventory.tasks.mark_silent_hosts", "mark silent hosts"),
+    ("CLUSTER_DISCOVERY_SECONDS", "inventory.tasks.discover_clusters", "discover Kubernetes clusters"),
+    ("RECONCILE_SECONDS", "allocations.tasks.reconcile_clusters", "reconcile clusters"),
+    ("TELEMETRY_ROLLUP_SECONDS", "monitoring.tasks.rollup_telemetry", "roll up and prune telemetry"),
+    ("ALERT_EVALUATE_SECONDS", "monitoring.tasks.evaluate_alerts", "evaluate alert rules"),
+)
+
+
+@app.on_after_finalize.connect
+def _schedule_periodic_tasks(sender: Celery, **_: object) -> None:
+    from django.conf import settings
+
+    for setting, task, name in PERIODIC_TASKS:
+        sender.add_periodic_task(getattr(settings, setting), sender.signature(task), name=name)

@@ -1,0 +1,78 @@
+"""Demo data for the embedded mode: a bare-metal cluster, two pools, two teams with quotas, users.
+
+Loaded once, on first start, into an empty database.
+"""
+from __future__ import annotations
+
+import secrets
+import uuid
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.password_validation import validate_password
+from django.db import transaction
+
+from allocations.models import Quota
+from inventory.models import Cluster, Gpu, GpuPool, Node
+from teams.models import Membership, Team
+
+H100 = ("NVIDIA H100 80GB HBM3", 81559)
+L40S = ("NVIDIA L40S", 46068)
+
+
+def _gpu_uuid(node: str, index: int) -> str:
+    # Deterministic per demo host and index, in NVML's GPU-<uuid> form.
+    return f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{node}.demo.gpupool/{index}')}"
+
+
+ADMIN = {"username": "admin", "email": "admin@localhost"}
+
+
+def check_admin_password(password: str) -> None:
+    """Django's password validators (AUTH_PASSWORD_VALIDATORS) on the demo admin's chosen password:
+    the demo's admin is a superuser on a server anyone on the network may reach.
+    Raises django.core.exceptions.ValidationError with every reason."""
+    validate_password(password, get_user_model()(**ADMIN))
+
+
+@transaction.atomic
+def load_demo(admin_password: str | None = None) -> dict[str, str]:
+    """Create the demo fleet and accounts; returns {username: password} for the ones created.
+    A chosen admin password must pass the password validators (check_admin_password)."""
+    User = get_user_model()
+    if admin_password is not None:
+        check_admin_password(admin_password)
+    cluster = Cluster.objects.create(name="Lab bare metal", slug="lab", kind=Cluster.Kind.BAREMETAL,
+                                     description="Demo hosts (simulated GPUs)")
+    h100 = GpuPool.objects.create(name="H100 80GB", slug="h100", sharing_mode="exclusive",
+                                  description="Whole H100 GPUs for training")
+    l40s = GpuPool.objects.create(name="L40S", slug="l40s", sharing_mode="exclusive",
+                                  description="Whole L40S GPUs for inference and notebooks")
+    for host, (model, memory), pool, count in [
+        ("gpu-h100-01", H100, h100, 8), ("gpu-h100-02", H100, h100, 8), ("gpu-l40s-01", L40S, l40s, 4),
+    ]:
+        node = Node.objects.create(cluster=cluster, name=host, cpu_milli=192000, memory_mib=2048 * 1024,
+                                   labels={"nvidia.com/gpu.product": model.replace(" ", "-")})
+        Gpu.objects.bulk_create(
+            Gpu(node=node, pool=pool, index=i, uuid=_gpu_uuid(host, i), model_name=model, memory_mib=memory,
+                mig_capable=pool is h100, driver_version="550.90.07", cuda_version="12.4")
+            for i in range(count)
+        )
+
+    vision = Team.objects.create(slug="vision", name="Vision")
+    nlp = Team.objects.create(slug="nlp", name="NLP")
+    Quota.objects.create(team=vision, pool=h100, max_gpus=8, gpu_hours_per_month=2000)
+    Quota.objects.create(team=vision, pool=l40s, max_gpus=2)
+    Quota.objects.create(team=nlp, pool=h100, max_gpus=12)
+    Quota.objects.create(team=nlp, pool=l40s, max_gpus=4, gpu_hours_per_month=500)
+
+    created: dict[str, str] = {}
+    admin_password = admin_password or secrets.token_urlsafe(12)
+    User.objects.create_superuser(ADMIN["username"], ADMIN["email"], admin_password)
+    created["admin"] = admin_password
+    for username, team, role in [("alice", vision, Membership.Role.MANAGER), ("bob", vision, Membership.Role.MEMBER),
+                                 ("carol", nlp, Membership.Role.MANAGER)]:
+        password = secrets.token_urlsafe(9)
+        user = User.objects.create_user(username, f"{username}@localhost", password)
+        Membership.objects.create(user=user, team=team, role=role)
+        created[username] = password
+    return created

@@ -1,0 +1,69 @@
+"""Every URL of the portal: pages, the REST API under /api/v1/, admin, health and metrics."""
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from rest_framework.routers import DefaultRouter
+
+from allocations.api.agent import LeasesView
+from allocations.api.views import ApplyJobViewSet, PoolViewSet, QuotaViewSet, ReservationViewSet
+from allocations.webhooks import urlpatterns as kube_webhooks
+from config import health, metrics
+from inventory.api.agent import HeartbeatView, RegisterView
+from inventory.api.views import ClusterViewSet, GpuViewSet, HostTokenViewSet, NodeViewSet
+from monitoring.api.views import AlertRuleViewSet, AlertViewSet, PoolHistoryView, SilenceViewSet, TelemetryView
+from portal import views
+from teams.api.views import TeamViewSet, TokenView
+
+router = DefaultRouter()
+router.register("reservations", ReservationViewSet, basename="reservation")
+router.register("pools", PoolViewSet, basename="pool")
+router.register("quotas", QuotaViewSet, basename="quota")
+router.register("apply-jobs", ApplyJobViewSet, basename="apply-job")
+router.register("teams", TeamViewSet, basename="team")
+router.register("clusters", ClusterViewSet, basename="cluster")
+router.register("nodes", NodeViewSet, basename="node")
+router.register("gpus", GpuViewSet, basename="gpu")
+router.register("host-tokens", HostTokenViewSet, basename="host-token")
+router.register("alert-rules", AlertRuleViewSet, basename="alert-rule")
+router.register("alerts", AlertViewSet, basename="alert")
+router.register("silences", SilenceViewSet, basename="silence")
+
+api = [
+    path("auth/token/", TokenView.as_view(), name="token"),
+    path("agent/register/", RegisterView.as_view(), name="agent-register"),
+    path("agent/heartbeat/", HeartbeatView.as_view(), name="agent-heartbeat"),
+    path("agent/telemetry/", TelemetryView.as_view(), name="agent-telemetry"),
+    path("pools/<slug:slug>/telemetry/", PoolHistoryView.as_view(), name="pool-telemetry"),
+    path("agent/leases/", LeasesView.as_view(), name="agent-leases"),
+    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
+    path("", include(router.urls)),
+]
+
+# JSON 404s under /api/ (unknown routes, lookups the routes' patterns refuse).
+handler404 = "config.exception_handler.not_found"
+handler400 = "config.exception_handler.bad_request"
+handler500 = "config.exception_handler.server_error"
+
+urlpatterns = [
+    path("", views.dashboard, name="dashboard"),
+    path("reserve/", views.reserve, name="reserve"),
+    path("reserve/availability/", views.availability_partial, name="availability"),
+    path("reservations/", views.reservations, name="reservations"),
+    path("reservations/<int:reservation_id>/", views.reservation_detail, name="reservation"),
+    path("reservations/<int:reservation_id>/release/", views.reservation_release, name="reservation-release"),
+    path("reservations/<int:reservation_id>/extend/", views.reservation_extend, name="reservation-extend"),
+    path("teams/<slug:slug>/", views.team_detail, name="team"),
+    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("", include("monitoring.urls")),
+    path("admin/", admin.site.urls),
+    # Namespaced: the router's names (reservation-release, ...) must not shadow the pages'.
+    path("api/v1/", include((api, "api"), namespace="api")),
+    path("healthz", health.healthz, name="healthz"),
+    path("readyz", health.readyz, name="readyz"),
+    path("metrics", metrics.metrics, name="metrics"),
+    # Kubernetes admission webhooks (called by API servers; CSRF-exempt, token-checked): see allocations/webhooks.py
+    path("webhooks/kubernetes/", include(kube_webhooks)),
+]

@@ -1,0 +1,1 @@
+"""Teams, their members and the users' API tokens. Imports none of the domain apps."""

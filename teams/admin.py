@@ -1,0 +1,37 @@
+from django.contrib import admin
+
+from teams.models import ApiToken, Membership, Team
+
+
+class MembershipInline(admin.TabularInline):
+    model = Membership
+    extra = 1
+    autocomplete_fields = ["user"]
+
+
+@admin.register(Team)
+class TeamAdmin(admin.ModelAdmin):
+    list_display = ["slug", "name", "created_at"]
+    search_fields = ["slug", "name"]
+    prepopulated_fields = {"slug": ["name"]}
+    inlines = [MembershipInline]
+
+
+@admin.register(Membership)
+class MembershipAdmin(admin.ModelAdmin):
+    list_display = ["team", "user", "role", "joined_at"]
+    list_filter = ["role", "team"]
+    search_fields = ["user__username", "team__slug"]
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    """Staff see and delete API tokens; keys are made by their users (POST /api/v1/auth/token/), shown once."""
+
+    list_display = ["prefix", "user", "name", "created_at", "last_used_at"]
+    search_fields = ["user__username", "prefix", "name"]
+    readonly_fields = ["user", "name", "prefix", "created_at", "last_used_at"]
+    exclude = ["digest"]
+
+    def has_add_permission(self, request) -> bool:
+        return False

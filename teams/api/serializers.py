@@ -1,0 +1,39 @@
+from rest_framework import serializers
+
+from teams.models import Membership, Team
+
+
+class TeamSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Team
+        fields = ["id", "slug", "name", "created_at"]
+
+
+class MembershipSerializer(serializers.ModelSerializer):
+    username = serializers.CharField(source="user.username")
+
+    class Meta:
+        model = Membership
+        fields = ["username", "role", "joined_at"]
+
+
+class MembershipAddInput(serializers.Serializer):
+    username = serializers.CharField(max_length=150)
+    role = serializers.ChoiceField(choices=Membership.Role.choices, default=Membership.Role.MEMBER)
+
+
+class MembershipChangeInput(serializers.Serializer):
+    role = serializers.ChoiceField(choices=Membership.Role.choices)
+
+
+class TokenInput(serializers.Serializer):
+    username = serializers.CharField(max_length=150)
+    password = serializers.CharField(max_length=4096, style={"input_type": "password"}, trim_whitespace=False)
+    name = serializers.CharField(max_length=64, required=False, default="", allow_blank=True,
+                                 help_text="What the token is for, to tell your tokens apart")
+
+
+class TokenOutput(serializers.Serializer):
+    token = serializers.CharField(help_text="The key: shown this once, only its digest is stored")
+    prefix = serializers.CharField(help_text="The key's first characters, which name it in lists")
+    name = serializers.CharField()

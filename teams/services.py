@@ -1,0 +1,126 @@
+"""Writes about teams, members and API tokens. Each is one transaction and checks who asks."""
+from __future__ import annotations
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import IntegrityError, transaction
+
+from common.errors import Conflict, NotFound, PermissionDenied, ValidationFailed
+from common.secrets import key_digest, key_prefix, new_key
+from teams.models import ApiToken, Membership, Team
+from teams.selectors import can_manage_team
+
+User = get_user_model()
+
+
+def _require_manager(actor: AbstractBaseUser, team: Team) -> None:
+    if not can_manage_team(actor, team):
+        raise PermissionDenied("Only the team's managers or staff can change its members.", field="team",
+                               rule="manager_required")
+
+
+def _lock_team(team: Team) -> None:
+    """Serialize the writes about one team's members on its row: two requests adding the same user
+    both passed the duplicate check and the second INSERT hit the unique constraint (a 500), and the
+    last-manager check must not rest on which rows a query happens to join and lock. Taken before the
+    actor's role is read, so a manager demoted a moment ago no longer acts as one."""
+    Team.objects.select_for_update().filter(pk=team.pk).order_by().values_list("pk", flat=True).first()
+
+
+def _validated_role(role: str) -> str:
+    if role not in Membership.Role.values:
+        raise ValidationFailed(f"role must be one of {', '.join(Membership.Role.values)}.", field="role",
+                               rule="invalid_choice")
+    return role
+
+
+@transaction.atomic
+def team_create(*, actor: AbstractBaseUser, slug: str, name: str) -> Team:
+    if not actor.is_staff:
+        raise PermissionDenied("Only staff can create teams.", field="team", rule="staff_required")
+    if Team.objects.filter(slug=slug).exists():
+        raise Conflict(f"A team with slug {slug!r} already exists.", field="slug", rule="unique")
+    team = Team(slug=slug, name=name)
+    team.full_clean()
+    try:
+        # A savepoint: two requests for one new slug both pass the checks above, and the second
+        # INSERT meets the unique index (an IntegrityError, a 500, before this).
+        with transaction.atomic():
+            team.save()
+    except IntegrityError:
+        raise Conflict(f"A team with slug {slug!r} already exists.", field="slug", rule="unique") from None
+    return team
+
+
+@transaction.atomic
+def membership_add(*, actor: AbstractBaseUser, team: Team, username: str, role: str = Membership.Role.MEMBER
+                   ) -> Membership:
+    _lock_team(team)
+    _require_manager(actor, team)  # after the lock: a concurrent demotion of the actor counts
+    role = _validated_role(role)
+    user = User.objects.filter(username=username, is_active=True).first()
+    if user is None:
+        raise ValidationFailed(f"No active user named {username!r}.", field="username", rule="does_not_exist")
+    if Membership.objects.filter(team=team, user=user).exists():
+        raise Conflict(f"{username} is already in {team.slug}.", field="username", rule="unique")
+    return Membership.objects.create(team=team, user=user, role=role)
+
+
+def _membership(team: Team, username: str) -> Membership:
+    membership = Membership.objects.select_for_update().filter(team=team, user__username=username).first()
+    if membership is None:
+        raise NotFound(f"{username} is not in {team.slug}.", field="username", rule="not_a_member")
+    return membership
+
+
+def _would_leave_no_manager(team: Team, membership: Membership) -> bool:
+    if membership.role != Membership.Role.MANAGER:
+        return False
+    return not team.memberships.filter(role=Membership.Role.MANAGER).exclude(pk=membership.pk).exists()
+
+
+@transaction.atomic
+def membership_change_role(*, actor: AbstractBaseUser, team: Team, username: str, role: str) -> Membership:
+    _lock_team(team)
+    _require_manager(actor, team)  # after the lock: a concurrent demotion of the actor counts
+    role = _validated_role(role)
+    membership = _membership(team, username)
+    if role == Membership.Role.MEMBER and _would_leave_no_manager(team, membership) and not actor.is_staff:
+        raise Conflict("A team keeps at least one manager.", field="role", rule="last_manager")
+    membership.role = role
+    membership.save(update_fields=["role"])
+    return membership
+
+
+@transaction.atomic
+def membership_remove(*, actor: AbstractBaseUser, team: Team, username: str) -> None:
+    _lock_team(team)
+    _require_manager(actor, team)  # after the lock: a concurrent demotion of the actor counts
+    membership = _membership(team, username)
+    if _would_leave_no_manager(team, membership) and not actor.is_staff:
+        raise Conflict("A team keeps at least one manager.", field="username", rule="last_manager")
+    membership.delete()
+
+
+@transaction.atomic
+def api_token_create(*, user: AbstractBaseUser, name: str = "") -> tuple[ApiToken, str]:
+    """A new API token of `user`; returns it with the key, which is never stored or shown again.
+
+    A user keeps at most API_TOKENS_PER_USER tokens: making one more deletes the oldest, so a
+    script that asks for a token on every run does not pile them up without end."""
+    key = new_key()
+    token = ApiToken(user=user, name=name, prefix=key_prefix(key), digest=key_digest(key))
+    token.full_clean(validate_unique=False)  # the prefix is 72 random bits
+    token.save()
+    older = list(ApiToken.objects.filter(user_id=user.pk).order_by("-created_at", "-pk")
+                 .values_list("pk", flat=True)[settings.API_TOKENS_PER_USER:])
+    if older:
+        ApiToken.objects.filter(pk__in=older).delete()
+    return token, key
+
+
+@transaction.atomic
+def api_token_delete(*, actor: AbstractBaseUser, key: str) -> None:
+    """Delete the token with this key, the actor's own (signing a script out)."""
+    ApiToken.objects.filter(user_id=actor.pk, prefix=key_prefix(key), digest=key_digest(key)).delete()
