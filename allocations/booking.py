@@ -5,7 +5,7 @@ Create, extend and failover (and the queue next) all go through it, in three ste
 1. `pool_snapshot`: the pool's GPUs and every grant that overlaps the window, each with its
    own window and share, read under the caller's lock on the pool row;
 2. the placement engine (`allocations/placement/`, no Django) decides on that snapshot with
-   the pool's policy: `choose_whole_gpus` for a new booking, `still_free` for more time on
+   the pool's policy: `choose_whole_gpus` for a new booking, `first_clash` for more time on
    the GPUs a reservation already holds;
 3. `grants_write` writes one grant per GPU.
 
@@ -208,10 +208,7 @@ def _whole_nodes(free: list[PoolGpu], count: int) -> list[int]:
 def first_clash(snapshot: PoolSnapshot, gpu_ids: Sequence[int]) -> Grant | None:
     """The earliest grant of another reservation that keeps one of `gpu_ids` from being wholly free for
     the snapshot's window (an extension's extra time), or None when they all stay free."""
-    wanted = set(gpu_ids)
-    state = snapshot.state()
-    free = {gpu.id for gpu in snapshot.whole_gpus_free(state)}
-    busy = wanted - free
+    busy = set(gpu_ids) - {gpu.id for gpu in snapshot.whole_gpus_free()}
     if not busy:
         return None
     return min((grant for grant in snapshot.grants if grant.gpu_id in busy), key=lambda g: g.starts_at,

@@ -12,17 +12,14 @@ from __future__ import annotations
 
 import logging
 
-import kombu.exceptions
-import redis
 from celery import current_app
 from django.db import transaction
 
 from common import redis_cache
+from common.outages import REDIS_UNREACHABLE
 
 log = logging.getLogger(__name__)
 
-BROKER_UNREACHABLE = (kombu.exceptions.OperationalError, redis.exceptions.ConnectionError,
-                      redis.exceptions.TimeoutError)
 
 
 def _task(name: str):
@@ -45,7 +42,7 @@ def enqueue(task_name: str, *args, countdown: float = 0.0) -> None:
             task.apply_async(args, countdown=countdown)
         else:
             task.delay(*args)
-    except BROKER_UNREACHABLE as error:
+    except REDIS_UNREACHABLE as error:
         redis_cache.outage.failed()
         log.warning("not queued, broker unreachable (the sweep will do it): %s%r: %s", task.name, args, error)
 

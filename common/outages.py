@@ -22,6 +22,11 @@ from common.errors import ServiceUnavailable, broker_unavailable, database_unava
 _GONE_STATES = ("57P01", "57P02", "57P03")
 
 
+# What Redis's client (the cache, the hot values) and the Celery broker raise when Redis cannot be reached.
+REDIS_UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+                     kombu.exceptions.OperationalError)
+
+
 def database_is_gone(error: BaseException | None) -> bool:
     """Whether a psycopg error means the server cannot be reached (refused, dropped, shutting down,
     the pool timed out waiting for a connection), not that it refused one statement."""
@@ -37,8 +42,7 @@ def as_service_unavailable(exc: BaseException) -> ServiceUnavailable | None:
     """The 503 a failure stands for, or None when it is not an outage."""
     if isinstance(exc, ServiceUnavailable):
         return exc
-    if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
-                        kombu.exceptions.OperationalError)):
+    if isinstance(exc, REDIS_UNREACHABLE):
         return broker_unavailable()
     if isinstance(exc, (db_utils.OperationalError, db_utils.InterfaceError)) and database_is_gone(exc.__cause__):
         return database_unavailable()

@@ -24,12 +24,11 @@ import logging
 import redis
 from django.core.cache.backends.redis import RedisCache, RedisCacheClient
 
-from common.outages import Outage
+from common.outages import REDIS_UNREACHABLE, Outage
 
 log = logging.getLogger(__name__)
 
 outage = Outage(probe_every=1.0)
-UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 
 
 class _SharedClient(RedisCacheClient):
@@ -60,7 +59,7 @@ def _or_while_down(fallback):
                 return skipped(args, kwargs)
             try:
                 result = method(self, *args, **kwargs)
-            except UNREACHABLE as error:
+            except REDIS_UNREACHABLE as error:
                 if outage.failed():
                     log.warning("Redis unreachable (%s); cache reads miss and writes are skipped until it answers",
                                 error)

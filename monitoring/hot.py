@@ -22,6 +22,7 @@ from typing import NamedTuple
 from django.core.cache import cache
 
 from common import redis_cache
+from common.outages import REDIS_UNREACHABLE
 from common.errors import broker_unavailable
 
 # A sample older than this is "no data" (the GPU's agent stopped reporting).
@@ -126,7 +127,7 @@ def _execute(pipe) -> list:
     """Run a pipeline; Redis unreachable is a ServiceUnavailable, and the cache's outage memory learns of it."""
     try:
         replies = pipe.execute()
-    except redis_cache.UNREACHABLE as error:
+    except REDIS_UNREACHABLE as error:
         redis_cache.outage.failed()
         raise broker_unavailable() from error
     redis_cache.outage.recovered()
