@@ -21,7 +21,6 @@ from __future__ import annotations
 import functools
 import logging
 
-import redis
 from django.core.cache.backends.redis import RedisCache, RedisCacheClient
 
 from common.outages import REDIS_UNREACHABLE, Outage
