@@ -7,9 +7,9 @@ from allocations.models import Allocation, Quota, Reservation, ReservationEvent
 class QuotaAdmin(admin.ModelAdmin):
     """Staff change quotas here; the next reservation is checked against the new numbers."""
 
-    list_display = ["team", "pool", "max_gpus", "gpu_hours_per_month", "updated_at"]
+    list_display = ["team", "pool", "max_ge", "ge_hours_per_month", "updated_at"]
     list_filter = ["pool", "team"]
-    list_editable = ["max_gpus", "gpu_hours_per_month"]
+    list_editable = ["max_ge", "ge_hours_per_month"]
 
 
 class AllocationInline(admin.TabularInline):

@@ -9,6 +9,7 @@ if the application had a bug (migration 0002).
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import F, Q
 
@@ -18,12 +19,16 @@ from teams.models import Team
 
 
 class Quota(models.Model):
+    """What a team may hold in a pool, in GPU-equivalents (GE, allocations.units): a whole GPU of a
+    model of weight 1.0 is 1 GE, a 3g MIG slice 3/7 of its model's weight, k of N shares k/N."""
+
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="quotas")
     pool = models.ForeignKey(GpuPool, on_delete=models.CASCADE, related_name="quotas")
-    max_gpus = models.PositiveIntegerField(help_text="Most GPUs the team may hold in this pool at any moment")
-    gpu_hours_per_month = models.PositiveIntegerField(
-        null=True, blank=True, help_text="GPU-hours the team may book per calendar month (UTC); empty = no limit"
-    )
+    max_ge = models.DecimalField(max_digits=8, decimal_places=2, validators=[MinValueValidator(0)],
+                                 help_text="Most GPU-equivalents the team may hold in this pool at any moment")
+    ge_hours_per_month = models.DecimalField(
+        max_digits=10, decimal_places=1, null=True, blank=True, validators=[MinValueValidator(0)],
+        help_text="GE-hours the team may book per calendar month (UTC); empty = no limit")
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -31,7 +36,7 @@ class Quota(models.Model):
         constraints = [models.UniqueConstraint(fields=["team", "pool"], name="one_quota_per_team_and_pool")]
 
     def __str__(self) -> str:
-        return f"{self.team.slug} in {self.pool.slug}: {self.max_gpus} GPUs"
+        return f"{self.team.slug} in {self.pool.slug}: {self.max_ge} GE"
 
 
 class Reservation(models.Model):
@@ -54,7 +59,18 @@ class Reservation(models.Model):
     requested_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="reservations"
     )
+    # What was asked, in the pool's unit (the sharing mode at booking time): `gpus` is the number of
+    # GPUs the reservation spans (whole GPUs for exclusive, `gpus: n` for vgpu, 1 for shares);
+    # `shares` k of the pool's replicas (time_slicing, mps); `mig_profile` x `mig_count` instances;
+    # `gpu_memory_mib` and `gpu_cores_pct` on each GPU (vgpu). `ge` is what its grants were charged.
+    mode = models.CharField(max_length=16, default="exclusive", db_default="exclusive")
     gpus = models.PositiveSmallIntegerField()
+    shares = models.PositiveSmallIntegerField(null=True, blank=True)
+    mig_profile = models.CharField(max_length=32, blank=True, default="", db_default="")
+    mig_count = models.PositiveSmallIntegerField(null=True, blank=True)
+    gpu_memory_mib = models.PositiveIntegerField(null=True, blank=True)
+    gpu_cores_pct = models.PositiveSmallIntegerField(null=True, blank=True)
+    ge = models.FloatField(default=0, db_default=0, help_text="GPU-equivalents its grants were charged (weights applied)")
     starts_at = models.DateTimeField()
     ends_at = models.DateTimeField()
     state = models.CharField(max_length=16, choices=State.choices, default=State.SCHEDULED)
@@ -111,8 +127,14 @@ class Allocation(models.Model):
     GPU whose windows overlap must hold disjoint parts: on PostgreSQL an exclusion constraint
     says so (migration 0007), whatever the code does. `milli` is what the grant is worth in
     milli-GPU (a MIG instance counts its compute slices out of 7, not its memory slices);
-    `mig_profile`/`mig_start`, `memory_mib` and `cores_pct` carry the rest of a share's shape.
-    A row written by hand SQL without these columns is a whole GPU (the database defaults).
+    `mig_profile`/`mig_start`, `memory_mib` and `cores_pct` carry the rest of a share's shape;
+    `ge` is what the grant was charged in GPU-equivalents (milli x the model's weight when it was
+    made). A row written by hand SQL without these columns is a whole GPU (the database defaults).
+
+    A vgpu grant holds memory and cores of its GPU, not a part of the share space: its share
+    columns span the whole card and the exclusion constraint leaves it out; a trigger keeps the
+    memory and cores of a GPU's overlapping vgpu grants within the card, and keeps vgpu grants
+    and other grants of one GPU from overlapping in time (migration 0009).
     """
 
     objects = AllocationQuerySet.as_manager()
@@ -121,6 +143,9 @@ class Allocation(models.Model):
     gpu = models.ForeignKey(Gpu, on_delete=models.PROTECT, related_name="allocations")
     starts_at = models.DateTimeField()
     ends_at = models.DateTimeField()
+    mode = models.CharField(max_length=16, default="exclusive", db_default="exclusive",
+                            help_text="The pool's sharing mode when the grant was made")
+    ge = models.FloatField(default=1.0, db_default=1.0, help_text="GPU-equivalents charged for it")
     share_from = models.PositiveSmallIntegerField(default=0, db_default=0)
     share_to = models.PositiveSmallIntegerField(default=units.MILLI_PER_GPU, db_default=units.MILLI_PER_GPU)
     milli = models.PositiveSmallIntegerField(default=units.MILLI_PER_GPU, db_default=units.MILLI_PER_GPU,

@@ -202,11 +202,11 @@ class QuotaUse:
 
     @property
     def held_pct(self) -> int:
-        return round(100 * self.held_now / self.quota.max_gpus) if self.quota.max_gpus else 0
+        return round(100 * self.held_now / self.quota.max_ge) if self.quota.max_ge else 0
 
     @property
     def hours_pct(self) -> int | None:
-        limit = self.quota.gpu_hours_per_month
+        limit = self.quota.ge_hours_per_month
         return round(100 * self.gpu_hours_this_month / limit) if limit else None
 
 

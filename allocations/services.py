@@ -68,37 +68,37 @@ class QuotaLimits:
     team_slug: str
     pool_id: int
     pool_slug: str
-    max_gpus: int
-    gpu_hours_per_month: int | None
+    max_ge: int
+    ge_hours_per_month: int | None
 
 
 def _check_quota(quota: QuotaLimits, *, gpus: int, start: datetime, end: datetime,
                  exclude_reservation: int | None = None) -> None:
-    """Refuse when the team would hold more than max_gpus at any instant of [start, end),
-    or book more GPU-hours in a calendar month than gpu_hours_per_month."""
+    """Refuse when the team would hold more than max_ge at any instant of [start, end),
+    or book more GPU-hours in a calendar month than ge_hours_per_month."""
     team, pool = quota.team_slug, quota.pool_slug
     windows = selectors.team_windows(quota.team_id, quota.pool_id, start, end, exclude_reservation)
     # Each window is one whole GPU held.
     peak, peak_at = units.peak(((w_start, w_end, 1) for w_start, w_end in windows), start, end)
-    if peak + gpus > quota.max_gpus:
+    if peak + gpus > quota.max_ge:
         when = f" at {peak_at:%Y-%m-%d %H:%M} UTC" if peak else ""
         raise Conflict(
             f"Over quota: team {team} would hold {peak + gpus} GPUs in pool {pool}{when}; "
-            f"its quota is {quota.max_gpus} ({peak + gpus - quota.max_gpus} over).",
+            f"its quota is {quota.max_ge} ({peak + gpus - quota.max_ge} over).",
             field="gpus", rule="quota_exceeded",
         )
-    if quota.gpu_hours_per_month is None:
+    if quota.ge_hours_per_month is None:
         return
     for month in quota_math.months_between(start, end):
         # Not excluding the reservation being extended: its booked hours count, and [start, end) is
         # only the extension, which its allocations do not cover yet.
         used = selectors.month_gpu_hours(quota.team_id, quota.pool_id, month)
         asked = gpus * quota_math.overlap_hours((start, end), month)
-        if used + asked > quota.gpu_hours_per_month + 1e-9:
-            over = used + asked - quota.gpu_hours_per_month
+        if used + asked > quota.ge_hours_per_month + 1e-9:
+            over = used + asked - quota.ge_hours_per_month
             raise Conflict(
                 f"Over the monthly GPU-hours of team {team} in pool {pool} for {month[0]:%Y-%m}: "
-                f"{used:.1f} booked + {asked:.1f} asked > {quota.gpu_hours_per_month} ({over:.1f} over).",
+                f"{used:.1f} booked + {asked:.1f} asked > {quota.ge_hours_per_month} ({over:.1f} over).",
                 field="ends_at", rule="gpu_hours_exceeded",
             )
 
@@ -130,7 +130,7 @@ def _lock_pool_for(request: ReservationRequest, actor: AbstractBaseUser) -> _Ask
     """Lock the pool's row and read, in the same statement, the team, the actor's role in it and the
     team's quota in the pool. Everything placement decides on is read after this lock."""
     row = sql.fetch_one(
-        "SELECT p.id, p.sharing_mode, p.placement_policy, t.id, m.role, q.max_gpus, q.gpu_hours_per_month, "
+        "SELECT p.id, p.sharing_mode, p.placement_policy, t.id, m.role, q.max_ge, q.ge_hours_per_month, "
         "q.id IS NOT NULL "
         "FROM inventory_gpupool p JOIN teams_team t ON t.slug = %s "
         "LEFT JOIN teams_membership m ON m.team_id = t.id AND m.user_id = %s "
@@ -147,13 +147,13 @@ def _lock_pool_for(request: ReservationRequest, actor: AbstractBaseUser) -> _Ask
                    for name, slug, found in (("pool", request.pool, pool_id), ("team", request.team, team_id))
                    if found is None]
         raise ValidationFailed(missing[0].message, errors=missing)
-    pool_id, sharing_mode, policy, team_id, role, max_gpus, gpu_hours, has_quota = row
+    pool_id, sharing_mode, policy, team_id, role, max_ge, gpu_hours, has_quota = row
     # Partial instances: the columns read here are set, any other loads when first used.
     pool = GpuPool.from_db(DEFAULT_DB_ALIAS, ["id", "slug", "sharing_mode", "placement_policy"],
                            [pool_id, request.pool, sharing_mode, policy])
     team = Team.from_db(DEFAULT_DB_ALIAS, ["id", "slug"], [team_id, request.team])
     quota = QuotaLimits(team_id=team_id, team_slug=request.team, pool_id=pool_id, pool_slug=request.pool,
-                        max_gpus=max_gpus, gpu_hours_per_month=gpu_hours) if has_quota else None
+                        max_ge=max_ge, ge_hours_per_month=gpu_hours) if has_quota else None
     return _Asked(pool=pool, team=team, role=role, quota=quota)
 
 
@@ -282,7 +282,7 @@ def _quota_limits(reservation: Reservation) -> QuotaLimits:
     if quota is None:
         raise PermissionDenied(f"Team {team} has no quota in pool {pool}.", field="pool", rule="no_quota")
     return QuotaLimits(team_id=reservation.team_id, team_slug=team, pool_id=reservation.pool_id, pool_slug=pool,
-                       max_gpus=quota.max_gpus, gpu_hours_per_month=quota.gpu_hours_per_month)
+                       max_ge=quota.max_ge, ge_hours_per_month=quota.ge_hours_per_month)
 
 
 @transaction.atomic
@@ -415,22 +415,22 @@ def due_reservation_ids(now: datetime | None = None) -> dict[str, list[int]]:
 # --- quotas (staff) ------------------------------------------------------------------------
 
 @transaction.atomic
-def quota_set(*, actor: AbstractBaseUser, team: Team, pool: GpuPool, max_gpus: int,
-              gpu_hours_per_month: int | None) -> Quota:
+def quota_set(*, actor: AbstractBaseUser, team: Team, pool: GpuPool, max_ge: int,
+              ge_hours_per_month: int | None) -> Quota:
     """Create or change a team's quota in a pool. It binds the next reservation; held ones stay."""
     if not actor.is_staff:
         raise PermissionDenied("Only staff can change quotas.", field="quota", rule="staff_required")
     # Check the values before get_or_create writes them: a new quota is INSERTed there, so a value
-    # beyond the column's range (gpu_hours_per_month is an integer on PostgreSQL) failed in the
+    # beyond the column's range (ge_hours_per_month is an integer on PostgreSQL) failed in the
     # database as a 500 instead of a 400 naming the field. Uniqueness is get_or_create's to settle;
     # team and pool are rows the caller already read.
-    Quota(team=team, pool=pool, max_gpus=max_gpus, gpu_hours_per_month=gpu_hours_per_month).full_clean(
+    Quota(team=team, pool=pool, max_ge=max_ge, ge_hours_per_month=ge_hours_per_month).full_clean(
         exclude=["team", "pool"], validate_unique=False, validate_constraints=False)
     quota, _ = Quota.objects.select_for_update().get_or_create(
-        team=team, pool=pool, defaults={"max_gpus": max_gpus, "gpu_hours_per_month": gpu_hours_per_month}
+        team=team, pool=pool, defaults={"max_ge": max_ge, "ge_hours_per_month": ge_hours_per_month}
     )
-    quota.max_gpus = max_gpus
-    quota.gpu_hours_per_month = gpu_hours_per_month
+    quota.max_ge = max_ge
+    quota.ge_hours_per_month = ge_hours_per_month
     quota.full_clean()
     quota.save()
     return quota

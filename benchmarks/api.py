@@ -102,7 +102,7 @@ def prepare(pools: int, teams: int, nodes_per_pool: int, gpus_per_node: int) -> 
             _, key = api_token_create(user=user, name="benchmark")
             for pool in pool_rows:
                 Quota.objects.update_or_create(team=team, pool=pool, defaults={
-                    "max_gpus": nodes_per_pool * gpus_per_node, "gpu_hours_per_month": None})
+                    "max_ge": nodes_per_pool * gpus_per_node, "ge_hours_per_month": None})
                 pairs.append({"team": team.slug, "pool": pool.slug, "token": key})
     vacuum_reservation_tables()
     return pairs

@@ -95,7 +95,7 @@ def _service_client(pairs: list[dict], deadline: float, seed: int, out: list) ->
 # --- the sql tier ------------------------------------------------------------------------------
 
 LOCK_POOL = (
-    "SELECT p.id, p.sharing_mode, p.placement_policy, t.id, m.role, q.max_gpus, q.gpu_hours_per_month, "
+    "SELECT p.id, p.sharing_mode, p.placement_policy, t.id, m.role, q.max_ge, q.ge_hours_per_month, "
     "q.id IS NOT NULL FROM inventory_gpupool p JOIN teams_team t ON t.slug = %s "
     "LEFT JOIN teams_membership m ON m.team_id = t.id AND m.user_id = %s "
     "LEFT JOIN allocations_quota q ON q.team_id = t.id AND q.pool_id = p.id WHERE p.slug = %s FOR UPDATE OF p")

@@ -431,13 +431,13 @@ def accounts(run: str):
     return staff, member
 
 
-def team_with_quota(staff, member, pool, slug: str, max_gpus: int):
+def team_with_quota(staff, member, pool, slug: str, max_ge: int):
     from allocations.services import quota_set
     from teams.services import membership_add, team_create
 
     team = team_create(actor=staff, slug=slug, name=slug)
     membership_add(actor=staff, team=team, username=member.username)
-    quota_set(actor=staff, team=team, pool=pool, max_gpus=max_gpus, gpu_hours_per_month=None)
+    quota_set(actor=staff, team=team, pool=pool, max_ge=max_ge, ge_hours_per_month=None)
     return team
 
 
@@ -479,7 +479,7 @@ def kubernetes_phase(stack: Stack, *, staff, member, run: str, args) -> dict:
         cluster = cluster_create(actor=staff, name=f"{PREFIX} kube {run}", kind="kubernetes", kubeconfig=kubeconfig)
         discovered = discover_cluster(cluster)
         pool = GpuPool.objects.filter(gpus__node__cluster=cluster).distinct().get()
-        team = team_with_quota(staff, member, pool, f"{PREFIX}-k8s-{run}", max_gpus=16)
+        team = team_with_quota(staff, member, pool, f"{PREFIX}-k8s-{run}", max_ge=16)
         namespace = team_namespace(team.slug)
         print(f"Kubernetes {server}: cluster {cluster.slug}, pool {pool.slug} ({pool.gpus.count()} GPUs, "
               f"discovery: {len(getattr(discovered, 'changes', []) or [])} change(s)), namespace {namespace}",
@@ -550,7 +550,7 @@ def agent_phase(stack: Stack, *, staff, member, run: str, args) -> tuple[dict, d
         raise SystemExit(f"the agent did not register; see {stack.workdir / 'agent.log'}")
     wait_for(lambda: node.gpus.count() == args.agent_gpus, 30, 0.1)
     pool = GpuPool.objects.filter(gpus__node=node).distinct().get()
-    team = team_with_quota(staff, member, pool, f"{PREFIX}-metal-{run}", max_gpus=args.agent_gpus)
+    team = team_with_quota(staff, member, pool, f"{PREFIX}-metal-{run}", max_ge=args.agent_gpus)
     print(f"Agent: portal {base} ({server}), lease path {path}, host {host} (node {node.pk}, "
           f"{node.gpus.count()} simulated GPUs, pool {pool.slug}), agent pid {agent.pid}", flush=True)
 

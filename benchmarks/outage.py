@@ -29,7 +29,7 @@ from tests.factories import MembershipFactory, PoolFactory, QuotaFactory, TeamFa
 pool = PoolFactory(slug="a100")
 add_node(pool, "node-a", 4)
 team = TeamFactory(slug="ml")
-QuotaFactory(team=team, pool=pool, max_gpus=4)
+QuotaFactory(team=team, pool=pool, max_ge=4)
 member = UserFactory(username="member")
 MembershipFactory(user=member, team=team)
 print("TOKEN", api_token_create(user=member)[1])

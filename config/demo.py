@@ -60,10 +60,10 @@ def load_demo(admin_password: str | None = None) -> dict[str, str]:
 
     vision = Team.objects.create(slug="vision", name="Vision")
     nlp = Team.objects.create(slug="nlp", name="NLP")
-    Quota.objects.create(team=vision, pool=h100, max_gpus=8, gpu_hours_per_month=2000)
-    Quota.objects.create(team=vision, pool=l40s, max_gpus=2)
-    Quota.objects.create(team=nlp, pool=h100, max_gpus=12)
-    Quota.objects.create(team=nlp, pool=l40s, max_gpus=4, gpu_hours_per_month=500)
+    Quota.objects.create(team=vision, pool=h100, max_ge=8, ge_hours_per_month=2000)
+    Quota.objects.create(team=vision, pool=l40s, max_ge=2)
+    Quota.objects.create(team=nlp, pool=h100, max_ge=12)
+    Quota.objects.create(team=nlp, pool=l40s, max_ge=4, ge_hours_per_month=500)
 
     created: dict[str, str] = {}
     admin_password = admin_password or secrets.token_urlsafe(12)

@@ -120,6 +120,10 @@ class Gpu(models.Model):
     driver_version = models.CharField(max_length=32, blank=True)
     cuda_version = models.CharField(max_length=16, blank=True)
     healthy = models.BooleanField(default=True)
+    # What NVML (a host's agent) or the GPU feature discovery labels (Kubernetes) say the card is
+    # carved into now: [{"uuid": "MIG-…", "profile": "1g.10gb", "start": 0}, ...]. A MIG grant is
+    # named by the device UUID found here for its profile and start slice.
+    mig_devices = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     objects = GpuQuerySet.as_manager()
@@ -131,6 +135,27 @@ class Gpu(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node} GPU {self.index} ({self.model_name})"
+
+
+class GpuModel(models.Model):
+    """A GPU model's weight in GPU-equivalents (GE): what one whole card of it counts against quotas.
+
+    `name` is the model name as inventory reports it (Gpu.model_name). A model without a row
+    weighs 1.0. A change applies to new bookings and checks only: a grant keeps the GE it was
+    charged when it was made."""
+
+    name = models.CharField(max_length=128, unique=True)
+    weight = models.DecimalField(max_digits=6, decimal_places=3, default=1,
+                                 help_text="GPU-equivalents one whole GPU of this model counts as (> 0)")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "GPU model"
+        constraints = [models.CheckConstraint(condition=models.Q(weight__gt=0), name="gpu_model_weight_positive")]
+
+    def __str__(self) -> str:
+        return f"{self.name} (weight {self.weight})"
 
 
 class HostToken(models.Model):

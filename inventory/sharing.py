@@ -1,9 +1,11 @@
 """Sharing modes of a pool and the shape of each mode's parameters.
 
-exclusive: whole GPUs, no parameters. time_slicing and mps: {"replicas": N} (2..64) —
-each GPU is offered as N shares. mig: {"mig_layout": "<nvidia mig-parted config name>"}
-or {"profiles": {"1g.10gb": 7, ...}} per GPU. vgpu (HAMi-style): optional
-{"default_memory_mib": int, "default_cores_pct": 1..100}.
+exclusive: whole GPUs, no parameters. time_slicing and mps: {"replicas": N} (2..64): each
+GPU is offered as N shares. mig: each GPU's layout, {"mig_layout": "<mig-parted config name>"}
+(all-1g.10gb, all-balanced, ...) or {"profiles": ["3g.40gb", "2g.20gb", "1g.10gb", ...]} (one
+GPU's instances; {"1g.10gb": 7} counts are accepted too). Whether a layout fits the pool's GPU
+models is checked where pools are written (allocations), which knows the MIG geometry. vgpu
+(HAMi-style): optional {"default_memory_mib": int, "default_cores_pct": 1..100}.
 """
 from __future__ import annotations
 
@@ -20,8 +22,20 @@ class SharingMode(models.TextChoices):
     VGPU = "vgpu", "vGPU (memory + core shares)"
 
 
-# Modes whose reservations the portal can place today; the rest are stored, not yet booked.
-RESERVABLE_MODES = frozenset({SharingMode.EXCLUSIVE})
+# Modes whose reservations the portal can place: all of them.
+RESERVABLE_MODES = frozenset(SharingMode)
+# Modes whose unit is a share of one GPU, offered as `replicas` shares per GPU.
+REPLICA_MODES = frozenset({SharingMode.TIME_SLICING, SharingMode.MPS})
+
+
+def mig_layout_names(config: dict) -> list[str] | str:
+    """A mig pool's layout as written: a named layout (a string) or one GPU's profile names (a list)."""
+    if config.get("mig_layout"):
+        return str(config["mig_layout"])
+    profiles = config.get("profiles") or []
+    if isinstance(profiles, dict):
+        return [name for name, count in sorted(profiles.items()) for _ in range(int(count))]
+    return list(profiles)
 
 
 def _is_int(value: Any) -> bool:
@@ -52,12 +66,14 @@ def validate_sharing_config(mode: str, config: Any) -> list[str]:
             problems.append("mig needs mig_layout (a config name) or profiles ({profile: count})")
         if layout is not None and (not isinstance(layout, str) or not layout):
             problems.append("mig_layout must be a non-empty string")
-        if profiles is not None and (
-            not isinstance(profiles, dict)
-            or not profiles
-            or not all(isinstance(k, str) and _is_int(v) and v >= 1 for k, v in profiles.items())
-        ):
-            problems.append("profiles must map profile names (e.g. 1g.10gb) to counts >= 1")
+        if layout is not None and profiles is not None:
+            problems.append("give mig_layout or profiles, not both")
+        as_list = isinstance(profiles, list) and profiles and all(isinstance(k, str) and k for k in profiles)
+        as_counts = isinstance(profiles, dict) and profiles and all(
+            isinstance(k, str) and _is_int(v) and v >= 1 for k, v in profiles.items())
+        if profiles is not None and not (as_list or as_counts):
+            problems.append("profiles must list one GPU's profile names (e.g. [\"3g.40gb\", \"1g.10gb\"]) or map "
+                            "them to counts >= 1")
     elif mode == SharingMode.VGPU:
         memory = config.get("default_memory_mib")
         cores = config.get("default_cores_pct")

@@ -9,6 +9,9 @@ from django.utils import timezone
 class Team(models.Model):
     slug = models.SlugField(max_length=64, unique=True)
     name = models.CharField(max_length=128)
+    max_ge = models.DecimalField(
+        max_digits=8, decimal_places=2, null=True, blank=True,
+        help_text="Most GPU-equivalents (weights applied) the team may hold across all pools at once; empty = no cap")
     created_at = models.DateTimeField(auto_now_add=True)
     members = models.ManyToManyField(settings.AUTH_USER_MODEL, through="Membership", related_name="teams")
 

@@ -95,7 +95,7 @@ class QuotaFactory(factory.django.DjangoModelFactory):
 
     team = factory.SubFactory(TeamFactory)
     pool = factory.SubFactory(PoolFactory)
-    max_gpus = 8
+    max_ge = 8
 
 
 def add_node(pool: GpuPool, name: str, gpus: int, cluster: Cluster | None = None) -> Node:

@@ -143,14 +143,14 @@ class ReservationDetailSerializer(ReservationSerializer):
 class QuotaSerializer(serializers.ModelSerializer):
     team = SlugLookupField(slug_field="slug", queryset=Team.objects.all())
     pool = SlugLookupField(slug_field="slug", queryset=GpuPool.objects.all())
-    max_gpus = serializers.IntegerField(min_value=0, max_value=100000)
+    max_ge = serializers.IntegerField(min_value=0, max_value=100000)
     # The column is a 32-bit integer on PostgreSQL: a larger number must be a 400, not a database error.
-    gpu_hours_per_month = serializers.IntegerField(min_value=0, max_value=2**31 - 1, allow_null=True,
+    ge_hours_per_month = serializers.IntegerField(min_value=0, max_value=2**31 - 1, allow_null=True,
                                                    required=False)
 
     class Meta:
         model = Quota
-        fields = ["id", "team", "pool", "max_gpus", "gpu_hours_per_month", "updated_at"]
+        fields = ["id", "team", "pool", "max_ge", "ge_hours_per_month", "updated_at"]
         read_only_fields = ["updated_at"]
         # Uniqueness of (team, pool) is the service's get-or-create, not a 400 here.
         validators: list = []

@@ -155,13 +155,13 @@ class QuotaViewSet(viewsets.ModelViewSet):
 
     def perform_update(self, serializer: QuotaSerializer) -> None:
         current = serializer.instance
-        merged = {"team": current.team, "pool": current.pool, "max_gpus": current.max_gpus,
-                  "gpu_hours_per_month": current.gpu_hours_per_month, **serializer.validated_data}
+        merged = {"team": current.team, "pool": current.pool, "max_ge": current.max_ge,
+                  "ge_hours_per_month": current.ge_hours_per_month, **serializer.validated_data}
         serializer.instance = self._set(merged)
 
     def _set(self, data: dict) -> Quota:
         return services.quota_set(actor=self.request.user, team=data["team"], pool=data["pool"],
-                                  max_gpus=data["max_gpus"], gpu_hours_per_month=data.get("gpu_hours_per_month"))
+                                  max_ge=data["max_ge"], ge_hours_per_month=data.get("ge_hours_per_month"))
 
 
 class ApplyJobViewSet(viewsets.ReadOnlyModelViewSet):

@@ -185,3 +185,77 @@ def best_start(model: str, profile_name: str, used_mask: int, has_media_instance
 
 def occupied_slices(used_mask: int) -> int:
     return bin(used_mask & FULL_MASK).count("1")
+
+
+# --- layouts: what a GPU of a static MIG pool is carved into ---------------------------------
+
+class LayoutError(ValueError):
+    """A MIG layout that names an unknown profile or does not fit on the GPU."""
+
+
+def _smallest_of_each_compute(profiles: Mapping[str, MigProfile]) -> dict[int, MigProfile]:
+    """For each compute size (1, 2, 3, 4, 7), its profile with the least memory (no +me variant)."""
+    best: dict[int, MigProfile] = {}
+    for p in profiles.values():
+        if not p.single_per_gpu and (p.compute_slices not in best or p.size < best[p.compute_slices].size):
+            best[p.compute_slices] = p
+    return best
+
+
+def named_layout(model: str, name: str) -> list[str]:
+    """The profiles of a layout named as NVIDIA's mig-parted example config names them, for `model`.
+
+    ``all-<profile>``: as many instances of that profile as fit (all-1g.10gb is 7 on an A100-80GB,
+    all-3g.40gb is 2); ``all-balanced``: two 1g, one 2g and one 3g of the smallest memory each.
+    """
+    profiles = profiles_for(model)
+    if not profiles:
+        raise LayoutError(f"{model} has no MIG profiles")
+    if name == "all-balanced":
+        by_compute = _smallest_of_each_compute(profiles)
+        return [by_compute[1].name, by_compute[1].name, by_compute[2].name, by_compute[3].name]
+    if name.startswith("all-") and name[4:] in profiles:
+        profile = profiles[name[4:]]
+        if profile.single_per_gpu:
+            return [profile.name]
+        return [profile.name] * len(range(0, MIG_SLICES - 1 if profile.size == 1 else MIG_SLICES, profile.size)
+                                    if profile.size < MIG_SLICES else [0])
+    known = ", ".join(["all-balanced", *(f"all-{p}" for p in profiles)])
+    raise LayoutError(f"unknown MIG layout {name!r} for {model} (known: {known})")
+
+
+def layout_instances(model: str, profile_names: Iterable[str]) -> list[tuple[MigProfile, int]]:
+    """Where each instance of a layout sits on one GPU: (profile, start slice), by start.
+
+    Instances are placed largest first, each at the first legal start that leaves room for the
+    rest (a search over at most 8 slices, so it finds a placement whenever one exists).
+    Raises LayoutError when a profile is unknown for the model or the layout does not fit.
+    """
+    profiles = profiles_for(model)
+    wanted = []
+    for name in profile_names:
+        if name not in profiles:
+            known = ", ".join(profiles) or "none"
+            raise LayoutError(f"{name!r} is not a MIG profile of {model} (its profiles: {known})")
+        wanted.append(profiles[name])
+    if sum(p.single_per_gpu for p in wanted) > 1:
+        raise LayoutError("a GPU has at most one +me (media engine) instance")
+    wanted.sort(key=lambda p: (-p.size, -p.compute_slices, p.name))
+    if sum(p.compute_slices for p in wanted) > units.MIG_COMPUTE_SLICES:
+        raise LayoutError(f"{' + '.join(p.name for p in wanted)} needs more than the GPU's "
+                          f"{units.MIG_COMPUTE_SLICES} compute slices")
+
+    def search(i: int, used: int) -> list[int] | None:
+        if i == len(wanted):
+            return []
+        for start in free_starts(wanted[i], used):
+            rest = search(i + 1, used | wanted[i].mask(start))
+            if rest is not None:
+                return [start, *rest]
+        return None
+
+    starts = search(0, 0)
+    if starts is None:
+        raise LayoutError(f"{' + '.join(p.name for p in wanted)} does not fit on one {model}: no placement of "
+                          "the instances at their legal start slices leaves them apart")
+    return sorted(zip(wanted, starts), key=lambda pair: pair[1])

@@ -55,7 +55,7 @@ def test_after_a_failover_an_extension_counts_the_gpus_held_now(world, api):
     moved = reserve(api(world.member), gpus=2, hours=2)
     fail_over(moved["id"])
     reserve(api(world.member), gpus=2, hours=4)
-    Quota.objects.filter(team=world.team, pool=world.pool).update(max_gpus=4)  # ml holds exactly 4
+    Quota.objects.filter(team=world.team, pool=world.pool).update(max_ge=4)  # ml holds exactly 4
     extended = api(world.member).post(f"{URL}{moved['id']}/extend/", {"ends_at": later(3)}, format="json")
     assert extended.status_code == 200, extended.content
 

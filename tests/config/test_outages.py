@@ -74,7 +74,7 @@ def test_while_redis_is_down_the_api_serves_the_database_and_answers_503_json_fo
     pool = PoolFactory(slug="a100")
     add_node(pool, "node-a", 4)
     team = TeamFactory(slug="ml")
-    QuotaFactory(team=team, pool=pool, max_gpus=4)
+    QuotaFactory(team=team, pool=pool, max_ge=4)
     member = UserFactory(username="member")
     # Hashed as the server checks it (the suite's settings use a faster hasher the server does not have).
     member.password = PBKDF2PasswordHasher().encode(PASSWORD, "outagetestsalt")

@@ -52,7 +52,7 @@ def portal_with_data(worker_env, tmp_path):
     pool = PoolFactory(slug="a100")
     add_node(pool, "node-a", 8)
     team = TeamFactory(slug="ml")
-    quota = QuotaFactory(team=team, pool=pool, max_gpus=4)
+    quota = QuotaFactory(team=team, pool=pool, max_ge=4)
     member = UserFactory(username="member")
     MembershipFactory(user=member, team=team)
     staff = UserFactory(username="staff", is_staff=True)
@@ -76,7 +76,7 @@ def test_a_refusal_that_did_not_read_the_body_leaves_the_keep_alive_connection_u
                                                               "ends_at": ends_at}).json()["id"]
     assert member.post(f"/api/v1/reservations/{reservation}/release/").status_code == 200
     refusals = [
-        (member, "PATCH", f"/api/v1/quotas/{portal.quota.pk}/", {"max_gpus": 1}, 403),
+        (member, "PATCH", f"/api/v1/quotas/{portal.quota.pk}/", {"max_ge": 1}, 403),
         (stranger, "POST", "/api/v1/reservations/", {"pool": "a100", "team": "ml", "gpus": 1}, 401),
         (member, "POST", f"/api/v1/reservations/{reservation}/release/", {"reason": "again"}, 409),
     ]

@@ -55,7 +55,7 @@ def test_leases_follow_the_reservation_across_a_host_failure(worker_env, tmp_pat
         team = TeamFactory(slug="ml")
         member = UserFactory(username="member")
         MembershipFactory(user=member, team=team)
-        QuotaFactory(team=team, pool=pool, max_gpus=4)
+        QuotaFactory(team=team, pool=pool, max_ge=4)
 
         reservation = reservation_create(actor=member, request=ReservationRequest(
             team=team.slug, pool=pool.slug, gpus=2, ends_at=timezone.now() + timedelta(hours=1)))

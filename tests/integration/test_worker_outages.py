@@ -79,9 +79,9 @@ def procfile_beat(env: dict, tmp_path):
         env=env, log_path=log, what="Celery beat", ready=lambda: b"beat: Starting" in log.read_bytes())
 
 
-def members_team(pool, max_gpus: int):
+def members_team(pool, max_ge: int):
     team = TeamFactory(slug="ml")
-    QuotaFactory(team=team, pool=pool, max_gpus=max_gpus)
+    QuotaFactory(team=team, pool=pool, max_ge=max_ge)
     member = UserFactory(username="member")
     MembershipFactory(user=member, team=team)
     return team, member

@@ -166,7 +166,7 @@ def active_reservation(cluster: Cluster, prefix: str, *, node_gpus: int = 4, gpu
     team = TeamFactory(slug=unique(prefix))
     pool = PoolFactory(slug=unique(f"{prefix}-pool"))
     node = add_node(pool, unique(f"node-{prefix}"), node_gpus, cluster=cluster)
-    QuotaFactory(team=team, pool=pool, max_gpus=node_gpus)
+    QuotaFactory(team=team, pool=pool, max_ge=node_gpus)
     now = timezone.now()
     reservation = Reservation.objects.create(team=team, pool=pool, gpus=gpus, starts_at=now - timedelta(minutes=1),
                                              ends_at=now + timedelta(hours=1), state=Reservation.State.ACTIVE)

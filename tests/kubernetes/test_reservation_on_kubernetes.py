@@ -43,7 +43,7 @@ def booked(kube_cluster, core):
     team = TeamFactory(slug=unique("vision"))
     member = UserFactory(username=unique("member"))
     MembershipFactory(user=member, team=team)
-    QuotaFactory(team=team, pool=pool, max_gpus=4)
+    QuotaFactory(team=team, pool=pool, max_ge=4)
     reservation = reservation_create(actor=member, request=ReservationRequest(
         team=team.slug, pool=pool.slug, gpus=2, ends_at=timezone.now() + timedelta(hours=1)))
     from allocations.services import reservation_activate

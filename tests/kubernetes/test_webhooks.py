@@ -85,7 +85,7 @@ def holding(kube_cluster, core):
     pool = PoolFactory(slug=unique("h100"))
     node_a = add_node(pool, unique("node-a"), 4, cluster=kube_cluster)
     node_b = add_node(pool, unique("node-b"), 4, cluster=kube_cluster)
-    QuotaFactory(team=team, pool=pool, max_gpus=8)
+    QuotaFactory(team=team, pool=pool, max_ge=8)
     now = timezone.now()
     reservations = []
     for node, count in ((node_a, 2), (node_b, 1)):

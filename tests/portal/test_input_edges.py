@@ -16,11 +16,11 @@ def _rules(response) -> list[tuple[str, str]]:
 
 
 def test_a_monthly_gpu_hour_limit_beyond_the_column_is_a_400_and_writes_nothing(world, api):
-    # gpu_hours_per_month is an integer column on PostgreSQL: 2**31 does not fit.
-    response = api(world.staff).post("/api/v1/quotas/", {"team": "ml", "pool": "l4", "max_gpus": 1,
-                                                         "gpu_hours_per_month": 2**31}, format="json")
+    # ge_hours_per_month is an integer column on PostgreSQL: 2**31 does not fit.
+    response = api(world.staff).post("/api/v1/quotas/", {"team": "ml", "pool": "l4", "max_ge": 1,
+                                                         "ge_hours_per_month": 2**31}, format="json")
     assert response.status_code == 400
-    assert ("gpu_hours_per_month", "max_value") in _rules(response)
+    assert ("ge_hours_per_month", "max_value") in _rules(response)
     assert not Quota.objects.filter(team=world.team, pool=world.other_pool).exists()
 
 
@@ -30,15 +30,15 @@ def test_the_quota_service_checks_values_before_it_writes(world):
     from allocations import services
 
     with pytest.raises(ValidationError) as refused:
-        services.quota_set(actor=world.staff, team=world.team, pool=world.other_pool, max_gpus=1,
-                           gpu_hours_per_month=2**31)
-    assert "gpu_hours_per_month" in refused.value.message_dict
+        services.quota_set(actor=world.staff, team=world.team, pool=world.other_pool, max_ge=1,
+                           ge_hours_per_month=2**31)
+    assert "ge_hours_per_month" in refused.value.message_dict
     assert not Quota.objects.filter(team=world.team, pool=world.other_pool).exists()
 
 
 @pytest.mark.parametrize("field", ["team", "pool"])
 def test_a_nul_byte_in_a_quotas_team_or_pool_is_a_400(world, api, field):
-    body = {"team": "ml", "pool": "l4", "max_gpus": 1, field: "l\x004"}
+    body = {"team": "ml", "pool": "l4", "max_ge": 1, field: "l\x004"}
     response = api(world.staff).post("/api/v1/quotas/", body, format="json")
     assert response.status_code == 400
     assert (field, "invalid") in _rules(response)

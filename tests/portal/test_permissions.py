@@ -59,7 +59,7 @@ def test_pool_occupancy_counts_gpus_held_now(world, api, reservation_id):
 
 def test_only_staff_create_pools_quotas_and_clusters(world, api):
     pool = {"slug": "h200", "name": "H200", "sharing_mode": "exclusive"}
-    quota = {"team": "ml", "pool": "l4", "max_gpus": 1}
+    quota = {"team": "ml", "pool": "l4", "max_ge": 1}
     cluster = {"name": "k8s-east", "slug": "k8s-east", "kind": "kubernetes"}
     for persona in ("owner", "member"):
         client = api(getattr(world, persona))
@@ -92,8 +92,8 @@ def test_every_sharing_mode_can_be_stored(world, api):
 def test_members_read_their_quotas_but_cannot_change_them(world, api):
     client = api(world.member)
     quotas = client.get("/api/v1/quotas/").json()["results"]
-    assert [(q["team"], q["pool"], q["max_gpus"]) for q in quotas] == [("ml", "a100", 6)]
-    assert client.patch(f"/api/v1/quotas/{quotas[0]['id']}/", {"max_gpus": 99}, format="json").status_code == 403
+    assert [(q["team"], q["pool"], q["max_ge"]) for q in quotas] == [("ml", "a100", 6)]
+    assert client.patch(f"/api/v1/quotas/{quotas[0]['id']}/", {"max_ge": 99}, format="json").status_code == 403
 
 
 def test_a_quota_cannot_move_to_another_team(world, api):
