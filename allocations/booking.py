@@ -223,3 +223,12 @@ def grants_write(*, reservation_id: int, gpu_ids: Sequence[int], start: datetime
         + sql.values_rows(len(gpu_ids), 4),
         [value for gpu_id in gpu_ids for value in (reservation_id, gpu_id, start, end)],
     )
+
+
+def mig_instance_id(gpu_uuid: str, mig_devices: Sequence[dict] | None, profile: str, start: int | None) -> str:
+    """A MIG instance's stable name: the MIG device UUID the GPU reported for that profile and start
+    slice (Gpu.mig_devices, from NVML on a host), else "<GPU UUID>/<start slice>"."""
+    for device in mig_devices or ():
+        if device.get("profile") == profile and device.get("start") == start and device.get("uuid"):
+            return str(device["uuid"])
+    return f"{gpu_uuid}/{start}"
