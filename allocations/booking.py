@@ -16,12 +16,14 @@ shared GPU counts only what its grants hold.
 from __future__ import annotations
 
 import logging
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Sequence
 
 from allocations import units
+from allocations.placement import mig
 from allocations.placement import (
     DEFAULT_POLICY,
     POLICY_NAMES,
@@ -34,6 +36,7 @@ from allocations.placement import (
 )
 from allocations.models import AllocationQuerySet
 from common import sql
+from inventory.sharing import SharingMode, mig_layout_names
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +59,8 @@ class PoolGpu:
     usable: bool = True  # a healthy GPU on a healthy, schedulable node
     node_cpu_milli: int = 0
     node_memory_mib: int = 0
+    weight: float = 1.0  # GE of the whole card (inventory.GpuModel; 1.0 for a model without a row)
+    mig_devices: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,15 @@ class Grant:
     milli: int = units.MILLI_PER_GPU
     mig_profile: str = ""
     mig_start: int | None = None
+    mode: str = SharingMode.EXCLUSIVE
+    share_from: int = 0
+    share_to: int = units.MILLI_PER_GPU
+    memory_mib: int | None = None
+    cores_pct: int | None = None
+
+    @property
+    def is_vgpu(self) -> bool:
+        return self.mode == SharingMode.VGPU
 
 
 class BookingRefused(Exception):
@@ -89,8 +103,9 @@ class PoolSnapshot:
     gpus: tuple[PoolGpu, ...]
     grants: tuple[Grant, ...]
 
-    def state(self) -> ClusterState:
-        """The snapshot as the placement engine takes it."""
+    def state(self, extra_holdings: Sequence[Holding] = ()) -> ClusterState:
+        """The snapshot as the placement engine takes it (plus `extra_holdings`, e.g. what a share
+        layout leaves unusable)."""
         nodes: dict[int, list[PoolGpu]] = defaultdict(list)
         for gpu in self.gpus:
             nodes[gpu.node_id].append(gpu)
@@ -103,11 +118,8 @@ class PoolSnapshot:
                 gpus=tuple(GpuInfo(id=g.id, index=g.index, model=g.model or "unknown", memory_mib=g.memory_mib,
                                    healthy=g.usable) for g in node_gpus),
             ) for node_id, node_gpus in nodes.items()],
-            holdings=[Holding(node_id=node_of[grant.gpu_id], gpu_id=grant.gpu_id, start=grant.starts_at,
-                              end=grant.ends_at, milli=0 if grant.mig_profile else grant.milli,
-                              mig_profile=grant.mig_profile or None, mig_start=grant.mig_start,
-                              reservation_id=grant.reservation_id)
-                      for grant in self.grants if grant.gpu_id in node_of],
+            holdings=[*(_holding(grant, node_of[grant.gpu_id]) for grant in self.grants if grant.gpu_id in node_of),
+                      *extra_holdings],
         )
 
     def whole_gpus_free(self, state: ClusterState | None = None) -> list[PoolGpu]:
@@ -122,6 +134,19 @@ class PoolSnapshot:
         return free
 
 
+def _holding(grant: Grant, node_id: int) -> Holding:
+    """A grant as the engine counts it: a vgpu grant holds cores (as milli) and memory; a MIG instance
+    its slices; anything else its milli-GPU."""
+    common = dict(node_id=node_id, gpu_id=grant.gpu_id, start=grant.starts_at, end=grant.ends_at,
+                  reservation_id=grant.reservation_id)
+    if grant.is_vgpu:
+        return Holding(**common, milli=min(units.MILLI_PER_GPU, 10 * (grant.cores_pct or 0)),
+                       gpu_memory_mib=grant.memory_mib or 0)
+    if grant.mig_profile:
+        return Holding(**common, mig_profile=grant.mig_profile, mig_start=grant.mig_start)
+    return Holding(**common, milli=grant.milli)
+
+
 def pool_snapshot(pool_id: int, start: datetime, end: datetime, *,
                   without_reservation: int | None = None) -> PoolSnapshot:
     """Read the pool for [start, end) (the caller holds the pool's row lock). `without_reservation`
@@ -130,13 +155,15 @@ def pool_snapshot(pool_id: int, start: datetime, end: datetime, *,
     gpu_rows = sql.fetch_all(
         'SELECT g.id, g.node_id, n.name, g."index", g.uuid, g.model_name, g.memory_mib, '
         "g.healthy AND n.healthy AND n.schedulable, "  # GpuQuerySet.USABLE, by hand
-        "n.cpu_milli, n.memory_mib "
+        "n.cpu_milli, n.memory_mib, m.weight, g.mig_devices "
         "FROM inventory_gpu g JOIN inventory_node n ON n.id = g.node_id "
+        "LEFT JOIN inventory_gpumodel m ON m.name = g.model_name "
         'WHERE g.pool_id = %s ORDER BY n.name, g.node_id, g."index"',
         [pool_id],
     )
     grant_query = (
-        "SELECT a.gpu_id, a.reservation_id, a.starts_at, a.ends_at, a.milli, a.mig_profile, a.mig_start "
+        "SELECT a.gpu_id, a.reservation_id, a.starts_at, a.ends_at, a.milli, a.mig_profile, a.mig_start, a.mode, "
+        "a.share_from, a.share_to, a.memory_mib, a.cores_pct "
         "FROM allocations_allocation a JOIN inventory_gpu g ON g.id = a.gpu_id "
         f"WHERE g.pool_id = %s AND {AllocationQuerySet.BOOKED_DURING_SQL}")
     params = [pool_id, sql.db_datetime(end), sql.db_datetime(start)]
@@ -146,12 +173,16 @@ def pool_snapshot(pool_id: int, start: datetime, end: datetime, *,
     return PoolSnapshot(
         start=start, end=end,
         gpus=tuple(PoolGpu(id=gpu_id, node_id=node_id, node_name=node_name, index=index, uuid=uuid, model=model,
-                           memory_mib=memory, usable=bool(usable), node_cpu_milli=cpu, node_memory_mib=node_memory)
-                   for (gpu_id, node_id, node_name, index, uuid, model, memory, usable, cpu, node_memory) in gpu_rows),
+                           memory_mib=memory, usable=bool(usable), node_cpu_milli=cpu, node_memory_mib=node_memory,
+                           weight=1.0 if weight is None else float(weight),
+                           mig_devices=tuple(sql.json_value(devices) or ()))
+                   for (gpu_id, node_id, node_name, index, uuid, model, memory, usable, cpu, node_memory, weight,
+                        devices) in gpu_rows),
         grants=tuple(Grant(gpu_id=gpu_id, reservation_id=rid, starts_at=sql.aware(a_start), ends_at=sql.aware(a_end),
-                           milli=milli, mig_profile=mig_profile, mig_start=mig_start)
-                     for (gpu_id, rid, a_start, a_end, milli, mig_profile, mig_start) in sql.fetch_all(grant_query,
-                                                                                                       params)),
+                           milli=milli, mig_profile=mig_profile, mig_start=mig_start, mode=mode, share_from=share_from,
+                           share_to=share_to, memory_mib=memory, cores_pct=cores)
+                     for (gpu_id, rid, a_start, a_end, milli, mig_profile, mig_start, mode, share_from, share_to,
+                          memory, cores) in sql.fetch_all(grant_query, params)),
     )
 
 
@@ -205,23 +236,326 @@ def _whole_nodes(free: list[PoolGpu], count: int) -> list[int]:
     return chosen
 
 
-def first_clash(snapshot: PoolSnapshot, gpu_ids: Sequence[int]) -> Grant | None:
-    """The earliest grant of another reservation that keeps one of `gpu_ids` from being wholly free for
-    the snapshot's window (an extension's extra time), or None when they all stay free."""
-    busy = set(gpu_ids) - {gpu.id for gpu in snapshot.whole_gpus_free()}
-    if not busy:
-        return None
-    return min((grant for grant in snapshot.grants if grant.gpu_id in busy), key=lambda g: g.starts_at,
-               default=None)
+# --- what a reservation asks for, and the grants that give it ---------------------------------
+
+@dataclass(frozen=True)
+class Shape:
+    """A request in its pool's unit, already checked against the pool by the service.
+
+    exclusive: `gpus` whole GPUs. time_slicing, mps: `shares` of a GPU offered as `replicas`.
+    mig: `mig_count` instances of `mig_profile`, on GPUs carved as `mig_layout` (a layout name or
+    one GPU's profile names). vgpu: on each of `gpus` GPUs of one node, `memory_mib` (or
+    `memory_pct` of the card) and `cores_pct`.
+    """
+
+    mode: str = SharingMode.EXCLUSIVE
+    gpus: int = 1
+    shares: int = 0
+    replicas: int = 0
+    mig_profile: str = ""
+    mig_count: int = 0
+    mig_layout: str | tuple[str, ...] = ()
+    memory_mib: int = 0
+    memory_pct: int = 0
+    cores_pct: int = 0
+
+    def in_words(self) -> str:
+        """The request in its own unit, for messages: "4 × 3g.40gb", "3 of 4 shares", ..."""
+        if self.mode in (SharingMode.TIME_SLICING, SharingMode.MPS):
+            return f"{self.shares} of {self.replicas} shares of a GPU"
+        if self.mode == SharingMode.MIG:
+            return f"{self.mig_count} × {self.mig_profile}"
+        if self.mode == SharingMode.VGPU:
+            memory = f"{self.memory_mib} MiB" if self.memory_mib else f"{self.memory_pct} % of the memory"
+            return f"{memory} and {self.cores_pct} % of the cores on each of {self.gpus} GPU(s)"
+        return f"{self.gpus} GPU(s)"
 
 
-def grants_write(*, reservation_id: int, gpu_ids: Sequence[int], start: datetime, end: datetime) -> None:
-    """One whole-GPU grant per GPU over [start, end) (the share columns keep their whole-card defaults)."""
+def shape_of(reservation, pool) -> Shape:
+    """What a booked reservation holds, as a Shape (failover places it again)."""
+    config = pool.sharing_config or {}
+    if reservation.mode in (SharingMode.TIME_SLICING, SharingMode.MPS):
+        return Shape(mode=reservation.mode, shares=reservation.shares or 1, replicas=int(config.get("replicas") or 1))
+    if reservation.mode == SharingMode.MIG:
+        layout = mig_layout_names(config)
+        return Shape(mode=reservation.mode, mig_profile=reservation.mig_profile, mig_count=reservation.mig_count or 1,
+                     mig_layout=layout if isinstance(layout, str) else tuple(layout))
+    if reservation.mode == SharingMode.VGPU:
+        return Shape(mode=reservation.mode, gpus=reservation.gpus, memory_mib=reservation.gpu_memory_mib or 0,
+                     cores_pct=reservation.gpu_cores_pct or 100)
+    return Shape(gpus=reservation.gpus)
+
+
+@dataclass(frozen=True)
+class NewGrant:
+    """A grant about to be written: one GPU (or a part of one) for the reservation's window."""
+
+    gpu_id: int
+    ge: float
+    mode: str = SharingMode.EXCLUSIVE
+    share_from: int = 0
+    share_to: int = units.MILLI_PER_GPU
+    milli: int = units.MILLI_PER_GPU
+    mig_profile: str = ""
+    mig_start: int | None = None
+    memory_mib: int | None = None
+    cores_pct: int | None = None
+
+
+def choose(snapshot: PoolSnapshot, shape: Shape, *, policy: str = DEFAULT_POLICY) -> list[NewGrant]:
+    """The grants that give `shape` for the snapshot's window, or BookingRefused with the reason in the
+    request's own unit."""
+    if shape.mode in (SharingMode.TIME_SLICING, SharingMode.MPS):
+        return _choose_shares(snapshot, shape, policy)
+    if shape.mode == SharingMode.MIG:
+        return _choose_mig(snapshot, shape)
+    if shape.mode == SharingMode.VGPU:
+        return _choose_vgpu(snapshot, shape, policy)
+    weight = {gpu.id: gpu.weight for gpu in snapshot.gpus}
+    return [NewGrant(gpu_id=gpu_id, ge=weight[gpu_id])
+            for gpu_id in choose_whole_gpus(snapshot, shape.gpus, policy=policy)]
+
+
+def _busy_parts(snapshot: PoolSnapshot) -> dict[int, list[tuple[int, int]]]:
+    """Per GPU, the parts of its share space some grant holds at some instant of the window (a vgpu
+    grant holds the whole card as far as the other modes are concerned)."""
+    busy: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for grant in snapshot.grants:
+        busy[grant.gpu_id].append((0, units.MILLI_PER_GPU) if grant.is_vgpu else (grant.share_from, grant.share_to))
+    return busy
+
+
+def _is_free(part: tuple[int, int], busy: Sequence[tuple[int, int]]) -> bool:
+    return all(part[1] <= lo or hi <= part[0] for lo, hi in busy)
+
+
+def share_slot(index: int, replicas: int) -> tuple[int, int]:
+    """Share slot `index` of a GPU offered as `replicas` shares, as a part of its share space. Every
+    slot is 1000 // replicas wide, so k slots are worth the same wherever they sit; what is left
+    over at the top of the space (1000 % replicas) is never granted."""
+    width = units.MILLI_PER_GPU // replicas
+    return index * width, (index + 1) * width
+
+
+def _choose_shares(snapshot: PoolSnapshot, shape: Shape, policy: str) -> list[NewGrant]:
+    """k shares of one GPU. The engine picks the GPU with the pool's policy, seeing each share as
+    1000 // replicas milli and the unusable rest of each card as held; the shares are the GPU's
+    lowest free slots."""
+    replicas, wanted = shape.replicas, shape.shares
+    busy = _busy_parts(snapshot)
+    free_slots = {gpu.id: [i for i in range(replicas) if _is_free(share_slot(i, replicas), busy[gpu.id])]
+                  for gpu in snapshot.gpus if gpu.usable}
+    total = sum(len(slots) for slots in free_slots.values())
+    most = max((len(slots) for slots in free_slots.values()), default=0)
+    if most < wanted:
+        if total >= wanted:
+            raise BookingRefused("fragmented", f"fragmented: {total} shares are free for that window, but no GPU "
+                                               f"has {wanted} (the most on one GPU is {most}).")
+        raise BookingRefused("insufficient_capacity", f"{wanted} shares requested but only {total} are free for "
+                                                      "that window.")
+    width = units.MILLI_PER_GPU // replicas
+    rest = units.MILLI_PER_GPU - replicas * width
+    unusable = [Holding(node_id=gpu.node_id, gpu_id=gpu.id, start=snapshot.start, end=snapshot.end, milli=rest)
+                for gpu in snapshot.gpus if rest and gpu.id in free_slots]
+    milli = wanted * width
+    request = (PlacementRequest(milli=milli, start=snapshot.start, end=snapshot.end) if milli < units.MILLI_PER_GPU
+               else PlacementRequest(gpus=1, start=snapshot.start, end=snapshot.end))
+    decision = place(snapshot.state(unusable), request, policy_name(policy))
+    gpu_id = decision.gpus[0].gpu_id if decision.ok else None
+    if gpu_id is None or len(free_slots.get(gpu_id, ())) < wanted:
+        # The engine counts peak use over time, the slots what any grant holds at some instant of the
+        # window: where they differ, take the GPU that has the slots and the fewest left over.
+        gpu_id = min((g for g, slots in free_slots.items() if len(slots) >= wanted),
+                     key=lambda g: len(free_slots[g]))
+    by_id = {gpu.id: gpu for gpu in snapshot.gpus}
+    gpu = by_id[gpu_id]
+    mps = shape.mode == SharingMode.MPS
+    return [NewGrant(gpu_id=gpu_id, ge=gpu.weight / replicas, mode=shape.mode, share_from=lo, share_to=hi,
+                     milli=width, memory_mib=gpu.memory_mib // replicas if mps else None,
+                     cores_pct=max(1, 100 // replicas) if mps else None)
+            for lo, hi in (share_slot(i, replicas) for i in free_slots[gpu_id][:wanted])]
+
+
+MIG_SLICE_MILLI = units.MILLI_PER_GPU // mig.MIG_SLICES  # one memory slice of the share space
+
+
+def layout_of(model: str, layout: str | Sequence[str]) -> list[tuple[mig.MigProfile, int]]:
+    """A MIG pool's layout on a GPU of `model`: its instances as (profile, start slice)."""
+    names = mig.named_layout(model, layout) if isinstance(layout, str) else list(layout)
+    return mig.layout_instances(model, names)
+
+
+def mig_part(profile: mig.MigProfile, start: int) -> tuple[int, int]:
+    """The part of the share space a MIG instance holds: its memory slices, 125 milli each."""
+    return start * MIG_SLICE_MILLI, (start + profile.size) * MIG_SLICE_MILLI
+
+
+def _choose_mig(snapshot: PoolSnapshot, shape: Shape) -> list[NewGrant]:
+    """`mig_count` free instances of the profile in the GPUs' layouts. Static layouts leave nothing to
+    place, only to choose: the instances go on as few nodes as possible (one when one node has
+    enough), and within a node on the GPUs with the fewest free instances first, so wholly free GPUs
+    stay free for the requests that need a whole layout's worth."""
+    busy = _busy_parts(snapshot)
+    layouts: dict[str, list[tuple[mig.MigProfile, int]]] = {}
+    free: dict[int, list[tuple[PoolGpu, mig.MigProfile, int]]] = defaultdict(list)  # node -> instances
+    free_on_gpu: dict[int, int] = defaultdict(int)
+    for gpu in snapshot.gpus:
+        if not gpu.usable:
+            continue
+        if gpu.model not in layouts:
+            try:
+                layouts[gpu.model] = layout_of(gpu.model, shape.mig_layout)
+            except mig.LayoutError:
+                layouts[gpu.model] = []  # the pool's layout does not fit this model: it offers nothing
+        for profile, start in layouts[gpu.model]:
+            if _is_free(mig_part(profile, start), busy[gpu.id]):
+                free_on_gpu[gpu.id] += 1
+                if profile.name == shape.mig_profile:
+                    free[gpu.node_id].append((gpu, profile, start))
+    total = sum(len(instances) for instances in free.values())
+    if total < shape.mig_count:
+        raise BookingRefused("insufficient_capacity", f"{shape.mig_count} × {shape.mig_profile} requested but only "
+                                                      f"{total} are free for that window.")
+    nodes = sorted(free.values(), key=lambda instances: (len(instances) < shape.mig_count, len(instances),
+                                                          instances[0][0].node_name))
+    if len(nodes[0]) < shape.mig_count:  # no node has them all: the fullest nodes first
+        nodes.sort(key=lambda instances: (-len(instances), instances[0][0].node_name))
+    chosen: list[tuple[PoolGpu, mig.MigProfile, int]] = []
+    for instances in nodes:
+        instances.sort(key=lambda item: (free_on_gpu[item[0].id], item[0].index, -item[2]))
+        chosen.extend(instances[: shape.mig_count - len(chosen)])
+        if len(chosen) == shape.mig_count:
+            break
+    return [NewGrant(gpu_id=gpu.id, ge=units.ge(profile.milli, gpu.weight), mode=SharingMode.MIG,
+                     share_from=mig_part(profile, start)[0], share_to=mig_part(profile, start)[1],
+                     milli=profile.milli, mig_profile=profile.name, mig_start=start, memory_mib=profile.memory_mib)
+            for gpu, profile, start in chosen]
+
+
+def vgpu_memory(shape: Shape, gpu: PoolGpu) -> int:
+    """The memory a vgpu request takes on `gpu`, in MiB."""
+    return shape.memory_mib or gpu.memory_mib * shape.memory_pct // 100
+
+
+def vgpu_fraction(memory_mib: int, cores_pct: int, gpu_memory_mib: int) -> float:
+    """What a vgpu grant is worth, as a fraction of the card: the larger of its memory and core shares."""
+    return max(memory_mib / gpu_memory_mib if gpu_memory_mib else 1.0, cores_pct / 100)
+
+
+def _vgpu_free(snapshot: PoolSnapshot) -> dict[int, tuple[int, int]]:
+    """Per usable GPU, (memory MiB, cores %) free for all of the window; nothing on a GPU another mode
+    holds at some instant of it."""
+    held: dict[int, list[Grant]] = defaultdict(list)
+    for grant in snapshot.grants:
+        held[grant.gpu_id].append(grant)
+    free = {}
+    for gpu in snapshot.gpus:
+        grants = held[gpu.id]
+        if not gpu.usable or any(not g.is_vgpu for g in grants):
+            continue
+        memory = units.peak(((g.starts_at, g.ends_at, g.memory_mib or 0) for g in grants), snapshot.start,
+                            snapshot.end).amount
+        cores = units.peak(((g.starts_at, g.ends_at, g.cores_pct or 0) for g in grants), snapshot.start,
+                           snapshot.end).amount
+        free[gpu.id] = (gpu.memory_mib - memory, 100 - cores)
+    return free
+
+
+def _choose_vgpu(snapshot: PoolSnapshot, shape: Shape, policy: str) -> list[NewGrant]:
+    """Memory and cores on each of `gpus` GPUs of one node. The engine chooses with the pool's policy,
+    seeing cores as milli-GPU and memory as the GPU's memory; a GPU fits when both are free for the
+    whole window."""
+    by_id = {gpu.id: gpu for gpu in snapshot.gpus}
+    free = _vgpu_free(snapshot)
+    fits = {gpu_id for gpu_id, (memory, cores) in free.items()
+            if memory >= vgpu_memory(shape, by_id[gpu_id]) and cores >= shape.cores_pct}
+    per_node: dict[int, list[int]] = defaultdict(list)
+    for gpu_id in fits:
+        per_node[by_id[gpu_id].node_id].append(gpu_id)
+    if max((len(ids) for ids in per_node.values()), default=0) < shape.gpus:
+        most_memory = max((memory for memory, _ in free.values()), default=0)
+        most_cores = max((cores for _, cores in free.values()), default=0)
+        where = "no GPU" if shape.gpus == 1 else f"no node has {shape.gpus} GPUs that each"
+        raise BookingRefused(
+            "fragmented" if len(fits) >= shape.gpus else "insufficient_capacity",
+            f"{where} {'has' if shape.gpus == 1 else 'have'} {shape.in_words().split(' on each')[0]} free for that "
+            f"window ({len(fits)} GPU(s) could take one; the most memory free on one GPU is {most_memory} MiB, "
+            f"the most cores {most_cores} %).")
+    state = snapshot.state()
+    chosen: list[int] = []
+    candidates = sorted(per_node.items(), key=lambda item: (len(item[1]) < shape.gpus, by_id[item[1][0]].node_name))
+    for node_id, _ in candidates:
+        node_state = ClusterState(nodes=[n for n in state.nodes if n.id == node_id],
+                                  holdings=[h for h in state.holdings if h.node_id == node_id])
+        chosen = []
+        for _ in range(shape.gpus):
+            decision = place(node_state, _vgpu_request(shape, snapshot, min(by_id[g].memory_mib
+                                                                           for g in per_node[node_id])),
+                             policy_name(policy))
+            if not decision.ok or decision.gpus[0].gpu_id not in fits or decision.gpus[0].gpu_id in chosen:
+                break
+            chosen.append(decision.gpus[0].gpu_id)
+            node_state = node_state.with_holdings(decision.holdings(reservation_id="new"))
+        if len(chosen) == shape.gpus:
+            break
+        if len(per_node[node_id]) >= shape.gpus:  # the engine's arithmetic differs from ours: take ours
+            chosen = sorted(per_node[node_id], key=lambda g: (-free[g][1], by_id[g].index))[: shape.gpus]
+            break
+    grants = []
+    for gpu_id in chosen:
+        gpu = by_id[gpu_id]
+        memory = vgpu_memory(shape, gpu)
+        fraction = vgpu_fraction(memory, shape.cores_pct, gpu.memory_mib)
+        grants.append(NewGrant(gpu_id=gpu_id, ge=fraction * gpu.weight, mode=SharingMode.VGPU,
+                               milli=max(1, min(units.MILLI_PER_GPU, math.ceil(fraction * units.MILLI_PER_GPU))),
+                               memory_mib=memory, cores_pct=shape.cores_pct))
+    return grants
+
+
+def _vgpu_request(shape: Shape, snapshot: PoolSnapshot, gpu_memory_mib: int) -> PlacementRequest:
+    memory = shape.memory_mib or gpu_memory_mib * shape.memory_pct // 100
+    if shape.cores_pct >= 100:
+        return PlacementRequest(gpus=1, start=snapshot.start, end=snapshot.end)
+    return PlacementRequest(milli=10 * shape.cores_pct, gpu_memory_mib=memory, start=snapshot.start, end=snapshot.end)
+
+
+def first_clash(snapshot: PoolSnapshot, held: Sequence[NewGrant]) -> Grant | None:
+    """The earliest grant of another reservation that keeps one of `held` (a reservation's own grants)
+    from holding the same part of its GPU for the snapshot's window (an extension's extra time), or
+    None when they all stay free."""
+    clashes: list[Grant] = []
+    others: dict[int, list[Grant]] = defaultdict(list)
+    for grant in snapshot.grants:
+        others[grant.gpu_id].append(grant)
+    memory_of = {gpu.id: gpu.memory_mib for gpu in snapshot.gpus}
+    for own in held:
+        on_gpu = others[own.gpu_id]
+        if own.mode != SharingMode.VGPU:
+            clashes.extend(g for g in on_gpu
+                           if g.is_vgpu or not (own.share_to <= g.share_from or g.share_to <= own.share_from))
+            continue
+        clashes.extend(g for g in on_gpu if not g.is_vgpu)
+        # Sums of memory and cores: the first start at which they would exceed the card, with this grant.
+        vgpus = sorted((g for g in on_gpu if g.is_vgpu), key=lambda g: g.starts_at)
+        for candidate in vgpus:
+            at = max(candidate.starts_at, snapshot.start)
+            holding = [g for g in vgpus if g.starts_at <= at < g.ends_at]
+            if (sum(g.memory_mib or 0 for g in holding) + (own.memory_mib or 0) > memory_of.get(own.gpu_id, 0)
+                    or sum(g.cores_pct or 0 for g in holding) + (own.cores_pct or 0) > 100):
+                clashes.append(candidate)
+                break
+    return min(clashes, key=lambda g: g.starts_at, default=None)
+
+
+def grants_write(*, reservation_id: int, grants: Sequence[NewGrant], start: datetime, end: datetime) -> None:
+    """Write `grants` for the reservation over [start, end)."""
     start, end = sql.db_datetime(start), sql.db_datetime(end)
     sql.execute(
-        "INSERT INTO allocations_allocation (reservation_id, gpu_id, starts_at, ends_at) VALUES "
-        + sql.values_rows(len(gpu_ids), 4),
-        [value for gpu_id in gpu_ids for value in (reservation_id, gpu_id, start, end)],
+        "INSERT INTO allocations_allocation (reservation_id, gpu_id, starts_at, ends_at, mode, ge, share_from, "
+        "share_to, milli, mig_profile, mig_start, memory_mib, cores_pct) VALUES " + sql.values_rows(len(grants), 13),
+        [value for g in grants for value in (reservation_id, g.gpu_id, start, end, g.mode, g.ge, g.share_from,
+                                             g.share_to, g.milli, g.mig_profile, g.mig_start, g.memory_mib,
+                                             g.cores_pct)],
     )
 
 

@@ -82,8 +82,8 @@ def reservation_move_off_node(*, reservation_id: int, node: Node, reason: str, n
     reservation.allocations.filter(ends_at__gt=start, starts_at__lt=start).update(ends_at=start)
     reservation.allocations.filter(starts_at__gte=start).update(ends_at=F("starts_at"))  # empty: never used
     try:
-        chosen = booking.choose_whole_gpus(booking.pool_snapshot(pool.pk, start, reservation.ends_at),
-                                           reservation.gpus, policy=pool.placement_policy)
+        grants = booking.choose(booking.pool_snapshot(pool.pk, start, reservation.ends_at),
+                                booking.shape_of(reservation, pool), policy=pool.placement_policy)
     except booking.BookingRefused as refused:
         message = (f"Its GPUs were on {node.name}, which failed ({reason}), and no healthy GPUs of pool "
                    f"{pool.slug} are free for the rest of the window: {refused.message}")
@@ -91,8 +91,9 @@ def reservation_move_off_node(*, reservation_id: int, node: Node, reason: str, n
         _notify(reservation, f"Reservation #{reservation.pk} failed: node {node.name} is down", message)
         jobs.reconcile_enqueue(cluster=node.cluster, now=now)
         return "failed"
-    booking.grants_write(reservation_id=reservation.pk, gpu_ids=chosen, start=start, end=reservation.ends_at)
-    new_nodes = sorted(set(Node.objects.filter(gpus__id__in=chosen).values_list("name", flat=True)))
+    booking.grants_write(reservation_id=reservation.pk, grants=grants, start=start, end=reservation.ends_at)
+    new_nodes = sorted(set(Node.objects.filter(gpus__id__in=[g.gpu_id for g in grants])
+                           .values_list("name", flat=True)))
     message = f"Moved from {node.name} to {', '.join(new_nodes)}: {reason}."
     if reservation.state == State.SCHEDULED:
         record(reservation, from_state=State.SCHEDULED, to_state=State.SCHEDULED, actor=None, reason=message)

@@ -8,16 +8,17 @@ from typing import NamedTuple, Sequence
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.db import DEFAULT_DB_ALIAS
+from django.db import DEFAULT_DB_ALIAS, connection
 from django.db.models import Count, DateTimeField, DurationField, F, OuterRef, Q, QuerySet, Subquery, Sum, Value
 from django.db.models.functions import Coalesce, Greatest, Least
 from django.utils import timezone
 
-from allocations import quota_math
+from allocations import booking, quota_math
 from allocations.models import Allocation, AllocationQuerySet, Quota, Reservation
 from common import sql
 from common.errors import ValidationFailed
 from inventory.models import Gpu, GpuPool
+from inventory.sharing import REPLICA_MODES
 from teams.models import Membership, Team
 from teams.selectors import teams_of
 
@@ -46,7 +47,14 @@ class ReservationRow(NamedTuple):
     """The columns a reservation is shown with (the API's list, a create's and a release's answer)."""
 
     id: int
+    mode: str
     gpus: int
+    shares: int | None
+    mig_profile: str
+    mig_count: int | None
+    gpu_memory_mib: int | None
+    gpu_cores_pct: int | None
+    ge: float
     starts_at: datetime
     ends_at: datetime
     state: str
@@ -66,7 +74,10 @@ class ReservationRow(NamedTuple):
 # over `allocations_reservation r`, `teams_team t`, `inventory_gpupool p` and `auth_user u` reads them
 # (the release's locked read): one table, so the two reads cannot drift apart.
 _RESERVATION_COLUMNS = {
-    "id": ("id", "r.id"), "gpus": ("gpus", "r.gpus"), "starts_at": ("starts_at", "r.starts_at"),
+    "id": ("id", "r.id"), "mode": ("mode", "r.mode"), "gpus": ("gpus", "r.gpus"),
+    "shares": ("shares", "r.shares"), "mig_profile": ("mig_profile", "r.mig_profile"),
+    "mig_count": ("mig_count", "r.mig_count"), "gpu_memory_mib": ("gpu_memory_mib", "r.gpu_memory_mib"),
+    "gpu_cores_pct": ("gpu_cores_pct", "r.gpu_cores_pct"), "ge": ("ge", "r.ge"), "starts_at": ("starts_at", "r.starts_at"),
     "ends_at": ("ends_at", "r.ends_at"), "state": ("state", "r.state"), "reason": ("reason", "r.reason"),
     "ended_at": ("ended_at", "r.ended_at"), "created_at": ("created_at", "r.created_at"),
     "updated_at": ("updated_at", "r.updated_at"), "team_id": ("team_id", "r.team_id"),
@@ -86,9 +97,11 @@ def reservation_from_row(row: ReservationRow | Sequence) -> Reservation:
     r = row if isinstance(row, ReservationRow) else ReservationRow._make(row)
     reservation = Reservation.from_db(
         DEFAULT_DB_ALIAS,
-        ["id", "team_id", "pool_id", "requested_by_id", "gpus", "starts_at", "ends_at", "state", "reason",
-         "ended_at", "created_at", "updated_at"],
-        [r.id, r.team_id, r.pool_id, r.requested_by_id, r.gpus, sql.aware(r.starts_at), sql.aware(r.ends_at),
+        ["id", "team_id", "pool_id", "requested_by_id", "mode", "gpus", "shares", "mig_profile", "mig_count",
+         "gpu_memory_mib", "gpu_cores_pct", "ge", "starts_at", "ends_at", "state", "reason", "ended_at",
+         "created_at", "updated_at"],
+        [r.id, r.team_id, r.pool_id, r.requested_by_id, r.mode, r.gpus, r.shares, r.mig_profile, r.mig_count,
+         r.gpu_memory_mib, r.gpu_cores_pct, r.ge, sql.aware(r.starts_at), sql.aware(r.ends_at),
          r.state, r.reason, sql.aware(r.ended_at), sql.aware(r.created_at), sql.aware(r.updated_at)],
     )
     reservation.team = Team.from_db(DEFAULT_DB_ALIAS, ["id", "slug"], [r.team_id, r.team_slug])
@@ -100,24 +113,52 @@ def reservation_from_row(row: ReservationRow | Sequence) -> Reservation:
 
 
 def with_allocated_gpus(reservations: list[Reservation]) -> list[Reservation]:
-    """Set `allocated_gpus` on each reservation: its GPUs as plain rows (uuid, node, index, model_name,
-    starts_at, ends_at) in node and index order. One hand-written query of exactly those columns
-    (common/sql.py says why): this answers every create, release and list call."""
-    rows: dict[int, list[dict]] = {r.pk: [] for r in reservations}
-    if rows:
+    """Set `allocated_gpus` and `grants` on each reservation. `allocated_gpus`: its GPUs as plain rows
+    (uuid, node, index, model_name, starts_at, ends_at) in node and index order, one per GPU and
+    window. `grants`: the same with the mode's share of each GPU (time-slicing and MPS shares held on
+    one GPU add up to one grant), MIG instances by their stable name, and the GE charged. One
+    hand-written query of exactly those columns (common/sql.py says why): this answers every create,
+    release and list call."""
+    gpus: dict[int, list[dict]] = {r.pk: [] for r in reservations}
+    grants: dict[int, list[dict]] = {r.pk: [] for r in reservations}
+    if gpus:
         held = sql.fetch_all(
-            'SELECT a.reservation_id, g.uuid, n.name, g."index", g.model_name, a.starts_at, a.ends_at '
+            'SELECT a.reservation_id, g.uuid, n.name, g."index", g.model_name, a.starts_at, a.ends_at, a.mode, '
+            "a.mig_profile, a.mig_start, a.memory_mib, a.cores_pct, a.ge, g.mig_devices, p.sharing_config "
             "FROM allocations_allocation a JOIN inventory_gpu g ON g.id = a.gpu_id "
             "JOIN inventory_node n ON n.id = g.node_id "
-            f"WHERE a.reservation_id IN ({', '.join(['%s'] * len(rows))}) "
-            'ORDER BY a.reservation_id, g.node_id, g."index"',
-            list(rows),
+            "JOIN allocations_reservation r ON r.id = a.reservation_id "
+            "JOIN inventory_gpupool p ON p.id = r.pool_id "
+            f"WHERE a.reservation_id IN ({', '.join(['%s'] * len(gpus))}) "
+            'ORDER BY a.reservation_id, g.node_id, g."index", a.mig_start, a.share_from',
+            list(gpus),
         )
-        for reservation_id, uuid, node, index, model_name, starts_at, ends_at in held:
-            rows[reservation_id].append({"uuid": uuid, "node": node, "index": index, "model_name": model_name,
-                                         "starts_at": sql.aware(starts_at), "ends_at": sql.aware(ends_at)})
+        for (reservation_id, uuid, node, index, model_name, starts_at, ends_at, mode, mig_profile, mig_start,
+             memory_mib, cores_pct, ge, mig_devices, pool_config) in held:
+            starts_at, ends_at = sql.aware(starts_at), sql.aware(ends_at)
+            gpu = {"uuid": uuid, "node": node, "index": index, "model_name": model_name, "starts_at": starts_at,
+                   "ends_at": ends_at}
+            if not gpus[reservation_id] or gpus[reservation_id][-1] != gpu:
+                gpus[reservation_id].append(gpu)
+            last = grants[reservation_id][-1] if grants[reservation_id] else None
+            if (mode in REPLICA_MODES and last is not None and last["uuid"] == uuid
+                    and (last["starts_at"], last["ends_at"]) == (starts_at, ends_at)):
+                last["shares"] += 1  # one row per share slot: shares of one GPU add up to one grant
+                last["ge"] += ge
+                if memory_mib is not None:
+                    last["gpu_memory_mib"] = (last["gpu_memory_mib"] or 0) + memory_mib
+                    last["gpu_cores_pct"] = (last["gpu_cores_pct"] or 0) + (cores_pct or 0)
+                continue
+            replicas = (sql.json_value(pool_config) or {}).get("replicas") if mode in REPLICA_MODES else None
+            grants[reservation_id].append({
+                **gpu, "mode": mode, "shares": 1 if mode in REPLICA_MODES else None, "replicas": replicas,
+                "mig_profile": mig_profile or None,
+                "mig_instance": (booking.mig_instance_id(uuid, sql.json_value(mig_devices), mig_profile,
+                                                               mig_start) if mig_profile else None),
+                "gpu_memory_mib": memory_mib, "gpu_cores_pct": cores_pct, "ge": ge})
     for reservation in reservations:
-        reservation.allocated_gpus = rows[reservation.pk]
+        reservation.allocated_gpus = gpus[reservation.pk]
+        reservation.grants = grants[reservation.pk]
     return reservations
 
 
@@ -225,10 +266,22 @@ def quota_use(team: Team, now: datetime | None = None) -> list[QuotaUse]:
     return out
 
 
-def month_gpu_hours(team_id: int, pool_id: int, month: quota_math.Window) -> float:
-    """GPU-hours the team has booked in the pool within `month` (allocations clipped to it)."""
-    rows = _month_bookings(team_id, [pool_id], month)
-    return rows[0][-1] if rows else 0.0
+def month_ge_hours(team_id: int, pool_id: int | None, month: quota_math.Window) -> float:
+    """GE-hours the team has booked within `month` (allocations clipped to it): in the pool, or in every
+    pool when `pool_id` is None. Each grant counts the GE it was charged. Summed by the database."""
+    start, end = (sql.db_datetime(bound) for bound in month)
+    seconds = ("extract(epoch FROM (least(a.ends_at, %s) - greatest(a.starts_at, %s)))"
+               if connection.vendor == "postgresql" else
+               "(julianday(min(a.ends_at, %s)) - julianday(max(a.starts_at, %s))) * 86400")
+    query = (f"SELECT coalesce(sum(a.ge * {seconds}), 0) FROM allocations_allocation a "
+             "JOIN allocations_reservation r ON r.id = a.reservation_id "
+             f"WHERE r.team_id = %s AND r.ends_at > %s AND {AllocationQuerySet.BOOKED_DURING_SQL}")
+    params = [end, start, team_id, start, end, start]
+    if pool_id is not None:
+        query += " AND r.pool_id = %s"
+        params.append(pool_id)
+    (seconds_booked,) = sql.fetch_one(query, params)
+    return float(seconds_booked or 0) / 3600
 
 
 def _month_bookings(team_id: int, pool_ids: list[int], month: quota_math.Window, **more) -> list[tuple]:
@@ -246,20 +299,24 @@ def _month_bookings(team_id: int, pool_ids: list[int], month: quota_math.Window,
     return [(*row[:-1], row[-1] / timedelta(hours=1) if row[-1] else 0.0) for row in rows]
 
 
-def team_windows(team_id: int, pool_id: int, start: datetime, end: datetime,
-                 exclude_reservation: int | None = None) -> list[quota_math.Window]:
-    """The windows of the team's allocations in the pool that overlap [start, end), one per GPU
-    (what its quota counts). Hand-written: every create runs it under the pool's lock.
+def team_windows(team_id: int, pool_id: int | None, start: datetime, end: datetime,
+                 exclude_reservation: int | None = None) -> list[tuple[datetime, datetime, float]]:
+    """The team's grants that overlap [start, end), as (start, end, GE charged): in the pool, or in
+    every pool when `pool_id` is None (the team-wide cap). What its quotas count. Hand-written:
+    every create runs it under the pool's lock.
 
     An allocation never ends after its reservation (release and failover cut allocations short,
     extend moves both), so `r.ends_at > start` loses nothing and lets the reservation_team_pool_end
     index skip the team's past (`python -m benchmarks.history`: a create for a team with 200,000 past
     reservations took 3.2-4.0x as long as one for a team without before, 1.1x after)."""
-    query = ("SELECT a.starts_at, a.ends_at FROM allocations_allocation a "
+    query = ("SELECT a.starts_at, a.ends_at, a.ge FROM allocations_allocation a "
              "JOIN allocations_reservation r ON r.id = a.reservation_id "
-             f"WHERE r.team_id = %s AND r.pool_id = %s AND r.ends_at > %s AND {AllocationQuerySet.BOOKED_DURING_SQL}")
-    params = [team_id, pool_id, sql.db_datetime(start), sql.db_datetime(end), sql.db_datetime(start)]
+             f"WHERE r.team_id = %s AND r.ends_at > %s AND {AllocationQuerySet.BOOKED_DURING_SQL}")
+    params = [team_id, sql.db_datetime(start), sql.db_datetime(end), sql.db_datetime(start)]
+    if pool_id is not None:
+        query += " AND r.pool_id = %s"
+        params.append(pool_id)
     if exclude_reservation is not None:
         query += " AND a.reservation_id <> %s"
         params.append(exclude_reservation)
-    return [(sql.aware(a), sql.aware(b)) for a, b in sql.fetch_all(query, params)]
+    return [(sql.aware(a), sql.aware(b), ge) for a, b, ge in sql.fetch_all(query, params)]

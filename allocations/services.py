@@ -8,6 +8,7 @@ so a task never sees a reservation that was rolled back.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -26,7 +27,8 @@ from common import sql
 from common.dispatch import enqueue_after_commit
 from common.errors import Conflict, FieldError, NotFound, PermissionDenied, ValidationFailed
 from inventory.models import Gpu, GpuPool
-from inventory.sharing import RESERVABLE_MODES
+from allocations.placement import mig
+from inventory.sharing import REPLICA_MODES, SharingMode, mig_layout_names
 from teams.models import Team
 
 State = Reservation.State
@@ -62,44 +64,60 @@ def _check_duration(starts_at: datetime, ends_at: datetime) -> None:
 
 @dataclass(frozen=True)
 class QuotaLimits:
-    """A team's quota in a pool, with the slugs its refusals name."""
+    """A team's quota in a pool (and its team-wide cap), with the slugs its refusals name."""
 
     team_id: int
     team_slug: str
     pool_id: int
     pool_slug: str
-    max_ge: int
-    ge_hours_per_month: int | None
+    max_ge: float
+    ge_hours_per_month: float | None
+    team_max_ge: float | None = None
 
 
-def _check_quota(quota: QuotaLimits, *, gpus: int, start: datetime, end: datetime,
+def _ge(value: float) -> str:
+    return f"{value:.2f}"
+
+
+def _check_quota(quota: QuotaLimits, *, ge: float, asked: str, field: str, start: datetime, end: datetime,
                  exclude_reservation: int | None = None) -> None:
-    """Refuse when the team would hold more than max_ge at any instant of [start, end),
-    or book more GPU-hours in a calendar month than ge_hours_per_month."""
+    """Refuse when the team would hold more GE than its quota in the pool at some instant of [start, end),
+    more than its team-wide cap across pools, or book more GE-hours in a calendar month than the
+    pool's monthly budget. `ge` is what the new grants are charged; `asked` the request in its own
+    unit, for the message; `field` the request field a refusal names."""
     team, pool = quota.team_slug, quota.pool_slug
     windows = selectors.team_windows(quota.team_id, quota.pool_id, start, end, exclude_reservation)
-    # Each window is one whole GPU held.
-    peak, peak_at = units.peak(((w_start, w_end, 1) for w_start, w_end in windows), start, end)
-    if peak + gpus > quota.max_ge:
+    peak, peak_at = units.peak(windows, start, end)
+    if peak + ge > quota.max_ge + 1e-9:
         when = f" at {peak_at:%Y-%m-%d %H:%M} UTC" if peak else ""
         raise Conflict(
-            f"Over quota: team {team} would hold {peak + gpus} GPUs in pool {pool}{when}; "
-            f"its quota is {quota.max_ge} ({peak + gpus - quota.max_ge} over).",
-            field="gpus", rule="quota_exceeded",
+            f"Over quota: team {team} would hold {_ge(peak + ge)} GE in pool {pool}{when} (quota {_ge(quota.max_ge)}, "
+            f"{_ge(peak + ge - quota.max_ge)} over): {asked} is {_ge(ge)} GE and it holds {_ge(peak)}.",
+            field=field, rule="quota_exceeded",
         )
+    if quota.team_max_ge is not None:
+        everywhere = selectors.team_windows(quota.team_id, None, start, end, exclude_reservation)
+        peak, peak_at = units.peak(everywhere, start, end)
+        if peak + ge > quota.team_max_ge + 1e-9:
+            when = f" at {peak_at:%Y-%m-%d %H:%M} UTC" if peak else ""
+            raise Conflict(
+                f"Over the team-wide cap: team {team} would hold {_ge(peak + ge)} GE across all pools{when} (cap "
+                f"{_ge(quota.team_max_ge)}, {_ge(peak + ge - quota.team_max_ge)} over): {asked} is {_ge(ge)} GE.",
+                field=field, rule="team_cap_exceeded",
+            )
     if quota.ge_hours_per_month is None:
         return
     for month in quota_math.months_between(start, end):
         # Not excluding the reservation being extended: its booked hours count, and [start, end) is
         # only the extension, which its allocations do not cover yet.
-        used = selectors.month_gpu_hours(quota.team_id, quota.pool_id, month)
-        asked = gpus * quota_math.overlap_hours((start, end), month)
-        if used + asked > quota.ge_hours_per_month + 1e-9:
-            over = used + asked - quota.ge_hours_per_month
+        used = selectors.month_ge_hours(quota.team_id, quota.pool_id, month)
+        wanted = ge * quota_math.overlap_hours((start, end), month)
+        if used + wanted > quota.ge_hours_per_month + 1e-6:
+            over = used + wanted - quota.ge_hours_per_month
             raise Conflict(
-                f"Over the monthly GPU-hours of team {team} in pool {pool} for {month[0]:%Y-%m}: "
-                f"{used:.1f} booked + {asked:.1f} asked > {quota.ge_hours_per_month} ({over:.1f} over).",
-                field="ends_at", rule="gpu_hours_exceeded",
+                f"Over the monthly GE-hours of team {team} in pool {pool} for {month[0]:%Y-%m}: "
+                f"{used:.1f} booked + {wanted:.1f} asked ({asked}) > {quota.ge_hours_per_month:g} ({over:.1f} over).",
+                field="ends_at", rule="ge_hours_exceeded",
             )
 
 
@@ -107,13 +125,34 @@ def _check_quota(quota: QuotaLimits, *, gpus: int, start: datetime, end: datetim
 
 @dataclass(frozen=True)
 class ReservationRequest:
-    """What a member asks for, as the API takes it: pool and team by slug."""
+    """What a member asks for, as the API takes it: pool and team by slug, the amount in the pool's unit
+    (which fields apply depends on its sharing mode; `_shape` checks them)."""
 
     team: str
     pool: str
-    gpus: int
     ends_at: datetime
     starts_at: datetime | None = None
+    gpus: int | None = None
+    shares: int | None = None
+    mig_profile: str | None = None
+    count: int | None = None
+    gpu_memory_mib: int | None = None
+    gpu_memory_pct: int | None = None
+    gpu_cores_pct: int | None = None
+
+
+# The request fields each sharing mode takes (the rest are refused with `not_for_mode`).
+MODE_FIELDS = {
+    SharingMode.EXCLUSIVE: ("gpus",),
+    SharingMode.TIME_SLICING: ("shares",),
+    SharingMode.MPS: ("shares",),
+    SharingMode.MIG: ("mig_profile", "count"),
+    SharingMode.VGPU: ("gpus", "gpu_memory_mib", "gpu_memory_pct", "gpu_cores_pct"),
+}
+# The field a refusal for lack of room or quota names, per mode.
+AMOUNT_FIELD = {SharingMode.EXCLUSIVE: "gpus", SharingMode.TIME_SLICING: "shares", SharingMode.MPS: "shares",
+                SharingMode.MIG: "count", SharingMode.VGPU: "gpus"}
+_AMOUNT_FIELDS = ("gpus", "shares", "mig_profile", "count", "gpu_memory_mib", "gpu_memory_pct", "gpu_cores_pct")
 
 
 @dataclass(frozen=True)
@@ -130,8 +169,8 @@ def _lock_pool_for(request: ReservationRequest, actor: AbstractBaseUser) -> _Ask
     """Lock the pool's row and read, in the same statement, the team, the actor's role in it and the
     team's quota in the pool. Everything placement decides on is read after this lock."""
     row = sql.fetch_one(
-        "SELECT p.id, p.sharing_mode, p.placement_policy, t.id, m.role, q.max_ge, q.ge_hours_per_month, "
-        "q.id IS NOT NULL "
+        "SELECT p.id, p.sharing_mode, p.sharing_config, p.placement_policy, t.id, m.role, q.max_ge, "
+        "q.ge_hours_per_month, q.id IS NOT NULL, t.max_ge "
         "FROM inventory_gpupool p JOIN teams_team t ON t.slug = %s "
         "LEFT JOIN teams_membership m ON m.team_id = t.id AND m.user_id = %s "
         "LEFT JOIN allocations_quota q ON q.team_id = t.id AND q.pool_id = p.id "
@@ -147,44 +186,131 @@ def _lock_pool_for(request: ReservationRequest, actor: AbstractBaseUser) -> _Ask
                    for name, slug, found in (("pool", request.pool, pool_id), ("team", request.team, team_id))
                    if found is None]
         raise ValidationFailed(missing[0].message, errors=missing)
-    pool_id, sharing_mode, policy, team_id, role, max_ge, gpu_hours, has_quota = row
+    pool_id, sharing_mode, config, policy, team_id, role, max_ge, ge_hours, has_quota, team_max_ge = row
     # Partial instances: the columns read here are set, any other loads when first used.
-    pool = GpuPool.from_db(DEFAULT_DB_ALIAS, ["id", "slug", "sharing_mode", "placement_policy"],
-                           [pool_id, request.pool, sharing_mode, policy])
+    pool = GpuPool.from_db(DEFAULT_DB_ALIAS, ["id", "slug", "sharing_mode", "sharing_config", "placement_policy"],
+                           [pool_id, request.pool, sharing_mode, sql.json_value(config) or {}, policy])
     team = Team.from_db(DEFAULT_DB_ALIAS, ["id", "slug"], [team_id, request.team])
-    quota = QuotaLimits(team_id=team_id, team_slug=request.team, pool_id=pool_id, pool_slug=request.pool,
-                        max_ge=max_ge, ge_hours_per_month=gpu_hours) if has_quota else None
+    quota = QuotaLimits(
+        team_id=team_id, team_slug=request.team, pool_id=pool_id, pool_slug=request.pool, max_ge=float(max_ge),
+        ge_hours_per_month=None if ge_hours is None else float(ge_hours),
+        team_max_ge=None if team_max_ge is None else float(team_max_ge)) if has_quota else None
     return _Asked(pool=pool, team=team, role=role, quota=quota)
 
 
-def _insert_reservation(*, asked: _Asked, actor: AbstractBaseUser, gpus: int, gpu_ids: list[int],
-                        starts_at: datetime, ends_at: datetime, now: datetime) -> Reservation:
+def _shape(pool: GpuPool, request: ReservationRequest, snapshot: booking.PoolSnapshot) -> booking.Shape:
+    """The request in the pool's unit, checked against the pool: 400 naming the field and the rule for a
+    field that does not belong to the pool's mode, a missing one, or an amount no GPU of the pool
+    could ever give."""
+    mode, config = pool.sharing_mode, pool.sharing_config or {}
+    takes = MODE_FIELDS.get(mode, ())
+    given = [name for name in _AMOUNT_FIELDS if getattr(request, name) is not None]
+    wrong = [name for name in given if name not in takes]
+    if wrong:
+        errors = [FieldError(field=name, rule="not_for_mode",
+                             message=f"{name} does not apply to pool {pool.slug}, which shares GPUs by {mode}; it "
+                                     f"takes {' and '.join(takes)}.") for name in wrong]
+        raise ValidationFailed(errors[0].message, errors=errors)
+    usable = [gpu for gpu in snapshot.gpus if gpu.usable] or list(snapshot.gpus)
+
+    def required(name: str) -> ValidationFailed:
+        return ValidationFailed(f"Pool {pool.slug} shares GPUs by {mode}: give {name}.", field=name, rule="required")
+
+    if mode in REPLICA_MODES:
+        if request.shares is None:
+            raise required("shares")
+        replicas = int(config.get("replicas") or 0)
+        if request.shares > replicas:
+            raise ValidationFailed(f"Pool {pool.slug} offers each GPU as {replicas} shares; {request.shares} "
+                                   "requested.", field="shares", rule="max_value")
+        return booking.Shape(mode=mode, shares=request.shares, replicas=replicas)
+    if mode == SharingMode.MIG:
+        if not request.mig_profile:
+            raise required("mig_profile")
+        layout = mig_layout_names(config)
+        layout = layout if isinstance(layout, str) else tuple(layout)
+        offered: set[str] = set()
+        for model in sorted({gpu.model for gpu in usable}):
+            try:
+                offered |= {profile.name for profile, _ in booking.layout_of(model, layout)}
+            except mig.LayoutError:
+                continue
+        if request.mig_profile not in offered:
+            known = set().union(*(mig.profiles_for(gpu.model) for gpu in usable)) if usable else set()
+            rule = "not_in_layout" if request.mig_profile in known else "unknown_profile"
+            what = ("is not in the layout of" if rule == "not_in_layout" else "is not a MIG profile of the GPUs of")
+            raise ValidationFailed(
+                f"{request.mig_profile!r} {what} pool {pool.slug} (it offers {', '.join(sorted(offered)) or 'none'}).",
+                field="mig_profile", rule=rule)
+        return booking.Shape(mode=mode, mig_profile=request.mig_profile, mig_count=request.count or 1,
+                             mig_layout=layout)
+    if mode == SharingMode.VGPU:
+        if request.gpu_memory_mib is not None and request.gpu_memory_pct is not None:
+            raise ValidationFailed("Give gpu_memory_mib or gpu_memory_pct, not both.", field="gpu_memory_pct",
+                                   rule="exclusive_with")
+        memory_mib = request.gpu_memory_mib
+        memory_pct = request.gpu_memory_pct
+        if memory_mib is None and memory_pct is None:
+            memory_mib = config.get("default_memory_mib")
+            if memory_mib is None:
+                raise required("gpu_memory_mib or gpu_memory_pct")
+        largest = max((gpu.memory_mib for gpu in usable), default=0)
+        if memory_mib is not None and memory_mib > largest:
+            raise ValidationFailed(f"{memory_mib} MiB is more than the memory of any GPU of pool {pool.slug} "
+                                   f"({largest} MiB).", field="gpu_memory_mib", rule="exceeds_gpu_memory")
+        cores = request.gpu_cores_pct or config.get("default_cores_pct")
+        if cores is None:
+            # A share of the memory gets the same share of the cores, so it counts as it is used.
+            share = memory_pct if memory_pct is not None else 100 * memory_mib / max(largest, 1)
+            cores = max(1, min(100, math.ceil(share)))
+        return booking.Shape(mode=mode, gpus=request.gpus or 1, memory_mib=memory_mib or 0,
+                             memory_pct=memory_pct or 0, cores_pct=int(cores))
+    if request.gpus is None:
+        raise required("gpus")
+    if request.gpus > len(snapshot.gpus):
+        raise ValidationFailed(f"Pool {pool.slug} has {len(snapshot.gpus)} GPUs; {request.gpus} requested.",
+                               field="gpus", rule="exceeds_pool_size")
+    return booking.Shape(mode=SharingMode.EXCLUSIVE, gpus=request.gpus)
+
+
+def _insert_reservation(*, asked: _Asked, actor: AbstractBaseUser, shape: booking.Shape,
+                        grants: list[booking.NewGrant], starts_at: datetime, ends_at: datetime,
+                        now: datetime) -> Reservation:
     """Write the reservation, its grants and its first event; return it as saved."""
     start, end, at = sql.db_datetime(starts_at), sql.db_datetime(ends_at), sql.db_datetime(now)
+    spans = len({grant.gpu_id for grant in grants})
+    ge = sum(grant.ge for grant in grants)
+    vgpu = shape.mode == SharingMode.VGPU
+    row = dict(
+        mode=shape.mode, gpus=spans, shares=shape.shares or None, mig_profile=shape.mig_profile,
+        mig_count=shape.mig_count or None,
+        gpu_memory_mib=(grants[0].memory_mib if vgpu else None), gpu_cores_pct=(shape.cores_pct if vgpu else None),
+        ge=ge)
     (reservation_id,) = sql.fetch_one(
-        "INSERT INTO allocations_reservation (team_id, pool_id, requested_by_id, gpus, starts_at, ends_at, state, "
-        "reason, ended_at, created_at, updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s, '', NULL, %s, %s) RETURNING id",
-        [asked.team.pk, asked.pool.pk, actor.pk, gpus, start, end, State.SCHEDULED, at, at],
+        "INSERT INTO allocations_reservation (team_id, pool_id, requested_by_id, mode, gpus, shares, mig_profile, "
+        "mig_count, gpu_memory_mib, gpu_cores_pct, ge, starts_at, ends_at, state, reason, ended_at, created_at, "
+        "updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, '', NULL, %s, %s) RETURNING id",
+        [asked.team.pk, asked.pool.pk, actor.pk, row["mode"], row["gpus"], row["shares"], row["mig_profile"],
+         row["mig_count"], row["gpu_memory_mib"], row["gpu_cores_pct"], ge, start, end, State.SCHEDULED, at, at],
     )
-    booking.grants_write(reservation_id=reservation_id, gpu_ids=gpu_ids, start=starts_at, end=ends_at)
+    booking.grants_write(reservation_id=reservation_id, grants=grants, start=starts_at, end=ends_at)
     reservation = selectors.reservation_from_row(selectors.ReservationRow(
-        id=reservation_id, gpus=gpus, starts_at=starts_at, ends_at=ends_at, state=State.SCHEDULED, reason="",
+        id=reservation_id, **row, starts_at=starts_at, ends_at=ends_at, state=State.SCHEDULED, reason="",
         ended_at=None, created_at=now, updated_at=now, team_id=asked.team.pk, team_slug=asked.team.slug,
         pool_id=asked.pool.pk, pool_slug=asked.pool.slug, requested_by_id=actor.pk,
         requested_by_username=actor.get_username()))
     reservation.team, reservation.pool, reservation.requested_by = asked.team, asked.pool, actor
-    _record(reservation, from_state="", to_state=State.SCHEDULED, actor=actor, reason=f"{gpus} GPU(s) placed",
-            at=now)
+    _record(reservation, from_state="", to_state=State.SCHEDULED, actor=actor,
+            reason=f"{shape.in_words()} placed ({ge:.2f} GE)", at=now)
     return reservation
 
 
 def reservation_create(*, actor: AbstractBaseUser, request: ReservationRequest,
                        now: datetime | None = None) -> Reservation:
-    """Place `request.gpus` whole GPUs of the pool for the window, or refuse with the reason.
+    """Place what the request asks for in the pool's unit for the window, or refuse with the reason.
 
-    The answer carries `allocated_gpus` (as selectors.with_allocated_gpus sets them)."""
+    The answer carries `allocated_gpus` and `grants` (as selectors.with_allocated_gpus sets them)."""
     now = now or timezone.now()
-    gpus = request.gpus
     starts_at = _validated_window(request.starts_at, request.ends_at, now)
     ends_at = request.ends_at
 
@@ -195,36 +321,27 @@ def reservation_create(*, actor: AbstractBaseUser, request: ReservationRequest,
             if not (actor.is_staff or asked.role is not None):
                 raise PermissionDenied(f"You are not a member of team {team.slug}.", field="team",
                                        rule="not_a_member")
-            if pool.sharing_mode not in RESERVABLE_MODES:
-                raise ValidationFailed(
-                    f"Pool {pool.slug} shares GPUs by {pool.sharing_mode}; only whole-GPU (exclusive) pools can be "
-                    "reserved yet.", field="pool", rule="sharing_mode_unsupported",
-                )
             if asked.quota is None:
                 raise PermissionDenied(f"Team {team.slug} has no quota in pool {pool.slug}.", field="pool",
                                        rule="no_quota")
             snapshot = booking.pool_snapshot(pool.pk, starts_at, ends_at)
-            if gpus > len(snapshot.gpus):
-                raise ValidationFailed(f"Pool {pool.slug} has {len(snapshot.gpus)} GPUs; {gpus} requested.",
-                                       field="gpus", rule="exceeds_pool_size")
-            _check_quota(asked.quota, gpus=gpus, start=starts_at, end=ends_at)
+            shape = _shape(pool, request, snapshot)
+            field = AMOUNT_FIELD[shape.mode]
             try:
-                chosen = booking.choose_whole_gpus(snapshot, gpus, policy=pool.placement_policy)
+                grants = booking.choose(snapshot, shape, policy=pool.placement_policy)
             except booking.BookingRefused as refused:
-                raise Conflict(refused.message, field="gpus", rule=refused.code) from None
-            reservation = _insert_reservation(asked=asked, actor=actor, gpus=gpus, gpu_ids=chosen,
+                raise Conflict(refused.message, field=field, rule=refused.code) from None
+            _check_quota(asked.quota, ge=sum(grant.ge for grant in grants), asked=shape.in_words(), field=field,
+                         start=starts_at, end=ends_at)
+            reservation = _insert_reservation(asked=asked, actor=actor, shape=shape, grants=grants,
                                               starts_at=starts_at, ends_at=ends_at, now=now)
             if starts_at <= now:
                 enqueue_after_commit("allocations.tasks.activate_reservation", reservation.pk)
     except IntegrityError as exc:
-        # Only the exclusion constraint can fire here, and only if the lock above was bypassed.
+        # Only the database's guards can fire here (the exclusion constraint, the vgpu trigger), and
+        # only if the lock above was bypassed.
         raise Conflict("Those GPUs were just taken; try again.", field="gpus", rule="gpus_busy") from exc
-    by_id = {gpu.id: gpu for gpu in snapshot.gpus}
-    reservation.allocated_gpus = [
-        {"uuid": gpu.uuid, "node": gpu.node_name, "index": gpu.index, "model_name": gpu.model,
-         "starts_at": starts_at, "ends_at": ends_at}
-        for gpu in sorted((by_id[gpu_id] for gpu_id in chosen), key=lambda g: (g.node_id, g.index))
-    ]
+    selectors.with_allocated_gpus([reservation])
     return reservation
 
 
@@ -281,8 +398,12 @@ def _quota_limits(reservation: Reservation) -> QuotaLimits:
     quota = Quota.objects.filter(team_id=reservation.team_id, pool_id=reservation.pool_id).order_by().first()
     if quota is None:
         raise PermissionDenied(f"Team {team} has no quota in pool {pool}.", field="pool", rule="no_quota")
+    team_max_ge = reservation.team.max_ge
     return QuotaLimits(team_id=reservation.team_id, team_slug=team, pool_id=reservation.pool_id, pool_slug=pool,
-                       max_ge=quota.max_ge, ge_hours_per_month=quota.ge_hours_per_month)
+                       max_ge=float(quota.max_ge),
+                       ge_hours_per_month=(None if quota.ge_hours_per_month is None
+                                           else float(quota.ge_hours_per_month)),
+                       team_max_ge=None if team_max_ge is None else float(team_max_ge))
 
 
 @transaction.atomic
@@ -303,8 +424,12 @@ def reservation_extend(*, actor: AbstractBaseUser, reservation_id: int, ends_at:
         raise ValidationFailed(f"ends_at must be after the current end ({old_end.isoformat()}).", field="ends_at",
                                rule="after_current_end")
     _check_duration(reservation.starts_at, ends_at)
-    # The GPUs it holds up to its end: not those a failover moved it off (their rows end earlier).
-    gpu_ids = list(reservation.allocations.filter(ends_at=old_end).values_list("gpu_id", flat=True))
+    # The grants it holds up to its end: not those a failover moved it off (their rows end earlier).
+    held = [booking.NewGrant(gpu_id=a.gpu_id, ge=a.ge, mode=a.mode, share_from=a.share_from, share_to=a.share_to,
+                             milli=a.milli, mig_profile=a.mig_profile, mig_start=a.mig_start,
+                             memory_mib=a.memory_mib, cores_pct=a.cores_pct)
+            for a in reservation.allocations.filter(ends_at=old_end)]
+    gpu_ids = sorted({grant.gpu_id for grant in held})
     # Longer on a broken or drained GPU is a booking placement would not make: refuse, as create would.
     broken = (Gpu.objects.filter(pk__in=gpu_ids).unusable().select_related("node")
               .order_by("node__name", "index").first())
@@ -316,15 +441,15 @@ def reservation_extend(*, actor: AbstractBaseUser, reservation_id: int, ends_at:
                        rule="gpus_unusable")
     # The extra time is booked like any other window: the same GPUs must be free for all of it.
     extra = booking.pool_snapshot(pool_id, old_end, ends_at, without_reservation=reservation.pk)
-    clash = booking.first_clash(extra, gpu_ids)
+    clash = booking.first_clash(extra, held)
     if clash is not None:
         uuid = next(gpu.uuid for gpu in extra.gpus if gpu.id == clash.gpu_id)
         raise Conflict(
             f"GPU {uuid} is booked by another reservation from {clash.starts_at:%Y-%m-%d %H:%M} UTC; "
             f"the latest possible end is {clash.starts_at.isoformat()}.", field="ends_at", rule="gpus_busy",
         )
-    _check_quota(_quota_limits(reservation), gpus=len(gpu_ids), start=old_end, end=ends_at,
-                 exclude_reservation=reservation.pk)
+    _check_quota(_quota_limits(reservation), ge=sum(grant.ge for grant in held), asked="the extension",
+                 field="ends_at", start=old_end, end=ends_at, exclude_reservation=reservation.pk)
     reservation.allocations.filter(ends_at=old_end).update(ends_at=ends_at)
     reservation.ends_at = ends_at
     reservation.save(update_fields=["ends_at", "updated_at"])

@@ -40,6 +40,23 @@ class NulFreeJSONField(serializers.JSONField):
         return value
 
 
+class RefuseUnknownFields:
+    """A serializer mixin: a field the serializer does not declare is a 400 (`unknown_field`) naming it,
+    not silently dropped. A script that sends `mig_profile` to an endpoint that does not take it
+    must learn so, not get a whole GPU."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, dict):
+            writable = {name for name, field in self.fields.items() if not field.read_only}
+            unknown = sorted(str(key) for key in data if key not in writable)
+            if unknown:
+                raise serializers.ValidationError(
+                    {key: [serializers.ErrorDetail(f"Unknown field {key!r}: this endpoint takes "
+                                                   f"{', '.join(sorted(writable))}.", code="unknown_field")]
+                     for key in unknown})
+        return super().to_internal_value(data)
+
+
 class CleanModelSerializer(serializers.ModelSerializer):
     """Runs the model's own clean() on the would-be instance, so single-row rules live in one place."""
 

@@ -16,6 +16,7 @@ settings serialize writers instead).
 """
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
 from typing import Any, Sequence
 
@@ -32,6 +33,13 @@ def aware(value: datetime | None) -> datetime | None:
     if value is None or value.tzinfo is not None:
         return value
     return value.replace(tzinfo=timezone.utc)
+
+
+def json_value(value: Any) -> Any:
+    """A JSON column read by hand: psycopg decodes jsonb already; SQLite gives the text."""
+    if isinstance(value, (str, bytes)):
+        return json.loads(value)
+    return value
 
 
 def for_update_of(*aliases: str) -> str:

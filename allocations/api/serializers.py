@@ -9,7 +9,7 @@ from rest_framework import serializers
 from allocations.models import ApplyJob, Quota, Reservation, ReservationEvent
 from allocations.placement import DEFAULT_POLICY, POLICY_NAMES
 from allocations.selectors import LATEST_INSTANT
-from common.api import CleanModelSerializer, SlugLookupField
+from common.api import CleanModelSerializer, RefuseUnknownFields, SlugLookupField
 from inventory.models import GpuPool
 from teams.models import Team
 
@@ -52,16 +52,34 @@ class SlotSerializer(serializers.Serializer):
     free_on_one_node = serializers.IntegerField()
 
 
-class ReservationCreateInput(serializers.Serializer):
+class ReservationCreateInput(RefuseUnknownFields, serializers.Serializer):
+    """What to book, in the pool's unit: which of the fields apply depends on the pool's sharing mode,
+    and the service refuses (400 `not_for_mode`) a field that does not belong to it."""
+
     # Slugs, resolved by the service in the statement that locks the pool (not one query each here).
     pool = serializers.SlugField(max_length=64, help_text="The pool's slug")
     team = serializers.SlugField(max_length=64, help_text="The team's slug")
-    gpus = serializers.IntegerField(min_value=1, max_value=MAX_GPUS_PER_REQUEST)
+    gpus = serializers.IntegerField(min_value=1, max_value=MAX_GPUS_PER_REQUEST, required=False,
+                                    help_text="exclusive: whole GPUs (required); vgpu: GPUs of one node (default 1)")
+    shares = serializers.IntegerField(min_value=1, max_value=64, required=False,
+                                      help_text="time_slicing, mps: shares of one GPU, at most the pool's replicas")
+    mig_profile = serializers.CharField(max_length=32, required=False,
+                                        help_text="mig: the instance profile, e.g. 1g.10gb or 3g.40gb")
+    count = serializers.IntegerField(min_value=1, max_value=MAX_GPUS_PER_REQUEST, required=False,
+                                     help_text="mig: how many instances of mig_profile (default 1)")
+    gpu_memory_mib = serializers.IntegerField(min_value=1, max_value=2**31 - 1, required=False,
+                                              help_text="vgpu: GPU memory on each GPU, MiB (default: the pool's)")
+    gpu_memory_pct = serializers.IntegerField(min_value=1, max_value=100, required=False,
+                                              help_text="vgpu: GPU memory on each GPU, % of the card "
+                                                        "(instead of gpu_memory_mib)")
+    gpu_cores_pct = serializers.IntegerField(min_value=1, max_value=100, required=False,
+                                             help_text="vgpu: compute on each GPU, % of its cores (default: the "
+                                                       "pool's, else the memory's share)")
     starts_at = serializers.DateTimeField(required=False, allow_null=True)
     ends_at = serializers.DateTimeField()
 
 
-class ReservationExtendInput(serializers.Serializer):
+class ReservationExtendInput(RefuseUnknownFields, serializers.Serializer):
     ends_at = serializers.DateTimeField()
 
 
@@ -83,6 +101,27 @@ class AllocatedGpuSerializer(serializers.Serializer):
     ends_at = _time()
 
 
+class GrantSerializer(serializers.Serializer):
+    """What a reservation holds of one GPU: the GPU, and the mode's share of it."""
+
+    uuid = serializers.CharField(read_only=True, help_text="The GPU's UUID")
+    node = serializers.CharField(read_only=True)
+    index = serializers.IntegerField(read_only=True)
+    model_name = serializers.CharField(read_only=True)
+    mode = serializers.CharField(read_only=True)
+    shares = serializers.IntegerField(read_only=True, allow_null=True, help_text="time_slicing, mps: shares held")
+    replicas = serializers.IntegerField(read_only=True, allow_null=True, help_text="time_slicing, mps: of how many")
+    mig_profile = serializers.CharField(read_only=True, allow_null=True)
+    mig_instance = serializers.CharField(read_only=True, allow_null=True,
+                                         help_text="mig: the MIG device UUID, or '<GPU UUID>/<start slice>'")
+    gpu_memory_mib = serializers.IntegerField(read_only=True, allow_null=True,
+                                              help_text="mig, mps, vgpu: the memory it may use")
+    gpu_cores_pct = serializers.IntegerField(read_only=True, allow_null=True, help_text="mps, vgpu: compute cap")
+    ge = serializers.FloatField(read_only=True, help_text="GPU-equivalents charged (the model's weight applied)")
+    starts_at = _time()
+    ends_at = _time()
+
+
 class ReservationEventSerializer(serializers.ModelSerializer):
     # None: a transition made by the portal itself (the sweep, failover) or by an account since deleted.
     actor = serializers.CharField(source="actor.username", default=None, allow_null=True)
@@ -100,7 +139,14 @@ class ReservationSerializer(serializers.Serializer):
     id = serializers.IntegerField(read_only=True)
     team = serializers.CharField(source="team.slug", read_only=True)
     pool = serializers.CharField(source="pool.slug", read_only=True)
-    gpus = serializers.IntegerField(read_only=True)
+    mode = serializers.CharField(read_only=True, help_text="The pool's sharing mode when it was booked")
+    gpus = serializers.IntegerField(read_only=True, help_text="How many GPUs it spans")
+    shares = serializers.IntegerField(read_only=True, allow_null=True)
+    mig_profile = serializers.CharField(read_only=True, allow_blank=True)
+    count = serializers.IntegerField(source="mig_count", read_only=True, allow_null=True)
+    gpu_memory_mib = serializers.IntegerField(read_only=True, allow_null=True)
+    gpu_cores_pct = serializers.IntegerField(read_only=True, allow_null=True)
+    ge = serializers.FloatField(read_only=True, help_text="GPU-equivalents its grants were charged")
     starts_at = _time()
     ends_at = _time()
     state = serializers.ChoiceField(choices=Reservation.State.choices, read_only=True)
@@ -108,6 +154,7 @@ class ReservationSerializer(serializers.Serializer):
     requested_by = serializers.CharField(source="requested_by.username", default=None, read_only=True,
                                          allow_null=True)  # None once the account is deleted
     allocated_gpus = AllocatedGpuSerializer(many=True, read_only=True)
+    grants = GrantSerializer(many=True, read_only=True)
     created_at = _time()
     updated_at = _time()
     ended_at = _time(allow_null=True, help_text=Reservation._meta.get_field("ended_at").help_text)

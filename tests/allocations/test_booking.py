@@ -4,7 +4,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from allocations.booking import BookingRefused, Grant, PoolGpu, PoolSnapshot, choose_whole_gpus, first_clash, policy_name
+from allocations.booking import (BookingRefused, Grant, NewGrant, PoolGpu, PoolSnapshot, choose_whole_gpus,
+                                 first_clash, policy_name)
 
 START = datetime(2026, 11, 23, 12, tzinfo=timezone.utc)
 END = START + timedelta(hours=2)
@@ -90,9 +91,9 @@ def test_the_first_clash_is_the_earliest_grant_on_the_gpus_asked_for():
     snapshot = pool({1: (2, {0, 1})})
     later = Grant(gpu_id=100, reservation_id=8, starts_at=START + timedelta(minutes=30), ends_at=END)
     snapshot = PoolSnapshot(start=START, end=END, gpus=snapshot.gpus, grants=snapshot.grants + (later,))
-    assert first_clash(snapshot, [100]).starts_at == START
-    assert first_clash(PoolSnapshot(START, END, snapshot.gpus, (later,)), [100]) == later
-    assert first_clash(PoolSnapshot(START, END, snapshot.gpus, (later,)), [101]) is None
+    assert first_clash(snapshot, [NewGrant(gpu_id=100, ge=1.0)]).starts_at == START
+    assert first_clash(PoolSnapshot(START, END, snapshot.gpus, (later,)), [NewGrant(gpu_id=100, ge=1.0)]) == later
+    assert first_clash(PoolSnapshot(START, END, snapshot.gpus, (later,)), [NewGrant(gpu_id=101, ge=1.0)]) is None
 
 
 def test_unknown_policy_names_get_the_default():

@@ -107,8 +107,8 @@ def test_it_refuses_over_quota_and_says_by_how_much(world, api):
     response = client.post(URL, body(gpus=3), format="json")
     assert response.status_code == 409
     assert errors_of(response) == [("gpus", "quota_exceeded")]
-    assert "would hold 7 GPUs" in response.json()["detail"]
-    assert "its quota is 6 (1 over)" in response.json()["detail"]
+    assert "would hold 7.00 GE in pool a100" in response.json()["detail"]
+    assert "(quota 6.00, 1.00 over): 3 GPU(s) is 3.00 GE" in response.json()["detail"]
 
 
 def test_quota_counts_only_reservations_that_overlap(world, api):
@@ -134,8 +134,8 @@ def test_it_refuses_more_gpu_hours_than_the_month_allows(world, api):
     assert book(0).status_code == 201  # 8 GPU-hours
     response = book(10)  # 8 more, not overlapping: only the monthly limit can refuse it
     assert response.status_code == 409
-    assert errors_of(response) == [("ends_at", "gpu_hours_exceeded")]
-    assert "8.0 booked + 8.0 asked > 10 (6.0 over)" in response.json()["detail"]
+    assert errors_of(response) == [("ends_at", "ge_hours_exceeded")]
+    assert "8.0 booked + 8.0 asked (2 GPU(s)) > 10 (6.0 over)" in response.json()["detail"]
 
 
 def test_a_staff_quota_change_binds_the_next_reservation(world, api):
@@ -174,9 +174,16 @@ def test_it_rejects_malformed_fields_naming_field_and_rule(world, api, overrides
 def test_it_rejects_missing_fields(world, api):
     response = api(world.member).post(URL, {}, format="json")
     assert response.status_code == 400
-    assert {("pool", "required"), ("team", "required"), ("gpus", "required"), ("ends_at", "required")} <= set(
-        errors_of(response)
-    )
+    assert {("pool", "required"), ("team", "required"), ("ends_at", "required")} <= set(errors_of(response))
+
+
+def test_a_whole_gpu_pool_needs_gpus(world, api):
+    # Which amount a pool takes depends on its sharing mode, so the service asks for it, not the form.
+    payload = body()
+    del payload["gpus"]
+    response = api(world.member).post(URL, payload, format="json")
+    assert response.status_code == 400
+    assert errors_of(response) == [("gpus", "required")]
 
 
 def test_it_rejects_malformed_json(world, api):
@@ -279,6 +286,6 @@ def test_an_extension_counts_the_hours_already_booked_by_the_same_reservation(wo
     extend = f"{URL}{booked.json()['id']}/extend/"
     refused = client.post(extend, {"ends_at": (start + timedelta(hours=6)).isoformat()}, format="json")
     assert refused.status_code == 409  # 8 + 4 = 12 > 10
-    assert errors_of(refused) == [("ends_at", "gpu_hours_exceeded")]
-    assert "8.0 booked + 4.0 asked > 10 (2.0 over)" in refused.json()["detail"]
+    assert errors_of(refused) == [("ends_at", "ge_hours_exceeded")]
+    assert "8.0 booked + 4.0 asked (the extension) > 10 (2.0 over)" in refused.json()["detail"]
     assert client.post(extend, {"ends_at": (start + timedelta(hours=5)).isoformat()}, format="json").status_code == 200
