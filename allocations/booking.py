@@ -426,7 +426,7 @@ def _choose_mig(snapshot: PoolSnapshot, shape: Shape) -> list[NewGrant]:
         chosen.extend(instances[: shape.mig_count - len(chosen)])
         if len(chosen) == shape.mig_count:
             break
-    return [NewGrant(gpu_id=gpu.id, ge=units.ge(profile.milli, gpu.weight), mode=SharingMode.MIG,
+    return [NewGrant(gpu_id=gpu.id, ge=profile.compute_slices / units.MIG_COMPUTE_SLICES * gpu.weight, mode=SharingMode.MIG,
                      share_from=mig_part(profile, start)[0], share_to=mig_part(profile, start)[1],
                      milli=profile.milli, mig_profile=profile.name, mig_start=start, memory_mib=profile.memory_mib)
             for gpu, profile, start in chosen]
