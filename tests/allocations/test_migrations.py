@@ -113,3 +113,41 @@ def test_a_grant_must_lie_inside_its_gpu(world, api):
     for bad in ((0, 1001), (600, 600), (700, 300)):
         with pytest.raises(IntegrityError), transaction.atomic():
             _insert(free_gpu, rid, share=bad)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_whole_gpu_quotas_become_ge_quotas_and_back_without_a_change_in_meaning(world, api):
+    from allocations.models import Quota, Reservation
+
+    latest = MigrationExecutor(connection).loader.graph.leaf_nodes()
+    booked = api(world.member).post("/api/v1/reservations/", {"pool": "a100", "team": "ml", "gpus": 2,
+                                                              "ends_at": window(0, 2)[1].isoformat()}, format="json")
+    assert booked.status_code == 201, booked.content
+    try:
+        migrate([("allocations", "0008_teams_app"), ("inventory", "0005_gpu_models_and_mig_devices")])
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT max_gpus, gpu_hours_per_month FROM allocations_quota q JOIN teams_team t "
+                           "ON t.id = q.team_id WHERE t.slug = 'ml'")
+            assert cursor.fetchone() == (6, None)
+            cursor.execute("UPDATE allocations_quota SET gpu_hours_per_month = 120")
+            # A reservation written by the release before: whole GPUs, no GE column yet.
+            cursor.execute("SELECT count(*) FROM allocations_reservation")
+            assert cursor.fetchone() == (1,)
+        migrate(latest)
+        quota = Quota.objects.get(team=world.team, pool=world.pool)
+        assert (quota.max_ge, quota.ge_hours_per_month) == (6, 120)
+        reservation = Reservation.objects.get()
+        assert (reservation.mode, reservation.ge) == ("exclusive", 2.0)  # 2 GPUs of weight 1.0
+        assert list(reservation.allocations.values_list("mode", "ge")) == [("exclusive", 1.0)] * 2
+        # The same booking checks as before: 6 GE = 6 whole GPUs of weight 1.0.
+        more = api(world.member).post("/api/v1/reservations/", {"pool": "a100", "team": "ml", "gpus": 5,
+                                                                "ends_at": window(0, 2)[1].isoformat()}, format="json")
+        assert more.status_code == 409 and more.json()["errors"][0]["rule"] == "quota_exceeded"
+        Quota.objects.filter(pk=quota.pk).update(max_ge="4.5")
+        migrate([("allocations", "0008_teams_app")])
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT max_gpus, gpu_hours_per_month FROM allocations_quota WHERE id = %s", [quota.pk])
+            max_gpus, hours = cursor.fetchone()
+            assert (max_gpus, hours) in ((4, 120), (5, 120))  # back to whole numbers, as the column holds them
+    finally:
+        migrate(latest)
