@@ -337,14 +337,19 @@ def share_slot(index: int, replicas: int) -> tuple[int, int]:
     return index * width, (index + 1) * width
 
 
+def _free_share_slots(snapshot: PoolSnapshot, replicas: int) -> dict[int, list[int]]:
+    """Per usable GPU, its share slots no grant holds at any instant of the window."""
+    busy = _busy_parts(snapshot)
+    return {gpu.id: [i for i in range(replicas) if _is_free(share_slot(i, replicas), busy[gpu.id])]
+            for gpu in snapshot.gpus if gpu.usable}
+
+
 def _choose_shares(snapshot: PoolSnapshot, shape: Shape, policy: str) -> list[NewGrant]:
     """k shares of one GPU. The engine picks the GPU with the pool's policy, seeing each share as
     1000 // replicas milli and the unusable rest of each card as held; the shares are the GPU's
     lowest free slots."""
     replicas, wanted = shape.replicas, shape.shares
-    busy = _busy_parts(snapshot)
-    free_slots = {gpu.id: [i for i in range(replicas) if _is_free(share_slot(i, replicas), busy[gpu.id])]
-                  for gpu in snapshot.gpus if gpu.usable}
+    free_slots = _free_share_slots(snapshot, replicas)
     total = sum(len(slots) for slots in free_slots.values())
     most = max((len(slots) for slots in free_slots.values()), default=0)
     if most < wanted:
@@ -390,11 +395,10 @@ def mig_part(profile: mig.MigProfile, start: int) -> tuple[int, int]:
     return start * MIG_SLICE_MILLI, (start + profile.size) * MIG_SLICE_MILLI
 
 
-def _choose_mig(snapshot: PoolSnapshot, shape: Shape) -> list[NewGrant]:
-    """`mig_count` free instances of the profile in the GPUs' layouts. Static layouts leave nothing to
-    place, only to choose: the instances go on as few nodes as possible (one when one node has
-    enough), and within a node on the GPUs with the fewest free instances first, so wholly free GPUs
-    stay free for the requests that need a whole layout's worth."""
+def _free_mig_instances(snapshot: PoolSnapshot, shape: Shape
+                        ) -> tuple[dict[int, list[tuple[PoolGpu, mig.MigProfile, int]]], dict[int, int]]:
+    """The free instances of the shape's profile for the window, per node, and how many instances of
+    any profile each GPU has free."""
     busy = _busy_parts(snapshot)
     layouts: dict[str, list[tuple[mig.MigProfile, int]]] = {}
     free: dict[int, list[tuple[PoolGpu, mig.MigProfile, int]]] = defaultdict(list)  # node -> instances
@@ -412,6 +416,15 @@ def _choose_mig(snapshot: PoolSnapshot, shape: Shape) -> list[NewGrant]:
                 free_on_gpu[gpu.id] += 1
                 if profile.name == shape.mig_profile:
                     free[gpu.node_id].append((gpu, profile, start))
+    return free, free_on_gpu
+
+
+def _choose_mig(snapshot: PoolSnapshot, shape: Shape) -> list[NewGrant]:
+    """`mig_count` free instances of the profile in the GPUs' layouts. Static layouts leave nothing to
+    place, only to choose: the instances go on as few nodes as possible (one when one node has
+    enough), and within a node on the GPUs with the fewest free instances first, so wholly free GPUs
+    stay free for the requests that need a whole layout's worth."""
+    free, free_on_gpu = _free_mig_instances(snapshot, shape)
     total = sum(len(instances) for instances in free.values())
     if total < shape.mig_count:
         raise BookingRefused("insufficient_capacity", f"{shape.mig_count} × {shape.mig_profile} requested but only "
@@ -461,17 +474,25 @@ def _vgpu_free(snapshot: PoolSnapshot) -> dict[int, tuple[int, int]]:
     return free
 
 
+def _vgpu_fits(snapshot: PoolSnapshot, shape: Shape, free: dict[int, tuple[int, int]] | None = None
+               ) -> dict[int, list[int]]:
+    """Per node, the GPUs with the shape's memory and cores free for the whole window."""
+    by_id = {gpu.id: gpu for gpu in snapshot.gpus}
+    per_node: dict[int, list[int]] = defaultdict(list)
+    for gpu_id, (memory, cores) in (free if free is not None else _vgpu_free(snapshot)).items():
+        if memory >= vgpu_memory(shape, by_id[gpu_id]) and cores >= shape.cores_pct:
+            per_node[by_id[gpu_id].node_id].append(gpu_id)
+    return per_node
+
+
 def _choose_vgpu(snapshot: PoolSnapshot, shape: Shape, policy: str) -> list[NewGrant]:
     """Memory and cores on each of `gpus` GPUs of one node. The engine chooses with the pool's policy,
     seeing cores as milli-GPU and memory as the GPU's memory; a GPU fits when both are free for the
     whole window."""
     by_id = {gpu.id: gpu for gpu in snapshot.gpus}
     free = _vgpu_free(snapshot)
-    fits = {gpu_id for gpu_id, (memory, cores) in free.items()
-            if memory >= vgpu_memory(shape, by_id[gpu_id]) and cores >= shape.cores_pct}
-    per_node: dict[int, list[int]] = defaultdict(list)
-    for gpu_id in fits:
-        per_node[by_id[gpu_id].node_id].append(gpu_id)
+    per_node = _vgpu_fits(snapshot, shape, free)
+    fits = {gpu_id for ids in per_node.values() for gpu_id in ids}
     if max((len(ids) for ids in per_node.values()), default=0) < shape.gpus:
         most_memory = max((memory for memory, _ in free.values()), default=0)
         most_cores = max((cores for _, cores in free.values()), default=0)
@@ -517,6 +538,33 @@ def _vgpu_request(shape: Shape, snapshot: PoolSnapshot, gpu_memory_mib: int) -> 
     if shape.cores_pct >= 100:
         return PlacementRequest(gpus=1, start=snapshot.start, end=snapshot.end)
     return PlacementRequest(milli=10 * shape.cores_pct, gpu_memory_mib=memory, start=snapshot.start, end=snapshot.end)
+
+
+@dataclass(frozen=True)
+class Room:
+    """How much of a shape a pool has free for the snapshot's window, in the shape's unit."""
+
+    free: int  # shares, MIG instances of the profile, GPUs that could take the vGPU share, whole GPUs
+    most_together: int  # the most of those one request could get: on one GPU (shares), one node (the rest)
+    unit: str
+
+
+def room(snapshot: PoolSnapshot, shape: Shape) -> Room:
+    """What `choose` could give of `shape` for the window: the same arithmetic, counted instead of
+    chosen (the availability timeline asks this once per slot)."""
+    if shape.mode in (SharingMode.TIME_SLICING, SharingMode.MPS):
+        counts = [len(slots) for slots in _free_share_slots(snapshot, shape.replicas).values()]
+        return Room(sum(counts), max(counts, default=0), "shares")
+    if shape.mode == SharingMode.MIG:
+        counts = [len(instances) for instances in _free_mig_instances(snapshot, shape)[0].values()]
+        return Room(sum(counts), max(counts, default=0), "instances")
+    if shape.mode == SharingMode.VGPU:
+        counts = [len(ids) for ids in _vgpu_fits(snapshot, shape).values()]
+        return Room(sum(counts), max(counts, default=0), "GPUs")
+    per_node: dict[int, int] = defaultdict(int)
+    for gpu in snapshot.whole_gpus_free():
+        per_node[gpu.node_id] += 1
+    return Room(sum(per_node.values()), max(per_node.values(), default=0), "GPUs")
 
 
 def first_clash(snapshot: PoolSnapshot, held: Sequence[NewGrant]) -> Grant | None:

@@ -126,7 +126,7 @@ def _check_quota(quota: QuotaLimits, *, ge: float, asked: str, field: str, start
 @dataclass(frozen=True)
 class ReservationRequest:
     """What a member asks for, as the API takes it: pool and team by slug, the amount in the pool's unit
-    (which fields apply depends on its sharing mode; `_shape` checks them)."""
+    (which fields apply depends on its sharing mode; `reservation_shape` checks them)."""
 
     team: str
     pool: str
@@ -198,7 +198,7 @@ def _lock_pool_for(request: ReservationRequest, actor: AbstractBaseUser) -> _Ask
     return _Asked(pool=pool, team=team, role=role, quota=quota)
 
 
-def _shape(pool: GpuPool, request: ReservationRequest, snapshot: booking.PoolSnapshot) -> booking.Shape:
+def reservation_shape(pool: GpuPool, request: ReservationRequest, snapshot: booking.PoolSnapshot) -> booking.Shape:
     """The request in the pool's unit, checked against the pool: 400 naming the field and the rule for a
     field that does not belong to the pool's mode, a missing one, or an amount no GPU of the pool
     could ever give."""
@@ -325,7 +325,7 @@ def reservation_create(*, actor: AbstractBaseUser, request: ReservationRequest,
                 raise PermissionDenied(f"Team {team.slug} has no quota in pool {pool.slug}.", field="pool",
                                        rule="no_quota")
             snapshot = booking.pool_snapshot(pool.pk, starts_at, ends_at)
-            shape = _shape(pool, request, snapshot)
+            shape = reservation_shape(pool, request, snapshot)
             field = AMOUNT_FIELD[shape.mode]
             try:
                 grants = booking.choose(snapshot, shape, policy=pool.placement_policy)
