@@ -276,13 +276,11 @@ def node_labels(pools: Iterable[PoolDesired]) -> dict[str, dict[str, str]]:
     """
     wanted: dict[str, dict[str, str]] = {}
     for pool in sorted(pools, key=lambda p: p.pool_slug):
-        if pool.sharing_mode in ("time_slicing", "mps"):
-            labels = {POOL_LABEL: label_value(pool.pool_slug), DEVICE_PLUGIN_CONFIG_LABEL: device_plugin_config_name(pool)}
-        elif pool.sharing_mode == "mig":
-            labels = {POOL_LABEL: label_value(pool.pool_slug), DEVICE_PLUGIN_CONFIG_LABEL: device_plugin_config_name(pool),
-                      MIG_CONFIG_LABEL: mig_config_name(pool)}
-        else:
+        if not configures_device_plugin(pool):
             continue
+        labels = {POOL_LABEL: label_value(pool.pool_slug), DEVICE_PLUGIN_CONFIG_LABEL: device_plugin_config_name(pool)}
+        if pool.sharing_mode == "mig":
+            labels[MIG_CONFIG_LABEL] = mig_config_name(pool)
         for node in pool.node_names:
             wanted.setdefault(node, labels)
     return wanted
