@@ -8,7 +8,11 @@
   affinity is narrowed, not replaced: our expression is added to every node selector term.
   Pods without GPU requests, and pods outside team namespaces, pass untouched.
 - ``validate-pods``: refuses a pod that asks for more of a GPU resource (sum over its
-  containers, or its largest init container) than the team holds on the cluster now.
+  containers, or its largest init container) than the team holds on the cluster now, in the
+  mode's unit (whole GPUs, shares ``nvidia.com/gpu.shared``, MIG instances
+  ``nvidia.com/mig-<profile>``, HAMi vGPU devices with memory and cores counted once per device,
+  and no more memory or cores per device than the team holds on one GPU), naming both amounts:
+  "pod asks for 3 nvidia.com/mig-3g.40gb; team vision holds 2 nvidia.com/mig-3g.40gb".
 
 Routes (``config/urls.py``): ``/webhooks/kubernetes/{mutate,validate}-pods/[<cluster>/[<token>/]]``.
 The cluster slug in the path limits the grants to that cluster (several clusters may
@@ -35,7 +39,13 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
 from allocations.apply import selectors
-from allocations.apply.backends.kubernetes_manifests import grant_resources, team_totals
+from allocations.apply.backends.kubernetes_manifests import (
+    GPU,
+    HAMI_CORES,
+    HAMI_MEMORY,
+    grant_resources,
+    team_totals,
+)
 from allocations.apply.desired import RESERVATIONS_ANNOTATION, Grant
 from common.secrets import bearer_token, same_secret
 from inventory.kubernetes.nodes import is_real_gpu_uuid, parse_quantity
@@ -54,31 +64,86 @@ class BadReview(Exception):
 
 # --- pure helpers --------------------------------------------------------------------------------
 
-def pod_gpu_requests(pod: dict[str, Any]) -> dict[str, int]:
-    """GPU resources a pod asks for: the sum over its containers, or its largest init container if more.
+def _container_amounts(container: dict[str, Any]) -> dict[str, int]:
+    """A container's GPU resources: its request, or its limit when it gives no request (extended
+    resources may be set through limits alone)."""
+    resources = container.get("resources") or {}
+    requests, limits = resources.get("requests") or {}, resources.get("limits") or {}
+    out = {}
+    for name in set(requests) | set(limits):
+        if name.startswith(GPU_RESOURCE_PREFIX):
+            out[name] = int(parse_quantity(requests.get(name, limits.get(name))))
+    return out
 
-    A container's amount is its request, or its limit when it gives no request (extended
-    resources may be set through limits alone).
-    """
-    def amounts(container: dict[str, Any]) -> dict[str, int]:
-        resources = container.get("resources") or {}
-        requests, limits = resources.get("requests") or {}, resources.get("limits") or {}
-        out = {}
-        for name in set(requests) | set(limits):
-            if name.startswith(GPU_RESOURCE_PREFIX):
-                value = requests.get(name, limits.get(name))
-                out[name] = int(parse_quantity(value))
-        return out
 
+def _in_held_units(amounts: dict[str, int]) -> dict[str, int]:
+    """A container's amounts in the unit the team's holdings are counted in.
+
+    HAMi's ``nvidia.com/gpumem`` and ``nvidia.com/gpucores`` are per device: a container asking
+    ``gpu: 2, gpumem: 2000`` takes 2000 MiB on each of two GPUs, 4000 in all, as HAMi's quota
+    counts it (one device when it names no ``nvidia.com/gpu``, as HAMi assumes)."""
+    devices = amounts.get(GPU, 1) or 1
+    return {name: amount * devices if name in (HAMI_MEMORY, HAMI_CORES) else amount
+            for name, amount in amounts.items()}
+
+
+def _effective(pod: dict[str, Any], each) -> dict[str, int]:
+    """Sum over the regular containers, or the largest init container if more (they run one at a time,
+    before the others: Kubernetes' effective request)."""
     spec = pod.get("spec") or {}
     total: dict[str, int] = {}
     for container in spec.get("containers") or []:
-        for name, amount in amounts(container).items():
+        for name, amount in each(container).items():
             total[name] = total.get(name, 0) + amount
     for container in spec.get("initContainers") or []:
-        for name, amount in amounts(container).items():
+        for name, amount in each(container).items():
             total[name] = max(total.get(name, 0), amount)
     return {name: amount for name, amount in total.items() if amount > 0}
+
+
+def pod_gpu_requests(pod: dict[str, Any]) -> dict[str, int]:
+    """GPU resources a pod asks for, as written: the sum over its containers, or its largest init container if more."""
+    return _effective(pod, _container_amounts)
+
+
+def pod_gpu_demand(pod: dict[str, Any]) -> dict[str, int]:
+    """What a pod takes of each GPU resource in the unit a team holds it: as written, except HAMi's
+    memory and cores, which count once per device the container gets."""
+    return _effective(pod, lambda container: _in_held_units(_container_amounts(container)))
+
+
+def pod_per_device(pod: dict[str, Any]) -> list[tuple[int, dict[str, int]]]:
+    """Each container's ask of HAMi's memory and cores per device, with the number of devices it asks for."""
+    out = []
+    spec = pod.get("spec") or {}
+    for container in (spec.get("containers") or []) + (spec.get("initContainers") or []):
+        amounts = _container_amounts(container)
+        each = {name: amounts[name] for name in (HAMI_MEMORY, HAMI_CORES) if amounts.get(name, 0) > 0}
+        if each:
+            out.append((max(amounts.get(GPU, 1), 1), each))
+    return out
+
+
+def refusal(team_slug: str, asked: dict[str, int], per_device: list[tuple[int, dict[str, int]]],
+            grants: tuple[Grant, ...]) -> str | None:
+    """Why a pod that asks for `asked` (pod_gpu_demand) is more than the team's `grants`, or None.
+
+    Each amount is compared with what the team holds of that resource in its mode's unit
+    (GPUs, shares, MIG instances of the profile, vGPU devices, MiB and percent summed over
+    devices). A HAMi container asking m MiB (or c %) on each of n GPUs also needs n vgpu grants
+    of at least that much each (`per_device`, from pod_per_device)."""
+    held = team_totals(grants)
+    for name, amount in sorted(asked.items()):
+        if amount > held.get(name, 0):
+            return f"pod asks for {amount} {name}; team {team_slug} holds {held.get(name, 0)} {name}"
+    devices = [grant_resources(g) for g in grants if g.sharing_mode == "vgpu"]
+    for count, each in per_device:
+        for name, amount in sorted(each.items()):
+            enough = sum(1 for d in devices if d.get(name, 0) >= amount)
+            if enough < count:
+                return (f"pod asks for {amount} {name} on each of {count} GPU{'s' if count != 1 else ''}; "
+                        f"team {team_slug} holds that much on {enough}")
+    return None
 
 
 def _escape(key: str) -> str:
@@ -123,7 +188,14 @@ def annotation_patch(metadata: dict[str, Any], annotations: dict[str, str]) -> l
 
 
 def relevant_grants(grants: tuple[Grant, ...], asked: dict[str, int]) -> list[Grant]:
-    """The grants that back the resources the pod asks for (all of them if none match)."""
+    """The grants that back the resources the pod asks for (all of them if none match).
+
+    A pod naming HAMi's memory or cores is a vGPU pod: only vgpu grants back it, not whole GPUs
+    that also count as ``nvidia.com/gpu``."""
+    if HAMI_MEMORY in asked or HAMI_CORES in asked:
+        hami = [g for g in grants if g.sharing_mode == "vgpu"]
+        if hami:
+            return hami
     matching = [g for g in grants if set(grant_resources(g)) & set(asked)]
     return matching or list(grants)
 
@@ -191,7 +263,7 @@ def _handle(request: HttpRequest, cluster: str | None, token: str | None, decide
     team_slug = selectors.team_slug_for_namespace(namespace)
     if team_slug is None:
         return _answer(uid)
-    asked = pod_gpu_requests(pod)
+    asked = pod_gpu_demand(pod)
     if not asked:
         return _answer(uid)
     grants, hostnames = selectors.team_grants(team_slug, cluster=cluster_row)
@@ -212,15 +284,13 @@ def _mutate(uid, pod, team_slug, asked, grants, hostnames) -> JsonResponse:
 
 
 def _validate(uid, pod, team_slug, asked, grants, hostnames) -> JsonResponse:
-    held = team_totals(grants)
+    why = refusal(team_slug, asked, pod_per_device(pod), grants)
+    if why is None:
+        return _answer(uid)
     reservations = ", ".join(f"#{r}" for r in sorted({g.reservation_id for g in grants})) or "none"
-    for name, amount in sorted(asked.items()):
-        if amount > held.get(name, 0):
-            return _answer(uid, allowed=False, message=(
-                f"GPU Pool Portal: team {team_slug} holds {held.get(name, 0)} {name} on this cluster now "
-                f"(active reservations: {reservations}) and this pod asks for {amount}. "
-                "Reserve more in the portal, or ask for less."))
-    return _answer(uid)
+    return _answer(uid, allowed=False, message=(
+        f"GPU Pool Portal: {why} on this cluster now (active reservations: {reservations}). "
+        "Reserve more in the portal, or ask for less."))
 
 
 @csrf_exempt

@@ -25,7 +25,14 @@ def team_namespace(team_slug: str) -> str:
 
 @dataclass(frozen=True)
 class Grant:
-    """One GPU (or a share of one) a team holds now through one reservation."""
+    """What one reservation holds of one GPU now, in its sharing mode's unit.
+
+    Built from the grant rows (allocations.models.Allocation) of the reservation on that GPU:
+    exclusive and vgpu have one row per GPU (units 1; vgpu with the row's memory and cores);
+    time_slicing/mps have one row per share slot, so k slots are one Grant with units k (mps:
+    memory and cores summed over the slots); mig has one row per instance, so the Grant of a
+    profile counts its instances (memory summed).
+    """
 
     reservation_id: int
     gpu_uuid: str
@@ -33,8 +40,8 @@ class Grant:
     pool_slug: str
     sharing_mode: str  # inventory.sharing.SharingMode value
     ends_at: datetime
-    # What the grant counts as in the mode's resource: 1 for a whole GPU; the number of
-    # shares for time_slicing/mps; the profile for mig ("1g.10gb"); memory/cores for vgpu.
+    # What the grant counts as in the mode's resource: whole GPUs (1) for exclusive, vGPU
+    # devices (1) for vgpu, shares for time_slicing/mps, instances of `mig_profile` for mig.
     units: int = 1
     mig_profile: str = ""
     memory_mib: int = 0
@@ -71,6 +78,10 @@ class PoolDesired:
     sharing_mode: str
     sharing_config: dict = field(default_factory=dict)
     node_names: tuple[str, ...] = ()
+    # The GPU models (Gpu.model_name) of its GPUs on this cluster: a named MIG layout's
+    # profiles depend on the model (all-balanced is 1g.10gb, 2g.20gb and 3g.40gb instances on an
+    # H100, 1g.18gb, 2g.35gb and 3g.71gb on an H200).
+    gpu_models: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

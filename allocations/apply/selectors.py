@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from datetime import datetime
+from typing import Any
 
 from django.utils import timezone
 
@@ -28,28 +29,29 @@ def cluster_desired(cluster: Cluster, *, now: datetime | None = None,
     allocations = (
         Allocation.objects.filter(gpu__node__cluster=cluster, reservation__state__in=ENFORCED_STATES,
                                   starts_at__lte=now, ends_at__gt=now)
-        .order_by("reservation_id", "gpu__node__name", "gpu__index")
+        .order_by("reservation_id", "gpu__node__name", "gpu__index", "share_from")
     )
     if teams is not None:
         allocations = allocations.filter(reservation__team__slug__in=list(teams))
     grants: dict[str, list[Grant]] = defaultdict(list)
     # Plain rows, not model instances: a reconcile reads every grant of the cluster.
-    for reservation_id, team_slug, gpu_uuid, node_name, pool_slug, sharing_mode, ends_at in allocations.values_list(
-            "reservation_id", "reservation__team__slug", "gpu__uuid", "gpu__node__name", "reservation__pool__slug",
-            "reservation__pool__sharing_mode", "ends_at"):
-        grants[team_slug].append(Grant(reservation_id=reservation_id, gpu_uuid=gpu_uuid, node_name=node_name,
-                                       pool_slug=pool_slug, sharing_mode=sharing_mode, ends_at=ends_at))
+    rows = allocations.values_list("reservation__team__slug", *GRANT_COLUMNS)
+    for team_slug, grant in _grants_from_rows(rows):
+        grants[team_slug].append(grant)
     if not with_pools:
         return ClusterDesired(cluster_id=cluster.pk, cluster_slug=cluster.slug, kind=cluster.kind,
                               teams=_teams_desired(set(grants) | set(teams or ()), grants))
     nodes_of_pool: dict[int, set[str]] = defaultdict(set)
+    models_of_pool: dict[int, set[str]] = defaultdict(set)
     pool_nodes = (Gpu.objects.filter(node__cluster=cluster, pool__isnull=False)
-                  .order_by().values_list("pool_id", "node__name").distinct())
-    for pool_id, node_name in pool_nodes:  # one row per (pool, node), not per GPU
+                  .order_by().values_list("pool_id", "node__name", "model_name").distinct())
+    for pool_id, node_name, model_name in pool_nodes:  # one row per (pool, node, model), not per GPU
         nodes_of_pool[pool_id].add(node_name)
+        models_of_pool[pool_id].add(model_name)
     # Each pool's settings once, not once per node (decoding its JSON config was most of the cost).
     pools = {slug: PoolDesired(pool_slug=slug, sharing_mode=mode, sharing_config=dict(config),
-                               node_names=tuple(sorted(nodes_of_pool[pool_id])))
+                               node_names=tuple(sorted(nodes_of_pool[pool_id])),
+                               gpu_models=tuple(sorted(models_of_pool[pool_id])))
              for pool_id, slug, mode, config in GpuPool.objects.filter(pk__in=list(nodes_of_pool))
              .values_list("pk", "slug", "sharing_mode", "sharing_config")}
     quotas = Quota.objects.filter(pool_id__in=list(nodes_of_pool))
@@ -60,6 +62,38 @@ def cluster_desired(cluster: Cluster, *, now: datetime | None = None,
         cluster_id=cluster.pk, cluster_slug=cluster.slug, kind=cluster.kind,
         teams=_teams_desired(team_slugs, grants), pools=tuple(pools[slug] for slug in sorted(pools)),
     )
+
+
+# The grant row's columns a Grant is made of, in the order _grants_from_rows reads them.
+GRANT_COLUMNS = ("reservation_id", "gpu__uuid", "gpu__node__name", "reservation__pool__slug", "mode", "ends_at",
+                 "mig_profile", "memory_mib", "cores_pct")
+
+
+def _grants_from_rows(rows: Iterable[tuple]) -> list[tuple[Any, Grant]]:
+    """(key, Grant) per reservation, GPU, mode and MIG profile, from (key, *GRANT_COLUMNS) rows.
+
+    The grant rows' contract (allocations.models.Allocation): k time-slicing or MPS share slots of
+    one reservation on one GPU are k rows, so they make one Grant of k units (MPS memory and
+    cores summed); MIG has a row per instance, so n instances of one profile are n units; an
+    exclusive or vgpu row is one GPU (vgpu with its memory and cores). The mode is the row's
+    (its pool's mode when it was booked), not the pool's now. `key` (the team, or anything the
+    caller needs) is passed through from the first row of each Grant.
+    """
+    merged: dict[tuple, list] = {}
+    for key, reservation_id, gpu_uuid, node_name, pool_slug, mode, ends_at, profile, memory, cores in rows:
+        ident = (reservation_id, gpu_uuid, mode, profile or "")
+        entry = merged.get(ident)
+        if entry is None:
+            merged[ident] = [key, dict(reservation_id=reservation_id, gpu_uuid=gpu_uuid, node_name=node_name,
+                                       pool_slug=pool_slug, sharing_mode=mode, ends_at=ends_at, units=1,
+                                       mig_profile=profile or "", memory_mib=memory or 0, cores_pct=cores or 0)]
+            continue
+        fields = entry[1]
+        fields["units"] += 1
+        fields["memory_mib"] += memory or 0
+        fields["cores_pct"] += cores or 0
+        fields["ends_at"] = min(fields["ends_at"], ends_at)
+    return [(key, Grant(**fields)) for key, fields in merged.values()]
 
 
 def _teams_desired(slugs: Collection[str], grants: dict[str, list[Grant]]) -> tuple[TeamDesired, ...]:
@@ -100,17 +134,12 @@ def team_grants(team_slug: str, *, cluster: Cluster | None = None,
         Allocation.objects.filter(reservation__team__slug=team_slug, reservation__state__in=ENFORCED_STATES,
                                   starts_at__lte=now, ends_at__gt=now,
                                   gpu__node__cluster__kind=Cluster.Kind.KUBERNETES)
-        .select_related("gpu__node", "reservation__pool")
-        .order_by("reservation_id", "gpu__node__name", "gpu__index")
+        .order_by("reservation_id", "gpu__node__name", "gpu__index", "share_from")
     )
     if cluster is not None:
         allocations = allocations.filter(gpu__node__cluster=cluster)
     grants, hostnames = [], {}
-    for allocation in allocations:
-        reservation, node = allocation.reservation, allocation.gpu.node
-        grants.append(Grant(
-            reservation_id=reservation.pk, gpu_uuid=allocation.gpu.uuid, node_name=node.name,
-            pool_slug=reservation.pool.slug, sharing_mode=reservation.pool.sharing_mode, ends_at=allocation.ends_at,
-        ))
-        hostnames[node.name] = (node.labels or {}).get("kubernetes.io/hostname") or node.name
+    for node_labels, grant in _grants_from_rows(allocations.values_list("gpu__node__labels", *GRANT_COLUMNS)):
+        grants.append(grant)
+        hostnames[grant.node_name] = (node_labels or {}).get("kubernetes.io/hostname") or grant.node_name
     return tuple(grants), hostnames

@@ -8,10 +8,20 @@ What a node says about its GPUs:
   ``nvidia.com/mig-<profile>`` (MIG, mixed strategy), HAMi's ``nvidia.com/gpumem`` and
   ``nvidia.com/gpucores``;
 - GPU Feature Discovery labels: ``nvidia.com/gpu.product``, ``nvidia.com/gpu.memory`` (MiB),
-  ``nvidia.com/gpu.count`` (physical cards), ``nvidia.com/gpu.replicas``,
-  ``nvidia.com/mig.capable``, ``nvidia.com/cuda.driver.major/minor/rev``,
-  ``nvidia.com/cuda.runtime.major/minor``;
+  ``nvidia.com/gpu.count`` (physical cards), ``nvidia.com/gpu.replicas`` and
+  ``nvidia.com/gpu.sharing-strategy`` (time-slicing/MPS), ``nvidia.com/mig.capable``,
+  ``nvidia.com/mig.strategy`` (single/mixed), per MIG profile under the mixed strategy
+  ``nvidia.com/mig-<profile>.count``, ``.memory`` (MiB), ``.multiprocessors``, ``.slices.gi``,
+  ``.slices.ci``, ``.engines.*``, ``.replicas``; the MIG manager's ``nvidia.com/mig.config``
+  (the layout asked for) and ``nvidia.com/mig.config.state`` (pending, rebooting, success,
+  failed); ``nvidia.com/cuda.driver.major/minor/rev``, ``nvidia.com/cuda.runtime.major/minor``;
 - the Ready condition: the node's health.
+
+Node.labels keeps every label; Node.gpu_resources keeps the ``nvidia.com/`` capacity and
+allocatable and, read from both, ``sharing`` (replicas and strategy of time-slicing/MPS, the
+shared resource's capacity), ``mig`` (strategy, layout and its state, and per profile the
+instances offered and GFD's figures) and ``hami`` (vGPU slots, memory, cores), each only when
+the node has it.
 
 GPU identity: a Node object does not list GPU UUIDs. When the node carries them — our own
 annotation ``gpupool.io/gpu-uuids`` ("GPU-…,GPU-…" in index order) or HAMi's
@@ -63,7 +73,7 @@ class DiscoveredNode:
     labels: dict[str, str]
     cpu_milli: int
     memory_mib: int
-    gpu_resources: dict[str, dict[str, str]]
+    gpu_resources: dict[str, Any]
     gpus: tuple[DiscoveredGpu, ...] = field(default_factory=tuple)
 
 
@@ -123,12 +133,66 @@ def _model_name(product: str | None) -> str:
     return product
 
 
-def _gpu_resources(status: dict[str, Any]) -> dict[str, dict[str, str]]:
-    out: dict[str, dict[str, str]] = {}
+MIG_LABEL_PREFIX = "nvidia.com/mig-"
+# GFD's per-profile MIG labels (mixed strategy) that are numbers, and the key each gets here.
+_MIG_FIGURES = {"count": "count", "memory": "memory_mib", "multiprocessors": "multiprocessors",
+                "slices.gi": "slices_gi", "slices.ci": "slices_ci", "replicas": "replicas",
+                "engines.copy": "engines_copy", "engines.decoder": "engines_decoder",
+                "engines.encoder": "engines_encoder", "engines.jpeg": "engines_jpeg", "engines.ofa": "engines_ofa"}
+
+
+def _mig(labels: dict[str, str], capacity: dict[str, Any], allocatable: dict[str, Any]) -> dict[str, Any]:
+    """The node's MIG setup from GFD's and the MIG manager's labels and the mig-<profile> resources."""
+    profiles: dict[str, dict[str, int]] = {}
+    for key, value in labels.items():
+        if not key.startswith(MIG_LABEL_PREFIX):
+            continue
+        profile, _, figure = key[len(MIG_LABEL_PREFIX):].partition(".")
+        # "1g.10gb.count": the profile name has a dot of its own.
+        head, _, rest = figure.partition(".")
+        profile, figure = f"{profile}.{head}", rest
+        if figure in _MIG_FIGURES:
+            try:
+                profiles.setdefault(profile, {})[_MIG_FIGURES[figure]] = int(value)
+            except ValueError:
+                continue
+    for part, values in (("capacity", capacity), ("allocatable", allocatable)):
+        for name, amount in values.items():
+            if name.startswith(MIG_RESOURCE_PREFIX):
+                profiles.setdefault(name[len(MIG_RESOURCE_PREFIX):], {})[part] = int(parse_quantity(amount))
+    out: dict[str, Any] = {key: labels[label] for key, label in (
+        ("strategy", "nvidia.com/mig.strategy"), ("config", "nvidia.com/mig.config"),
+        ("config_state", "nvidia.com/mig.config.state")) if labels.get(label)}
+    if profiles:
+        out["profiles"] = dict(sorted(profiles.items()))
+    return out
+
+
+def _gpu_resources(status: dict[str, Any], labels: dict[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
     for part in ("capacity", "allocatable"):
         values = {k: str(v) for k, v in (status.get(part) or {}).items() if k.startswith("nvidia.com/")}
         if values:
             out[part] = dict(sorted(values.items()))
+    capacity, allocatable = out.get("capacity", {}), out.get("allocatable", {})
+    sharing = {}
+    replicas = _int_label(labels, "nvidia.com/gpu.replicas")
+    if replicas is not None and replicas > 1:
+        sharing["replicas"] = replicas
+    if labels.get("nvidia.com/gpu.sharing-strategy") not in (None, "", "none"):
+        sharing["strategy"] = labels["nvidia.com/gpu.sharing-strategy"]
+    if SHARED_RESOURCE in capacity:
+        sharing["shared_capacity"] = int(parse_quantity(capacity[SHARED_RESOURCE]))
+        sharing["shared_allocatable"] = int(parse_quantity(allocatable.get(SHARED_RESOURCE)))
+    if sharing:
+        out["sharing"] = sharing
+    mig = _mig(labels, capacity, allocatable)
+    if mig:
+        out["mig"] = mig
+    if HAMI_MEMORY_RESOURCE in capacity or HAMI_CORES_RESOURCE in capacity:
+        out["hami"] = {"vgpus": int(parse_quantity(capacity.get(GPU_RESOURCE))),
+                       "memory_mib": int(parse_quantity(capacity.get(HAMI_MEMORY_RESOURCE))),
+                       "cores_pct": int(parse_quantity(capacity.get(HAMI_CORES_RESOURCE)))}
     return out
 
 
@@ -199,5 +263,5 @@ def parse_node(node: dict[str, Any], *, cluster_key: str) -> DiscoveredNode:
     return DiscoveredNode(
         name=name, ready=healthy, health_reason=reason[:255], schedulable=not spec.get("unschedulable", False),
         labels=labels, cpu_milli=min(int(cpu * 1000), 2**31 - 1), memory_mib=min(int(mem // 2**20), 2**31 - 1),
-        gpu_resources=_gpu_resources(status), gpus=gpus,
+        gpu_resources=_gpu_resources(status, labels), gpus=gpus,
     )

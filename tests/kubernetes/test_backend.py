@@ -97,7 +97,8 @@ def test_a_team_holding_nothing_gets_zero_for_every_gpu_resource_of_the_cluster(
                                          teams=[team])
     assert read_quota(core, f"gpupool-{team}").spec.hard == {
         "requests.nvidia.com/gpu": "0", "requests.nvidia.com/gpu.shared": "0", "requests.nvidia.com/gpucores": "0",
-        "requests.nvidia.com/gpumem": "0", "requests.nvidia.com/mig-1g.10gb": "0"}
+        "requests.nvidia.com/gpumem": "0", "requests.nvidia.com/mig-1g.10gb": "0",
+        "limits.nvidia.com/gpu": "0", "limits.nvidia.com/gpumem": "0", "limits.nvidia.com/gpucores": "0"}
 
 
 def test_each_sharing_mode_counts_in_its_own_resource(kube_cluster, core):
@@ -110,7 +111,9 @@ def test_each_sharing_mode_counts_in_its_own_resource(kube_cluster, core):
     backend.sync(desired_for(kube_cluster, [TeamDesired(team_slug=team, grants=grants)]), teams=[team])
     assert hard(core, f"gpupool-{team}") == {
         "requests.nvidia.com/gpu": 2, "requests.nvidia.com/gpu.shared": 3, "requests.nvidia.com/gpumem": 8000,
-        "requests.nvidia.com/gpucores": 30, "requests.nvidia.com/mig-1g.10gb": 2}
+        "requests.nvidia.com/gpucores": 30, "requests.nvidia.com/mig-1g.10gb": 2,
+        # HAMi's extended quota, which its scheduler counts per device.
+        "limits.nvidia.com/gpu": 2, "limits.nvidia.com/gpumem": 8000, "limits.nvidia.com/gpucores": 30}
     validate_all(backend)
     assert backend.sync(desired_for(kube_cluster, [TeamDesired(team_slug=team, grants=grants)]),
                         teams=[team]).changes == []

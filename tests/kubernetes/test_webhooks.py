@@ -187,9 +187,10 @@ def test_hami_pools_get_the_reserved_gpu_uuids(db, kube_cluster):
     reservation = Reservation.objects.create(team=team, pool=pool, gpus=2, starts_at=now - timedelta(minutes=1),
                                              ends_at=now + timedelta(hours=1), state=Reservation.State.ACTIVE)
     gpus = list(node.gpus.all())
-    for gpu in gpus:
+    for gpu in gpus:  # the grant rows of a vgpu reservation: one per GPU, with its memory and cores
         Allocation.objects.create(reservation=reservation, gpu=gpu, starts_at=reservation.starts_at,
-                                  ends_at=reservation.ends_at)
+                                  ends_at=reservation.ends_at, mode="vgpu", memory_mib=40000, cores_pct=50,
+                                  milli=500, ge=0.5)
     pod = gpu_pod(1, annotations={})
     answer = response_of(post(MUTATE, review(pod, f"gpupool-{team.slug}")))
     patched = apply_patch(pod, json.loads(base64.b64decode(answer["patch"])))

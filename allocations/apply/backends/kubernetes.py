@@ -5,7 +5,8 @@
 
 - for each named team (every team when ``teams`` is None): its namespace and its
   ResourceQuota, capped at what it holds now;
-- for the pools: the device-plugin sharing ConfigMap (and the mig-parted one when needed)
+- for the pools: the device-plugin ConfigMap (time-slicing/MPS replicas, the MIG strategy; and
+  the mig-parted one for layouts of the portal's own)
   in the system namespace, and the sharing labels on the pools' nodes (never creating a
   node; a missing one is reported);
 - reconcile (``teams=None``) also zeroes the quota of every portal-managed namespace whose
@@ -168,13 +169,13 @@ class KubernetesBackend:
 
     def _sync_pools(self, core: k8s.CoreV1Api, desired: ClusterDesired, report: SyncReport, *,
                     reconcile: bool) -> None:
-        shared = [p for p in desired.pools if p.sharing_mode in ("time_slicing", "mps")]
+        shared = [p for p in desired.pools if m.configures_device_plugin(p)]
         mig_parted = m.mig_parted_configmap_manifest(desired.pools, self.system_namespace)
         wanted = m.node_labels(desired.pools)
         if shared or mig_parted:
             self._ensure(core, m.system_namespace_manifest(self.system_namespace), report)
         if shared or reconcile:
-            # With no shared pool left, reconcile still empties an existing ConfigMap (never creates one).
+            # With no shared or MIG pool left, reconcile still empties an existing ConfigMap (never creates one).
             self._ensure(core, m.device_plugin_configmap_manifest(desired.pools, self.system_namespace), report,
                          create=bool(shared))
         if mig_parted:

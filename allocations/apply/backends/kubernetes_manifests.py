@@ -3,26 +3,36 @@
 Per team: a Namespace (``team_namespace(slug)``) and a ResourceQuota ``gpupool`` in it whose
 ``spec.hard`` caps the team's GPU requests at what it holds right now, for every GPU
 resource name used on the cluster (0 for what it does not hold, so an unreserved pool is
-closed to it). Resource names per sharing mode:
+closed to it). What each sharing mode counts, per resource name (``requests.<name>`` unless said):
 
-=============  =================================================================
-exclusive      ``nvidia.com/gpu`` (whole GPUs)
-time_slicing   ``nvidia.com/gpu.shared`` (the device plugin runs with renameByDefault)
-mps            ``nvidia.com/gpu.shared`` (idem)
-mig            ``nvidia.com/mig-<profile>`` (mixed strategy)
-vgpu (HAMi)    ``nvidia.com/gpu`` (vGPU slots), ``nvidia.com/gpumem`` (MiB), ``nvidia.com/gpucores`` (%)
-=============  =================================================================
+=============  ====================================================================================
+exclusive      ``nvidia.com/gpu``: whole GPUs held
+time_slicing   ``nvidia.com/gpu.shared``: shares held, one per share slot (the device plugin runs
+               with ``renameByDefault``, so a GPU of N replicas is offered as N of this name)
+mps            ``nvidia.com/gpu.shared``: idem (MPS sharing of the device plugin)
+mig            ``nvidia.com/mig-<profile>``: instances of that profile held (mixed strategy); every
+               profile of every mig pool's layout is listed, 0 where the team holds none
+vgpu (HAMi)    ``nvidia.com/gpu``: vGPU devices held (one per GPU granted); ``nvidia.com/gpumem``:
+               MiB, ``nvidia.com/gpucores``: percent, each summed over the devices held. Written
+               twice: ``limits.nvidia.com/{gpu,gpumem,gpucores}`` is HAMi's extended quota, which
+               its scheduler enforces counting a pod's memory and cores once per device it gets
+               (``gpu: 2, gpumem: 2000`` is 4000); ``requests.`` is what the API server itself
+               counts, a pod's amounts as written (2000 there), a looser cap that holds without HAMi
+=============  ====================================================================================
 
 Per pool that needs node configuration: time_slicing and mps pools get an entry in the
-device-plugin ConfigMap and the ``nvidia.com/device-plugin.config`` label on their nodes;
-mig pools get the ``nvidia.com/mig.config`` label (a named mig-parted layout, or a layout
-the portal writes into its mig-parted ConfigMap). Every object carries the portal's
-managed-by label; team objects also the team label and the reservations annotation.
+device-plugin ConfigMap (``sharing.timeSlicing`` / ``sharing.mps`` with the pool's
+``replicas``) and the ``nvidia.com/device-plugin.config`` label on their nodes; mig pools get
+an entry with ``flags.migStrategy: mixed`` and the ``nvidia.com/mig.config`` label: a named
+layout (``all-1g.10gb``, ``all-balanced``) as it is, a profile list equal to a named
+``all-<profile>`` layout by that name, any other list as ``gpupool-<pool>``, a layout the
+portal writes into its mig-parted ConfigMap. Every object carries the portal's managed-by
+label; team objects also the team label and the reservations annotation.
 """
 from __future__ import annotations
 
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 
 import yaml
@@ -36,6 +46,8 @@ from allocations.apply.desired import (
     PoolDesired,
     TeamDesired,
 )
+from allocations.placement.mig import LayoutError, named_layout
+from inventory.sharing import mig_layout_names
 
 QUOTA_NAME = "gpupool"
 SYSTEM_NAMESPACE = "gpupool-system"
@@ -52,7 +64,11 @@ SHARED = "nvidia.com/gpu.shared"
 HAMI_MEMORY = "nvidia.com/gpumem"
 HAMI_CORES = "nvidia.com/gpucores"
 QUOTA_PREFIX = "requests."
+# HAMi's extended ResourceQuota: its scheduler reads these names and counts memory and cores per device.
+HAMI_QUOTA_PREFIX = "limits."
+HAMI_RESOURCES = (GPU, HAMI_MEMORY, HAMI_CORES)
 MANAGED_QUOTA_PREFIX = "requests.nvidia.com/"
+MIG_STRATEGY = "mixed"
 
 
 def label_value(text: str) -> str:
@@ -81,15 +97,36 @@ def grant_resources(grant: Grant) -> dict[str, int]:
     return {GPU: grant.units}
 
 
+def mig_layout_profiles(pool: PoolDesired) -> list[str]:
+    """The profiles of one GPU's layout in a mig pool, in the pool's layout order.
+
+    A named layout is expanded for each GPU model of the pool (the union, when models differ);
+    a model the layout does not fit adds nothing, and an ``all-<profile>`` name on a pool whose
+    models are unknown still names its profile, so the quota lists it."""
+    layout = mig_layout_names(pool.sharing_config)
+    if isinstance(layout, list):
+        return layout
+    profiles: list[str] = []
+    for model in pool.gpu_models:
+        try:
+            named = named_layout(model, layout)
+        except LayoutError:
+            continue
+        profiles += [p for p in named if p not in profiles]
+    if not profiles and layout.startswith("all-") and layout != "all-balanced":
+        profiles = [layout[len("all-"):]]
+    return profiles
+
+
 def pool_resource_names(pool: PoolDesired) -> set[str]:
     """The resource names a pool's GPUs are offered under on Kubernetes."""
     mode = pool.sharing_mode
     if mode in ("time_slicing", "mps"):
         return {SHARED}
     if mode == "mig":
-        return {mig_resource(p) for p in (pool.sharing_config.get("profiles") or {})}
+        return {mig_resource(p) for p in mig_layout_profiles(pool)}
     if mode == "vgpu":
-        return {GPU, HAMI_MEMORY, HAMI_CORES}
+        return set(HAMI_RESOURCES)
     return {GPU}
 
 
@@ -124,7 +161,11 @@ def quota_hard(team: TeamDesired, pools: Iterable[PoolDesired]) -> dict[str, str
     names = {GPU} | set(totals)
     for pool in pools:
         names |= pool_resource_names(pool)
-    return {QUOTA_PREFIX + name: str(totals.get(name, 0)) for name in sorted(names)}
+    hard = {QUOTA_PREFIX + name: str(totals.get(name, 0)) for name in names}
+    if HAMI_MEMORY in names or HAMI_CORES in names:
+        # HAMi's scheduler enforces these, counting a pod's memory and cores once per device.
+        hard.update({HAMI_QUOTA_PREFIX + name: str(totals.get(name, 0)) for name in HAMI_RESOURCES})
+    return dict(sorted(hard.items()))
 
 
 def quota_manifest(team: TeamDesired, pools: Iterable[PoolDesired]) -> dict:
@@ -150,46 +191,75 @@ def device_plugin_config_name(pool: PoolDesired) -> str:
 
 
 def device_plugin_config(pool: PoolDesired) -> str:
-    """The NVIDIA device plugin's config file (v1) for a time_slicing or mps pool."""
-    sharing = "mps" if pool.sharing_mode == "mps" else "timeSlicing"
-    replicas = int(pool.sharing_config.get("replicas") or 2)
-    config = {"version": "v1", "sharing": {sharing: {"renameByDefault": True,
-                                                    "resources": [{"name": GPU, "replicas": replicas}]}}}
+    """The NVIDIA device plugin's config file (v1) for a time_slicing, mps or mig pool."""
+    if pool.sharing_mode == "mig":
+        # Mixed: each profile is its own resource, nvidia.com/mig-<profile>, which the quota counts.
+        config: dict = {"version": "v1", "flags": {"migStrategy": MIG_STRATEGY}}
+    else:
+        sharing = "mps" if pool.sharing_mode == "mps" else "timeSlicing"
+        replicas = int(pool.sharing_config.get("replicas") or 2)
+        config = {"version": "v1", "sharing": {sharing: {"renameByDefault": True,
+                                                        "resources": [{"name": GPU, "replicas": replicas}]}}}
     return yaml.safe_dump(config, sort_keys=True)
 
 
+def configures_device_plugin(pool: PoolDesired) -> bool:
+    return pool.sharing_mode in ("time_slicing", "mps", "mig")
+
+
 def device_plugin_configmap_manifest(pools: Iterable[PoolDesired], namespace: str = SYSTEM_NAMESPACE) -> dict:
-    """One ConfigMap, one key per shared pool (the device plugin's multi-config: a node label picks the key)."""
+    """One ConfigMap, one key per shared or MIG pool (the device plugin's multi-config: a node label picks the key)."""
     data = {"default": yaml.safe_dump({"version": "v1"}, sort_keys=True)}
     for pool in pools:
-        if pool.sharing_mode in ("time_slicing", "mps"):
+        if configures_device_plugin(pool):
             data[device_plugin_config_name(pool)] = device_plugin_config(pool)
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": DEVICE_PLUGIN_CONFIGMAP, "namespace": namespace, "labels": _managed_labels()},
             "data": data}
 
 
+def _named_equivalent(pool: PoolDesired, profiles: list[str]) -> str | None:
+    """The ``all-<profile>`` name of a profile list, when it is exactly that layout on every model of the pool."""
+    if not profiles or len(set(profiles)) != 1 or not pool.gpu_models:
+        return None
+    name = f"all-{profiles[0]}"
+    for model in pool.gpu_models:
+        try:
+            if sorted(named_layout(model, name)) != sorted(profiles):
+                return None
+        except LayoutError:
+            return None
+    return name
+
+
 def mig_config_name(pool: PoolDesired) -> str:
-    """The mig-parted layout a mig pool's nodes get: the named one, all-<profile>, or the portal's own."""
-    layout = pool.sharing_config.get("mig_layout")
-    if layout:
-        return label_value(str(layout))
-    profiles = pool.sharing_config.get("profiles") or {}
-    if len(profiles) == 1:
-        return label_value(f"all-{next(iter(profiles))}")
-    return label_value(f"gpupool-{pool.pool_slug}")
+    """The mig-parted layout a mig pool's nodes get (``nvidia.com/mig.config``): the named one as it is,
+    the ``all-<profile>`` name of a list that is exactly that, else the portal's own ``gpupool-<pool>``."""
+    layout = mig_layout_names(pool.sharing_config)
+    if isinstance(layout, str):
+        return label_value(layout)
+    return label_value(_named_equivalent(pool, layout) or f"gpupool-{pool.pool_slug}")
+
+
+def custom_mig_layout(pool: PoolDesired) -> dict[str, int] | None:
+    """{profile: count} of a mig pool whose layout the portal must write for mig-parted (None otherwise)."""
+    if pool.sharing_mode != "mig":
+        return None
+    layout = mig_layout_names(pool.sharing_config)
+    if isinstance(layout, str) or not layout or _named_equivalent(pool, layout):
+        return None
+    return dict(sorted(Counter(layout).items()))
 
 
 def mig_parted_configmap_manifest(pools: Iterable[PoolDesired], namespace: str = SYSTEM_NAMESPACE, *,
                                   empty: bool = False) -> dict | None:
-    """mig-parted layouts for mig pools that list several profiles (None when no pool needs one,
+    """mig-parted layouts for mig pools with a layout of their own (None when no pool needs one,
     unless `empty`: then a ConfigMap with no layouts, to clear one the portal wrote before)."""
     configs = {}
     for pool in pools:
-        profiles = pool.sharing_config.get("profiles") or {}
-        if pool.sharing_mode == "mig" and not pool.sharing_config.get("mig_layout") and len(profiles) > 1:
-            configs[mig_config_name(pool)] = [{"devices": "all", "mig-enabled": True,
-                                               "mig-devices": {k: int(v) for k, v in sorted(profiles.items())}}]
+        devices = custom_mig_layout(pool)
+        if devices:
+            configs[mig_config_name(pool)] = [{"devices": "all", "mig-enabled": True, "mig-devices": devices}]
     if not configs and not empty:
         return None
     document = yaml.safe_dump({"version": "v1", "mig-configs": configs}, sort_keys=True)
@@ -206,12 +276,11 @@ def node_labels(pools: Iterable[PoolDesired]) -> dict[str, dict[str, str]]:
     """
     wanted: dict[str, dict[str, str]] = {}
     for pool in sorted(pools, key=lambda p: p.pool_slug):
-        if pool.sharing_mode in ("time_slicing", "mps"):
-            labels = {POOL_LABEL: label_value(pool.pool_slug), DEVICE_PLUGIN_CONFIG_LABEL: device_plugin_config_name(pool)}
-        elif pool.sharing_mode == "mig":
-            labels = {POOL_LABEL: label_value(pool.pool_slug), MIG_CONFIG_LABEL: mig_config_name(pool)}
-        else:
+        if not configures_device_plugin(pool):
             continue
+        labels = {POOL_LABEL: label_value(pool.pool_slug), DEVICE_PLUGIN_CONFIG_LABEL: device_plugin_config_name(pool)}
+        if pool.sharing_mode == "mig":
+            labels[MIG_CONFIG_LABEL] = mig_config_name(pool)
         for node in pool.node_names:
             wanted.setdefault(node, labels)
     return wanted
