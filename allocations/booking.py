@@ -390,6 +390,27 @@ def layout_of(model: str, layout: str | Sequence[str]) -> list[tuple[mig.MigProf
     return mig.layout_instances(model, names)
 
 
+def mig_layout_problem(layout: str | Sequence[str], models: Sequence[str]) -> str | None:
+    """Why a MIG layout cannot carve the pool's GPU models (each must take it), or None. A pool without
+    GPUs yet: the layout must fit some MIG-capable model."""
+    layout = layout if isinstance(layout, str) else list(layout)
+    if not models:
+        problems = []
+        for model in mig.MIG_GEOMETRY:
+            try:
+                layout_of(model, layout)
+                return None
+            except mig.LayoutError as error:
+                problems.append(str(error))
+        return f"the layout fits no MIG-capable GPU model: {problems[0]}"
+    for model in models:
+        try:
+            layout_of(model, layout)
+        except mig.LayoutError as error:
+            return f"the layout does not fit the pool's {model} GPUs: {error}"
+    return None
+
+
 def mig_part(profile: mig.MigProfile, start: int) -> tuple[int, int]:
     """The part of the share space a MIG instance holds: its memory slices, 125 milli each."""
     return start * MIG_SLICE_MILLI, (start + profile.size) * MIG_SLICE_MILLI

@@ -7,10 +7,12 @@ from django.conf import settings
 from rest_framework import serializers
 
 from allocations.models import ApplyJob, Quota, Reservation, ReservationEvent
+from allocations.booking import mig_layout_problem
 from allocations.placement import DEFAULT_POLICY, POLICY_NAMES
 from allocations.selectors import LATEST_INSTANT
 from common.api import CleanModelSerializer, RefuseUnknownFields, SlugLookupField
 from inventory.models import GpuPool
+from inventory.sharing import SharingMode, mig_layout_names
 from teams.models import Team
 
 MAX_GPUS_PER_REQUEST = 1024
@@ -30,6 +32,19 @@ class PoolSerializer(CleanModelSerializer):
         model = GpuPool
         fields = ["id", "slug", "name", "description", "sharing_mode", "sharing_config", "placement_policy",
                   "gpus_total", "gpus_healthy", "gpus_allocated", "gpus_free", "created_at"]
+
+    def validate(self, attrs: dict) -> dict:
+        attrs = super().validate(attrs)  # the config's shape (GpuPool.clean)
+        mode = attrs.get("sharing_mode", getattr(self.instance, "sharing_mode", None))
+        config = attrs.get("sharing_config", getattr(self.instance, "sharing_config", None))
+        if mode == SharingMode.MIG and isinstance(config, dict):
+            models = (sorted(set(self.instance.gpus.values_list("model_name", flat=True)))
+                      if self.instance is not None else [])
+            problem = mig_layout_problem(mig_layout_names(config), models)
+            if problem:
+                raise serializers.ValidationError(
+                    {"sharing_config": serializers.ErrorDetail(problem, code="layout_does_not_fit")})
+        return attrs
 
 
 def _before_latest(value):

@@ -287,3 +287,28 @@ def test_postgresql_refuses_overlapping_share_slots_and_vgpu_overcommit_whatever
     with pytest.raises(IntegrityError), transaction.atomic():
         _insert(slots, gpu, mode="time_slicing", share_from=200, share_to=450, milli=250)
     _insert(slots, gpu, mode="time_slicing", share_from=250, share_to=500, milli=250)
+
+
+# --- pools' MIG layouts --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("config, ok", [
+    ({"mig_layout": "all-1g.10gb"}, True),
+    ({"mig_layout": "all-balanced"}, True),
+    ({"profiles": ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]}, True),
+    ({"profiles": {"1g.10gb": 7}}, True),
+    ({"profiles": ["4g.40gb", "4g.40gb"]}, False),  # both need slice 0
+    ({"profiles": ["3g.40gb", "3g.40gb", "1g.10gb"]}, False),  # 7 compute slices used, no memory left
+    ({"profiles": ["1g.5gb"]}, False),  # an A100-40GB profile on 80 GB cards
+    ({"mig_layout": "all-9g.90gb"}, False),
+])
+def test_a_mig_layout_must_fit_the_pools_gpus(api, db, config, ok):
+    staff = UserFactory(username="root", is_staff=True)
+    pool = shared_pool("mig", "mig", {"mig_layout": "all-1g.10gb"})
+    response = api(staff).patch(f"/api/v1/pools/{pool.slug}/", {"sharing_config": config}, format="json")
+    if ok:
+        assert response.status_code == 200, response.content
+    else:
+        assert response.status_code == 400, response.content
+        assert errors_of(response)[0][0] == "sharing_config"
+        pool.refresh_from_db()
+        assert pool.sharing_config == {"mig_layout": "all-1g.10gb"}
