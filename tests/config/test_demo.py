@@ -27,12 +27,27 @@ def _mode(path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
-def test_the_demo_has_two_pools_two_teams_and_accounts(db):
+def test_the_demo_has_whole_mig_and_shared_pools_two_teams_and_accounts(db):
     created = load_demo(admin_password="plenty-of-entropy-7q")
     assert created["admin"] == "plenty-of-entropy-7q" and set(created) == {"admin", "alice", "bob", "carol"}
-    assert {p.slug: p.gpus.count() for p in GpuPool.objects.all()} == {"h100": 16, "l40s": 4}
-    assert Gpu.objects.values("uuid").distinct().count() == 20
-    assert Quota.objects.count() == 4
+    assert {p.slug: (p.sharing_mode, p.gpus.count()) for p in GpuPool.objects.all()} == {
+        "h100": ("exclusive", 16), "l40s": ("exclusive", 4), "a100-mig": ("mig", 4), "l4-shared": ("time_slicing", 4)}
+    assert Gpu.objects.values("uuid").distinct().count() == 28
+    assert Quota.objects.count() == 8
+
+
+def test_a_demo_member_can_book_a_mig_slice_and_a_share(db):
+    load_demo()
+    from django.contrib.auth import get_user_model
+
+    bob = get_user_model().objects.get(username="bob")
+    _, end = window(0, 1)
+    mig = services.reservation_create(actor=bob, request=services.ReservationRequest(
+        team="vision", pool="a100-mig", mig_profile="3g.40gb", ends_at=end))
+    assert mig.ge == pytest.approx(3 / 7 * 0.6)
+    share = services.reservation_create(actor=bob, request=services.ReservationRequest(
+        team="vision", pool="l4-shared", shares=2, ends_at=end))
+    assert share.ge == pytest.approx(2 / 4 * 0.2)
 
 
 def test_a_demo_member_can_reserve_at_once(db):
