@@ -1,6 +1,7 @@
 """Small DRF pieces shared by the apps' APIs."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
@@ -38,6 +39,24 @@ class NulFreeJSONField(serializers.JSONField):
         if _has_nul(value):
             self.fail("null_characters_not_allowed")
         return value
+
+
+class RefusesUnknownFields:
+    """A serializer mixin: a body naming a field the serializer does not have is refused (400, rule
+    `unknown_field`, naming each such field) instead of being dropped in silence, so a misspelt
+    `wieght` is not a successful no-op. Read-only fields are known (a client may send back what it
+    read); a browser form's CSRF token is not a field of the resource."""
+
+    IGNORED_KEYS = frozenset({"csrfmiddlewaretoken"})
+
+    def to_internal_value(self, data):
+        if isinstance(data, Mapping):
+            unknown = sorted(str(key) for key in data if key not in self.fields and key not in self.IGNORED_KEYS)
+            if unknown:
+                raise serializers.ValidationError({
+                    name: [serializers.ErrorDetail(f"Unknown field {name!r}.", code="unknown_field")]
+                    for name in unknown})
+        return super().to_internal_value(data)
 
 
 class CleanModelSerializer(serializers.ModelSerializer):
