@@ -263,6 +263,11 @@ class TeamUse:
         """The split by mode and model over all pools."""
         return _merged(share for use in self.pools for share in use.breakdown)
 
+    @property
+    def held_breakdown(self) -> tuple[GeShare, ...]:
+        """The split of what is held now (parts with nothing held left out)."""
+        return tuple(share for share in self.breakdown if share.held_now > 0)
+
 
 def _merged(shares) -> tuple[GeShare, ...]:
     sums: dict[tuple[str, str], list[float]] = {}
