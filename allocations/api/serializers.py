@@ -141,6 +141,8 @@ class ReservationDetailSerializer(ReservationSerializer):
 
 
 class QuotaSerializer(RefusesUnknownFields, serializers.ModelSerializer):
+    """What a team may hold in a pool, in GPU-equivalents. Unknown fields are refused (`unknown_field`)."""
+
     team = SlugLookupField(slug_field="slug", queryset=Team.objects.all())
     pool = SlugLookupField(slug_field="slug", queryset=GpuPool.objects.all())
     # GPU-equivalents, as the columns hold them (DECIMAL(8, 2) and DECIMAL(10, 1)): more digits than

@@ -121,4 +121,6 @@ class GpuModelDetailSerializer(GpuModelSerializer):
 
 
 class GpuModelWeightInput(RefusesUnknownFields, serializers.Serializer):
+    """A new weight for a GPU model; any other field is refused (`unknown_field`)."""
+
     weight = _weight(validators=[_positive], help_text="Greater than 0, at most 999.999, three decimal places")

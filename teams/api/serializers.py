@@ -5,6 +5,8 @@ from teams.models import Membership, Team
 
 
 class TeamSerializer(RefusesUnknownFields, serializers.ModelSerializer):
+    """A team; staff create, rename and cap it. Unknown fields are refused (`unknown_field`)."""
+
     # A JSON number (not DRF's default string), like the quotas'; null: no team-wide cap.
     max_ge = serializers.DecimalField(
         max_digits=8, decimal_places=2, min_value=0, allow_null=True, required=False, coerce_to_string=False,
