@@ -137,6 +137,8 @@ def test_the_admin_sets_weights_through_the_service_and_shows_the_history(fleet,
     page = client.get(f"/admin/inventory/gpumodel/{row.pk}/change/").content.decode()
     assert "0.800 → 1.500" in page
     assert client.get("/admin/inventory/gpumodelweightchange/").status_code == 200
+    listed = client.get("/admin/inventory/gpumodel/")
+    assert listed.status_code == 200 and H100 in listed.content.decode()
     # Bad weights and unknown models show on the form.
     assert client.post(f"/admin/inventory/gpumodel/{row.pk}/change/", {"weight": "0"}).status_code == 200
     assert client.post("/admin/inventory/gpumodel/add/", {"name": "nope", "weight": "1"}).status_code == 200
