@@ -19,6 +19,7 @@ from common import sql
 from common.errors import ValidationFailed
 from inventory.models import Gpu, GpuPool
 from inventory.sharing import REPLICA_MODES
+from inventory.selectors import model_weights, weight_of
 from teams.models import Membership, Team
 from teams.selectors import teams_of
 
@@ -236,33 +237,136 @@ def pool_availability(pool: GpuPool, start: datetime, end: datetime, slot: timed
 
 
 @dataclass(frozen=True)
+class GeShare:
+    """Part of a team's use in one pool: what its grants of one sharing mode on one GPU model hold
+    now and have booked this month, in GPU-equivalents (each grant's charged `ge`)."""
+
+    mode: str
+    model: str
+    held_now: float
+    ge_hours_this_month: float
+
+
+@dataclass(frozen=True)
 class QuotaUse:
-    quota: Quota
-    held_now: int
-    gpu_hours_this_month: float
+    """A team's use of one pool in GE: held now (the sum of the `ge` of its grants holding at this
+    instant) and GE-hours this calendar month (UTC; each grant's `ge` x its hours inside the month),
+    with the split by mode and model. `quota` is None for a pool the team uses without a quota
+    (one taken away while it still held grants there)."""
+
+    pool: GpuPool
+    quota: Quota | None
+    held_now: float = 0.0
+    ge_hours_this_month: float = 0.0
+    breakdown: tuple[GeShare, ...] = ()
 
     @property
     def held_pct(self) -> int:
-        return round(100 * self.held_now / self.quota.max_ge) if self.quota.max_ge else 0
+        limit = self.quota.max_ge if self.quota else None
+        return round(100 * self.held_now / float(limit)) if limit else 0
 
     @property
     def hours_pct(self) -> int | None:
-        limit = self.quota.ge_hours_per_month
-        return round(100 * self.gpu_hours_this_month / limit) if limit else None
+        limit = self.quota.ge_hours_per_month if self.quota else None
+        return round(100 * self.ge_hours_this_month / float(limit)) if limit else None
+
+
+@dataclass(frozen=True)
+class TeamUse:
+    """A team's use across its pools, in GE, against its team-wide cap (Team.max_ge, None = none)."""
+
+    team: Team
+    month: quota_math.Window
+    pools: tuple[QuotaUse, ...]
+
+    @property
+    def month_start(self) -> datetime:
+        return self.month[0]
+
+    @property
+    def month_end(self) -> datetime:
+        return self.month[1]
+
+    @property
+    def held_now(self) -> float:
+        return sum(use.held_now for use in self.pools)
+
+    @property
+    def ge_hours_this_month(self) -> float:
+        return sum(use.ge_hours_this_month for use in self.pools)
+
+    @property
+    def held_pct(self) -> int | None:
+        return round(100 * self.held_now / float(self.team.max_ge)) if self.team.max_ge else None
+
+    @property
+    def breakdown(self) -> tuple[GeShare, ...]:
+        """The split by mode and model over all pools."""
+        return _merged(share for use in self.pools for share in use.breakdown)
+
+    @property
+    def held_breakdown(self) -> tuple[GeShare, ...]:
+        """The split of what is held now (parts with nothing held left out)."""
+        return tuple(share for share in self.breakdown if share.held_now > 0)
+
+
+def _merged(shares) -> tuple[GeShare, ...]:
+    sums: dict[tuple[str, str], list[float]] = {}
+    for share in shares:
+        row = sums.setdefault((share.mode, share.model), [0.0, 0.0])
+        row[0] += share.held_now
+        row[1] += share.ge_hours_this_month
+    return tuple(GeShare(mode, model, held, hours) for (mode, model), (held, hours) in sorted(sums.items()))
+
+
+def this_month(now: datetime) -> quota_math.Window:
+    start = quota_math.month_start(now)
+    return start, quota_math.next_month(start)
 
 
 def quota_use(team: Team, now: datetime | None = None) -> list[QuotaUse]:
-    """For each quota of the team: GPUs held now and GPU-hours booked this calendar month (one query)."""
+    """For each quota of the team: GE held now and GE-hours booked this calendar month, split by
+    mode and model (two queries; see teams_use)."""
+    [use] = teams_use([team], now=now, quota_pools_only=True)
+    return list(use.pools)
+
+
+def team_use(team: Team, now: datetime | None = None) -> TeamUse:
+    """The team's GE use in every pool it has a quota in or grants in this month."""
+    [use] = teams_use([team], now=now)
+    return use
+
+
+def teams_use(teams: Sequence[Team], now: datetime | None = None, *, quota_pools_only: bool = False
+              ) -> list[TeamUse]:
+    """TeamUse of each team, in the order given: one query for the quotas and one for the month's
+    grants of all of them, summed by the database per team, pool, mode, model and charged GE (a
+    grant's GE is one of a few values per pool: the weight over N, a MIG size), so a busy month's tens
+    of thousands of grants come back as a few rows. GE x hours is multiplied here, as SQLite has no
+    portable way to multiply a duration."""
     now = now or timezone.now()
-    month = (quota_math.month_start(now), quota_math.next_month(quota_math.month_start(now)))
-    quotas = list(Quota.objects.filter(team=team).select_related("pool", "team"))
-    per_pool = {pool_id: (held, hours) for pool_id, held, hours in _month_bookings(
-        team.pk, [quota.pool_id for quota in quotas], month,
-        held=Count("pk", filter=Q(starts_at__lte=now, ends_at__gt=now)))}
+    month = this_month(now)
+    team_ids = [team.pk for team in teams]
+    quotas = {(q.team_id, q.pool_id): q for q in Quota.objects.filter(team_id__in=team_ids).select_related("pool")}
+    # Every pool id (a handful): the team-pool-end index then skips each team's past pool by pool.
+    pools = {pool.pk: pool for pool in GpuPool.objects.all()} if not quota_pools_only else {
+        q.pool_id: q.pool for q in quotas.values()}
+    rows = _month_ge(team_ids, list(pools), month, now) if team_ids and pools else []
+    shares: dict[tuple[int, int], list[GeShare]] = {}
+    for team_id, pool_id, mode, model, ge, held, booked in rows:
+        shares.setdefault((team_id, pool_id), []).append(GeShare(mode=mode, model=model, held_now=held * ge,
+                                                                 ge_hours_this_month=booked * ge))
     out = []
-    for quota in quotas:
-        held, hours = per_pool.get(quota.pool_id, (0, 0.0))
-        out.append(QuotaUse(quota=quota, held_now=held, gpu_hours_this_month=hours))
+    for team in teams:
+        keys = sorted({key for key in quotas if key[0] == team.pk} | {key for key in shares if key[0] == team.pk},
+                      key=lambda key: pools[key[1]].slug)
+        uses = []
+        for key in keys:
+            parts = _merged(shares.get(key, ()))
+            uses.append(QuotaUse(pool=pools[key[1]], quota=quotas.get(key),
+                                 held_now=sum(p.held_now for p in parts),
+                                 ge_hours_this_month=sum(p.ge_hours_this_month for p in parts), breakdown=parts))
+        out.append(TeamUse(team=team, month=month, pools=tuple(uses)))
     return out
 
 
@@ -284,19 +388,68 @@ def month_ge_hours(team_id: int, pool_id: int | None, month: quota_math.Window) 
     return float(seconds_booked or 0) / 3600
 
 
-def _month_bookings(team_id: int, pool_ids: list[int], month: quota_math.Window, **more) -> list[tuple]:
-    """(pool id, *more, GPU-hours) per pool, summed by the database: a busy team books tens of
-    thousands of allocations a month, which it costs far more to bring back and add up here.
-    `reservation__ends_at__gt` skips the team's past through reservation_team_pool_end (an
-    allocation never outlives its reservation)."""
+def _month_ge(team_ids: list[int], pool_ids: list[int], month: quota_math.Window, now: datetime) -> list[tuple]:
+    """(team id, pool id, mode, model, ge, grants holding at `now`, hours booked in `month`) per
+    distinct (team, pool, mode, model, ge). `reservation__ends_at__gt` skips the teams' past through
+    reservation_team_pool_end (an allocation never outlives its reservation)."""
     month_start, month_end = (Value(bound, output_field=DateTimeField()) for bound in month)
-    allocations = Allocation.objects.filter(
-        reservation__team_id=team_id, reservation__pool_id__in=pool_ids, reservation__ends_at__gt=month[0],
-    ).booked_during(*month)
     booked = Sum(Least("ends_at", month_end) - Greatest("starts_at", month_start), output_field=DurationField())
-    rows = (allocations.order_by().values("reservation__pool_id").annotate(**more, booked=booked)
-            .values_list("reservation__pool_id", *more, "booked"))
+    rows = (Allocation.objects.filter(reservation__team_id__in=team_ids, reservation__pool_id__in=pool_ids,
+                                      reservation__ends_at__gt=month[0])
+            .booked_during(*month).order_by()
+            .values("reservation__team_id", "reservation__pool_id", "mode", "gpu__model_name", "ge")
+            .annotate(held=Count("pk", filter=Q(starts_at__lte=now, ends_at__gt=now)), booked=booked)
+            .values_list("reservation__team_id", "reservation__pool_id", "mode", "gpu__model_name", "ge", "held",
+                         "booked"))
     return [(*row[:-1], row[-1] / timedelta(hours=1) if row[-1] else 0.0) for row in rows]
+
+
+class HeldGe(NamedTuple):
+    team: str
+    pool: str
+    mode: str
+    model: str
+    ge: float
+
+
+def ge_held_now(now: datetime | None = None) -> list[HeldGe]:
+    """GE held at `now` across the fleet, per team, pool (the reservation's), mode and GPU model:
+    the grants that have not ended, through allocation_window, however long the history."""
+    now = now or timezone.now()
+    rows = (Allocation.objects.filter(starts_at__lte=now, ends_at__gt=now).order_by()
+            .values_list("reservation__team__slug", "reservation__pool__slug", "mode", "gpu__model_name")
+            .annotate(ge=Sum("ge")))
+    return sorted(HeldGe(*row) for row in rows)
+
+
+@dataclass(frozen=True)
+class PoolGe:
+    """A pool in GE: what its GPUs are worth (each its model's weight, now) and what is held of them now."""
+
+    pool: GpuPool
+    capacity: float
+    held_now: float
+    breakdown: tuple[GeShare, ...]  # held now by mode and model (ge_hours_this_month unused: 0)
+
+
+def pools_ge(pools: Sequence[GpuPool] | QuerySet[GpuPool], now: datetime | None = None) -> list[PoolGe]:
+    """Capacity and held now in GE of each pool (three queries, whatever the fleet's size)."""
+    now = now or timezone.now()
+    pools = list(pools)
+    ids = [pool.pk for pool in pools]
+    weights = model_weights()
+    capacity: dict[int, float] = {}
+    for pool_id, model, n in (Gpu.objects.filter(pool_id__in=ids).order_by().values_list("pool_id", "model_name")
+                              .annotate(n=Count("id"))):
+        capacity[pool_id] = capacity.get(pool_id, 0.0) + n * float(weight_of(weights, model))
+    held: dict[int, list[GeShare]] = {}
+    for pool_id, mode, model, ge in (
+            Allocation.objects.filter(gpu__pool_id__in=ids, starts_at__lte=now, ends_at__gt=now).order_by()
+            .values_list("gpu__pool_id", "mode", "gpu__model_name").annotate(ge=Sum("ge"))):
+        held.setdefault(pool_id, []).append(GeShare(mode=mode, model=model, held_now=ge, ge_hours_this_month=0.0))
+    return [PoolGe(pool=pool, capacity=capacity.get(pool.pk, 0.0),
+                   held_now=sum(share.held_now for share in held.get(pool.pk, ())),
+                   breakdown=_merged(held.get(pool.pk, ()))) for pool in pools]
 
 
 def team_windows(team_id: int, pool_id: int | None, start: datetime, end: datetime,

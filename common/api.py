@@ -1,6 +1,7 @@
 """Small DRF pieces shared by the apps' APIs."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
@@ -40,20 +41,25 @@ class NulFreeJSONField(serializers.JSONField):
         return value
 
 
-class RefuseUnknownFields:
-    """A serializer mixin: a field the serializer does not declare is a 400 (`unknown_field`) naming it,
-    not silently dropped. A script that sends `mig_profile` to an endpoint that does not take it
-    must learn so, not get a whole GPU."""
+class RefusesUnknownFields:
+    """A serializer mixin: a body naming a field the serializer does not have is refused (400, rule
+    `unknown_field`, naming each such field) instead of being dropped in silence, so a misspelt
+    `wieght` is not a successful no-op. Read-only fields are known (a client may send back what it
+    read); a browser form's CSRF token is not a field of the resource. A script that sends
+    `mig_profile` to an endpoint that does not take it must learn so, not get a whole GPU."""
 
-    def to_internal_value(self, data: Any) -> Any:
-        if isinstance(data, dict):
-            writable = {name for name, field in self.fields.items() if not field.read_only}
-            unknown = sorted(str(key) for key in data if key not in writable)
+    IGNORED_KEYS = frozenset({"csrfmiddlewaretoken"})
+
+    def to_internal_value(self, data):
+        if isinstance(data, Mapping):
+            unknown = sorted(str(key) for key in data if key not in self.fields and key not in self.IGNORED_KEYS)
             if unknown:
-                raise serializers.ValidationError(
-                    {key: [serializers.ErrorDetail(f"Unknown field {key!r}: this endpoint takes "
-                                                   f"{', '.join(sorted(writable))}.", code="unknown_field")]
-                     for key in unknown})
+                raise serializers.ValidationError({
+                    name: [serializers.ErrorDetail(
+                        f"Unknown field {name!r}: this endpoint takes "
+                        f"{', '.join(sorted(n for n, f in self.fields.items() if not f.read_only))}.",
+                        code="unknown_field")]
+                    for name in unknown})
         return super().to_internal_value(data)
 
 

@@ -17,7 +17,9 @@ written for dcgm-exporter port by renaming the metric:
 They come from the hot cache (one get_many of the per-node keys) and one inventory query, never
 a query per GPU; a GPU without a sample in the last two minutes is left out, as the
 exporter leaves out a GPU it cannot read. Pool and team gauges: capacity, allocated,
-used (allocated and above the idle threshold). Ingest counters: samples accepted and
+used (allocated and above the idle threshold), and in GPU-equivalents (what quotas count):
+gpupool_team_ge_held{team,pool,mode,model}, gpupool_pool_ge_capacity{pool} and
+gpupool_pool_ge_held{pool}. Ingest counters: samples accepted and
 rejected or clamped by reason.
 """
 from __future__ import annotations
@@ -31,7 +33,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from allocations.models import Allocation, Reservation
-from allocations.selectors import with_occupancy
+from allocations.selectors import ge_held_now, pools_ge, with_occupancy
 from common.secrets import bearer_token, same_secret
 from inventory.models import Gpu, GpuPool
 
@@ -63,6 +65,24 @@ class PortalCollector:
         for team, pool, n in rows:
             held.add_metric([team, pool], n)
         yield held
+
+        # GPU-equivalents (weights, shares, MIG slices and vGPU grants applied): what quotas count.
+        team_ge = GaugeMetricFamily("gpupool_team_ge_held",
+                                    "GPU-equivalents a team holds now in a pool, by sharing mode and GPU model",
+                                    labels=["team", "pool", "mode", "model"])
+        for row in ge_held_now(now):
+            team_ge.add_metric([row.team, row.pool, row.mode, row.model], row.ge)
+        yield team_ge
+        pool_capacity = GaugeMetricFamily("gpupool_pool_ge_capacity",
+                                          "A pool's GPUs in GPU-equivalents (each its model's weight now)",
+                                          labels=["pool"])
+        pool_held = GaugeMetricFamily("gpupool_pool_ge_held", "GPU-equivalents held now of a pool's GPUs",
+                                      labels=["pool"])
+        for pool in pools_ge(GpuPool.objects.order_by("slug"), now):
+            pool_capacity.add_metric([pool.pool.slug], pool.capacity)
+            pool_held.add_metric([pool.pool.slug], pool.held_now)
+        yield pool_capacity
+        yield pool_held
 
 
 DCGM_FIELDS = [

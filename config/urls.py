@@ -6,11 +6,11 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
 from allocations.api.agent import LeasesView
-from allocations.api.views import ApplyJobViewSet, PoolViewSet, QuotaViewSet, ReservationViewSet
+from allocations.api.views import ApplyJobViewSet, PoolViewSet, QuotaViewSet, ReservationViewSet, TeamUsageView
 from allocations.webhooks import urlpatterns as kube_webhooks
 from config import health, metrics
 from inventory.api.agent import HeartbeatView, RegisterView
-from inventory.api.views import ClusterViewSet, GpuViewSet, HostTokenViewSet, NodeViewSet
+from inventory.api.views import ClusterViewSet, GpuModelViewSet, GpuViewSet, HostTokenViewSet, NodeViewSet
 from monitoring.api.views import AlertRuleViewSet, AlertViewSet, PoolHistoryView, SilenceViewSet, TelemetryView
 from portal import views
 from teams.api.views import TeamViewSet, TokenView
@@ -24,6 +24,7 @@ router.register("teams", TeamViewSet, basename="team")
 router.register("clusters", ClusterViewSet, basename="cluster")
 router.register("nodes", NodeViewSet, basename="node")
 router.register("gpus", GpuViewSet, basename="gpu")
+router.register("gpu-models", GpuModelViewSet, basename="gpu-model")
 router.register("host-tokens", HostTokenViewSet, basename="host-token")
 router.register("alert-rules", AlertRuleViewSet, basename="alert-rule")
 router.register("alerts", AlertViewSet, basename="alert")
@@ -36,6 +37,8 @@ api = [
     path("agent/telemetry/", TelemetryView.as_view(), name="agent-telemetry"),
     path("pools/<slug:slug>/telemetry/", PoolHistoryView.as_view(), name="pool-telemetry"),
     path("agent/leases/", LeasesView.as_view(), name="agent-leases"),
+    # Beside the teams' routes: a team's use is the allocations app's to read (teams know no bookings).
+    path("teams/<slug:slug>/usage/", TeamUsageView.as_view(), name="team-usage"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
     path("", include(router.urls)),

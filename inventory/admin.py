@@ -1,11 +1,15 @@
 from django import forms
 from django.contrib import admin
+from django.db.models import Count, OuterRef, Subquery
+from django.db.models.functions import Coalesce
 
 from common.errors import ApplicationError, ValidationFailed
 from inventory import services
 from inventory.kubernetes import crypto
 from inventory.kubernetes.client import parse_kubeconfig
-from inventory.models import Cluster, Gpu, GpuPool, HostToken, Node
+from django.utils.html import format_html_join
+
+from inventory.models import Cluster, Gpu, GpuModel, GpuModelWeightChange, GpuPool, HostToken, Node
 
 
 class ClusterForm(forms.ModelForm):
@@ -123,3 +127,84 @@ class HostTokenAdmin(admin.ModelAdmin):
     def revoke(self, request, queryset) -> None:
         for token in queryset:
             services.host_token_revoke(actor=request.user, token=token)
+
+
+class GpuModelForm(forms.ModelForm):
+    """The weight is checked by the service's rule (the same refusal as the API's), shown on the form."""
+
+    class Meta:
+        model = GpuModel
+        fields = ["name", "weight"]
+
+    def clean_name(self):
+        name = self.cleaned_data.get("name")
+        if self.instance.pk is None and name and not Gpu.objects.filter(model_name=name).exists():
+            raise forms.ValidationError("No GPU of this model is in the inventory (the name must match "
+                                        "the GPUs' model name exactly).")
+        return name
+
+    def clean_weight(self):
+        try:
+            return services.gpu_model_weight_check(self.cleaned_data.get("weight"))
+        except ApplicationError as refused:
+            raise forms.ValidationError(refused.message) from None
+
+
+@admin.register(GpuModel)
+class GpuModelAdmin(admin.ModelAdmin):
+    """Staff weigh GPU models here or through the API; every change goes through
+    services.gpu_model_weight_set, which records it (the history below and under "GPU model weight
+    changes"). A model without a row weighs 1.0, so rows are not deleted here: set 1.0 instead."""
+
+    form = GpuModelForm
+    list_display = ["name", "weight", "gpus", "updated_at"]
+    search_fields = ["name"]
+    readonly_fields = ["history"]
+
+    def get_queryset(self, request):
+        gpus = Gpu.objects.filter(model_name=OuterRef("name")).order_by().values("model_name").annotate(
+            n=Count("id")).values("n")
+        return super().get_queryset(request).annotate(gpu_count=Coalesce(Subquery(gpus), 0))
+
+    @admin.display(description="GPUs", ordering="gpu_count")
+    def gpus(self, obj: GpuModel) -> int:
+        return obj.gpu_count
+
+    def get_readonly_fields(self, request, obj=None):
+        # The name is the model's identity (Gpu.model_name): fixed once the row exists.
+        return ["name", "history"] if obj is not None else ["history"]
+
+    @admin.display(description="Weight history (newest first)")
+    def history(self, obj: GpuModel) -> str:
+        if obj is None or obj.pk is None:
+            return "—"
+        changes = GpuModelWeightChange.objects.filter(name=obj.name).select_related("actor")[:50]
+        return format_html_join(
+            "", "<div>{} · {} · {} → {}</div>",
+            ((f"{c.at:%Y-%m-%d %H:%M}", c.actor.username if c.actor else "—", c.old_weight, c.new_weight)
+             for c in changes)) or "No changes recorded."
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+    def save_model(self, request, obj: GpuModel, form, change: bool) -> None:
+        saved = services.gpu_model_weight_set(actor=request.user, name=obj.name, weight=obj.weight)
+        obj.pk, obj.updated_at = saved.pk, saved.updated_at
+
+
+@admin.register(GpuModelWeightChange)
+class GpuModelWeightChangeAdmin(admin.ModelAdmin):
+    """The record of weight changes: read-only (made by services.gpu_model_weight_set)."""
+
+    list_display = ["name", "old_weight", "new_weight", "actor", "at"]
+    list_filter = ["name"]
+    search_fields = ["name"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False

@@ -2,6 +2,8 @@
 GPUs on each node, and the pools that group GPUs under one sharing mode."""
 from __future__ import annotations
 
+from decimal import Decimal
+
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
@@ -137,6 +139,10 @@ class Gpu(models.Model):
         return f"{self.node} GPU {self.index} ({self.model_name})"
 
 
+#: What a GPU model without a GpuModel row weighs.
+DEFAULT_GPU_MODEL_WEIGHT = Decimal("1.000")
+
+
 class GpuModel(models.Model):
     """A GPU model's weight in GPU-equivalents (GE): what one whole card of it counts against quotas.
 
@@ -156,6 +162,26 @@ class GpuModel(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} (weight {self.weight})"
+
+
+class GpuModelWeightChange(models.Model):
+    """One change of a GPU model's weight: who set it, when, from what to what. Kept by model name, not
+    a key to the GpuModel row, so the record outlives the row (a model without a row weighs 1.0, and
+    `old_weight` of a model's first change is that 1.0)."""
+
+    name = models.CharField(max_length=128, db_index=True, help_text="The GPU model (Gpu.model_name)")
+    old_weight = models.DecimalField(max_digits=6, decimal_places=3)
+    new_weight = models.DecimalField(max_digits=6, decimal_places=3)
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
+                              related_name="+", help_text="Who changed it (empty once the account is deleted)")
+    at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        verbose_name = "GPU model weight change"
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.old_weight} → {self.new_weight}"
 
 
 class HostToken(models.Model):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from decimal import Decimal, InvalidOperation
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.cache import cache
@@ -11,12 +12,21 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
-from common.errors import Conflict, PermissionDenied, ValidationFailed
+from common.errors import Conflict, NotFound, PermissionDenied, ValidationFailed
 from common.secrets import key_digest, new_key
 from inventory.kubernetes import crypto
 from inventory.kubernetes.client import parse_kubeconfig
 from inventory.kubernetes.nodes import DiscoveredNode
-from inventory.models import Cluster, Gpu, GpuPool, HostToken, Node
+from inventory.models import (
+    DEFAULT_GPU_MODEL_WEIGHT,
+    Cluster,
+    Gpu,
+    GpuModel,
+    GpuModelWeightChange,
+    GpuPool,
+    HostToken,
+    Node,
+)
 from inventory.signals import gpu_moving, node_health_changed
 
 
@@ -371,3 +381,66 @@ def _discovered_gpus(cluster: Cluster, node: Node, found: DiscoveredNode, change
 
 def cluster_record_discovery_error(*, cluster: Cluster, error: str) -> None:
     Cluster.objects.filter(pk=cluster.pk).update(discovery_error=error[:2000])
+
+
+# GpuModel.weight is DECIMAL(6, 3): up to 999.999, in thousandths.
+WEIGHT_PLACES = 3
+WEIGHT_MAX = Decimal("999.999")
+
+
+def gpu_model_weight_check(weight: object) -> Decimal:
+    """`weight` as the Decimal a GpuModel stores, or a ValidationFailed naming `weight` and the rule:
+    a number (not a boolean, NaN or infinity), greater than 0, at most three decimal places (a finer
+    one would be rounded, 0.0004 to 0) and at most WEIGHT_MAX."""
+    try:
+        if isinstance(weight, bool):
+            raise InvalidOperation
+        value = Decimal(str(weight).strip()) if isinstance(weight, (str, int, float, Decimal)) else None
+        if value is None or not value.is_finite():
+            raise InvalidOperation
+    except InvalidOperation:
+        raise ValidationFailed("weight must be a number.", field="weight", rule="invalid") from None
+    if value <= 0:
+        raise ValidationFailed("weight must be greater than 0.", field="weight", rule="positive")
+    if value > WEIGHT_MAX:
+        raise ValidationFailed(f"weight must be at most {WEIGHT_MAX}.", field="weight", rule="max_value")
+    step = Decimal(1).scaleb(-WEIGHT_PLACES)
+    if value != value.quantize(step):
+        raise ValidationFailed(f"weight takes at most {WEIGHT_PLACES} decimal places.", field="weight",
+                               rule="max_decimal_places")
+    return value.quantize(step)
+
+
+@transaction.atomic
+def gpu_model_weight_set(*, actor: AbstractBaseUser, name: str, weight: object) -> GpuModel:
+    """Set what one whole GPU of the model `name` counts in GPU-equivalents, creating its GpuModel
+    row on first use, and record the change (who, when, old, new). Only new bookings and checks see
+    it: a grant keeps the GE it was charged. The model must be one the inventory holds (or one that
+    already has a row), so a mistyped name is refused rather than weighed."""
+    if not actor.is_staff:
+        raise PermissionDenied("Only staff can set GPU model weights.", field="weight", rule="staff_required")
+    if not name or len(name) > 128 or "\x00" in name:
+        raise ValidationFailed("name must be 1 to 128 characters, without NUL.", field="name", rule="invalid")
+    value = gpu_model_weight_check(weight)
+    row = GpuModel.objects.select_for_update().filter(name=name).first()
+    if row is None:
+        if not Gpu.objects.filter(model_name=name).exists():
+            raise NotFound(f"No GPU of model {name!r} is in the inventory.", field="name", rule="does_not_exist")
+        try:
+            # A savepoint: two first weighings of one model at once both find no row; the second
+            # INSERT meets the unique index and then reads (and locks) the row the first one made.
+            with transaction.atomic():
+                row = GpuModel.objects.create(name=name, weight=value)
+            old = DEFAULT_GPU_MODEL_WEIGHT
+        except IntegrityError:
+            row = GpuModel.objects.select_for_update().get(name=name)
+            old = row.weight
+    else:
+        old = row.weight
+    if row.weight != value:
+        row.weight = value
+        row.save(update_fields=["weight", "updated_at"])
+    if old != value:
+        GpuModelWeightChange.objects.create(name=name, old_weight=old, new_weight=value,
+                                            actor=actor if actor.is_authenticated else None)
+    return row

@@ -47,11 +47,16 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         .filter(state__in=Reservation.LIVE_STATES + (Reservation.State.RELEASING,))
         .prefetch_related(ALLOCATIONS).order_by("starts_at")
     )
+    pools = list(_pools(request.user))
+    for pool_ge in alloc_selectors.pools_ge(pools, now):
+        pool_ge.pool.ge = pool_ge
+    teams = list(teams_of(request.user).order_by("slug"))
     return render(request, "portal/dashboard.html", {
-        "pools": _pools(request.user),
+        "pools": pools,
         "active": [r for r in mine if r.starts_at <= now],
         "upcoming": [r for r in mine if r.starts_at > now],
-        "teams": teams_of(request.user),
+        "teams": teams,
+        "teams_use": alloc_selectors.teams_use(teams, now),
         **monitoring_views.dashboard_context(request.user),
     })
 
@@ -212,10 +217,12 @@ def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
                 return redirect("team", slug=team.slug)
         except ApplicationError as error:
             _form_error(form, error)
+    use = alloc_selectors.team_use(team)
     return render(request, "portal/team.html", {
         "team": team,
         "memberships": team.memberships.select_related("user"),
-        "quotas": alloc_selectors.quota_use(team),
+        "use": use,
+        "breakdown": [(pool_use.pool, share) for pool_use in use.pools for share in pool_use.breakdown],
         "can_manage": manager,
         "form": form,
     }, status=400 if form.errors else 200)

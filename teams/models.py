@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
 
@@ -20,6 +21,11 @@ class Team(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self) -> None:
+        if self.max_ge is not None and self.max_ge < 0:
+            raise ValidationError({"max_ge": ValidationError("max_ge must be at least 0 (empty: no cap).",
+                                                             code="min_value")})
 
 
 class Membership(models.Model):

@@ -1,6 +1,8 @@
 """Writes about teams, members and API tokens. Each is one transaction and checks who asks."""
 from __future__ import annotations
 
+from decimal import Decimal
+
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
@@ -36,12 +38,12 @@ def _validated_role(role: str) -> str:
 
 
 @transaction.atomic
-def team_create(*, actor: AbstractBaseUser, slug: str, name: str) -> Team:
+def team_create(*, actor: AbstractBaseUser, slug: str, name: str, max_ge: Decimal | None = None) -> Team:
     if not actor.is_staff:
         raise PermissionDenied("Only staff can create teams.", field="team", rule="staff_required")
     if Team.objects.filter(slug=slug).exists():
         raise Conflict(f"A team with slug {slug!r} already exists.", field="slug", rule="unique")
-    team = Team(slug=slug, name=name)
+    team = Team(slug=slug, name=name, max_ge=max_ge)
     team.full_clean()
     try:
         # A savepoint: two requests for one new slug both pass the checks above, and the second
@@ -50,6 +52,28 @@ def team_create(*, actor: AbstractBaseUser, slug: str, name: str) -> Team:
             team.save()
     except IntegrityError:
         raise Conflict(f"A team with slug {slug!r} already exists.", field="slug", rule="unique") from None
+    return team
+
+
+_TEAM_FIELDS = ("slug", "name", "max_ge")
+
+
+@transaction.atomic
+def team_update(*, actor: AbstractBaseUser, team: Team, **fields: object) -> Team:
+    """Rename a team or change its team-wide GE cap (`max_ge`, None = no cap): staff only. A lower
+    cap binds new bookings; what the team holds stays."""
+    if not actor.is_staff:
+        raise PermissionDenied("Only staff can change teams.", field="team", rule="staff_required")
+    unknown = sorted(set(fields) - set(_TEAM_FIELDS))
+    if unknown:
+        raise ValidationFailed(f"Unknown field {unknown[0]!r}.", field=unknown[0], rule="unknown_field")
+    _lock_team(team)
+    for name, value in fields.items():
+        setattr(team, name, value)
+    team.full_clean(validate_unique=False)
+    if "slug" in fields and Team.objects.filter(slug=team.slug).exclude(pk=team.pk).exists():
+        raise Conflict(f"A team with slug {team.slug!r} already exists.", field="slug", rule="unique")
+    team.save()
     return team
 
 

@@ -10,7 +10,7 @@ from allocations.models import ApplyJob, Quota, Reservation, ReservationEvent
 from allocations.booking import mig_layout_problem
 from allocations.placement import DEFAULT_POLICY, POLICY_NAMES
 from allocations.selectors import LATEST_INSTANT
-from common.api import CleanModelSerializer, RefuseUnknownFields, SlugLookupField
+from common.api import CleanModelSerializer, RefusesUnknownFields, SlugLookupField
 from inventory.models import GpuPool
 from inventory.sharing import SharingMode, mig_layout_names
 from teams.models import Team
@@ -67,7 +67,7 @@ class SlotSerializer(serializers.Serializer):
     free_on_one_node = serializers.IntegerField()
 
 
-class ReservationCreateInput(RefuseUnknownFields, serializers.Serializer):
+class ReservationCreateInput(RefusesUnknownFields, serializers.Serializer):
     """What to book, in the pool's unit: which of the fields apply depends on the pool's sharing mode,
     and the service refuses (400 `not_for_mode`) a field that does not belong to it."""
 
@@ -94,7 +94,7 @@ class ReservationCreateInput(RefuseUnknownFields, serializers.Serializer):
     ends_at = serializers.DateTimeField()
 
 
-class ReservationExtendInput(RefuseUnknownFields, serializers.Serializer):
+class ReservationExtendInput(RefusesUnknownFields, serializers.Serializer):
     ends_at = serializers.DateTimeField()
 
 
@@ -202,13 +202,19 @@ class ReservationDetailSerializer(ReservationSerializer):
                                     help_text="Work done on the cluster or host to apply and undo it")
 
 
-class QuotaSerializer(serializers.ModelSerializer):
+class QuotaSerializer(RefusesUnknownFields, serializers.ModelSerializer):
+    """What a team may hold in a pool, in GPU-equivalents. Unknown fields are refused (`unknown_field`)."""
+
     team = SlugLookupField(slug_field="slug", queryset=Team.objects.all())
     pool = SlugLookupField(slug_field="slug", queryset=GpuPool.objects.all())
-    max_ge = serializers.IntegerField(min_value=0, max_value=100000)
-    # The column is a 32-bit integer on PostgreSQL: a larger number must be a 400, not a database error.
-    ge_hours_per_month = serializers.IntegerField(min_value=0, max_value=2**31 - 1, allow_null=True,
-                                                   required=False)
+    # GPU-equivalents, as the columns hold them (DECIMAL(8, 2) and DECIMAL(10, 1)): more digits than
+    # that are a 400 naming the field (max_digits, max_decimal_places, max_whole_digits), never a
+    # database error. JSON numbers both ways, not DRF's default strings.
+    max_ge = serializers.DecimalField(max_digits=8, decimal_places=2, min_value=0, coerce_to_string=False,
+                                      help_text="Most GE the team may hold in the pool at any moment")
+    ge_hours_per_month = serializers.DecimalField(
+        max_digits=10, decimal_places=1, min_value=0, allow_null=True, required=False, coerce_to_string=False,
+        help_text="GE-hours the team may book per calendar month (UTC); null = no limit")
 
     class Meta:
         model = Quota
@@ -225,3 +231,40 @@ class QuotaSerializer(serializers.ModelSerializer):
                                                    code="immutable")}
                 )
         return attrs
+
+
+def _ge(**kwargs) -> serializers.FloatField:
+    return serializers.FloatField(read_only=True, **kwargs)
+
+
+class GeShareSerializer(serializers.Serializer):
+    mode = serializers.CharField(read_only=True, help_text="The sharing mode the grants were made in")
+    model = serializers.CharField(read_only=True, help_text="The GPU model (Gpu.model_name)")
+    held_now = _ge(help_text="GE held now")
+    ge_hours_this_month = _ge(help_text="GE-hours booked this calendar month (UTC)")
+
+
+class PoolUseSerializer(serializers.Serializer):
+    pool = serializers.CharField(source="pool.slug", read_only=True)
+    max_ge = serializers.DecimalField(source="quota.max_ge", max_digits=8, decimal_places=2, coerce_to_string=False,
+                                      read_only=True, default=None, allow_null=True,
+                                      help_text="The quota's GE at once; null: no quota in the pool")
+    ge_hours_per_month = serializers.DecimalField(
+        source="quota.ge_hours_per_month", max_digits=10, decimal_places=1, coerce_to_string=False, read_only=True,
+        default=None, allow_null=True, help_text="The quota's monthly GE-hours; null: no limit (or no quota)")
+    held_now = _ge(help_text="GE held now: the sum of the charged GE of the grants holding now")
+    ge_hours_this_month = _ge(help_text="Each grant's GE x its hours within this month, summed")
+    breakdown = GeShareSerializer(many=True, read_only=True, help_text="By sharing mode and GPU model")
+
+
+class TeamUseSerializer(serializers.Serializer):
+    team = serializers.CharField(source="team.slug", read_only=True)
+    max_ge = serializers.DecimalField(source="team.max_ge", max_digits=8, decimal_places=2, coerce_to_string=False,
+                                      read_only=True, allow_null=True,
+                                      help_text="The team-wide cap in GE across pools; null: no cap")
+    month_start = serializers.DateTimeField(read_only=True)
+    month_end = serializers.DateTimeField(read_only=True)
+    held_now = _ge(help_text="GE held now across all pools")
+    ge_hours_this_month = _ge(help_text="GE-hours booked this month across all pools")
+    breakdown = GeShareSerializer(many=True, read_only=True, help_text="By sharing mode and GPU model, all pools")
+    pools = PoolUseSerializer(many=True, read_only=True)

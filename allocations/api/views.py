@@ -10,6 +10,7 @@ from rest_framework import mixins, permissions, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from allocations import selectors, services
 from allocations.api.serializers import (
@@ -22,6 +23,7 @@ from allocations.api.serializers import (
     ReservationExtendInput,
     ReservationSerializer,
     SlotSerializer,
+    TeamUseSerializer,
     reservation_data,
 )
 from allocations.filters import ApplyJobFilterSet, QuotaFilterSet, ReservationFilterSet
@@ -172,3 +174,16 @@ class ApplyJobViewSet(viewsets.ReadOnlyModelViewSet):
     filterset_class = ApplyJobFilterSet
     permission_classes = [permissions.IsAdminUser]
     queryset = ApplyJob.objects.select_related("cluster").order_by("-created_at", "-id")
+
+
+class TeamUsageView(APIView):
+    """A team's use in GPU-equivalents: held now and GE-hours this calendar month (UTC), in total and
+    per pool, each split by sharing mode and GPU model, beside its quotas and team-wide cap. Members
+    and staff read it; for anyone else the team does not exist (404)."""
+
+    @extend_schema(responses=TeamUseSerializer)
+    def get(self, request: Request, slug: str) -> Response:
+        team = teams_of(request.user).filter(slug=slug).first()
+        if team is None:
+            raise NotFound(f"Team {slug!r} does not exist.", field="slug", rule="does_not_exist")
+        return Response(TeamUseSerializer(selectors.team_use(team)).data)

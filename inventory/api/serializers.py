@@ -1,7 +1,7 @@
 from rest_framework import serializers
 from rest_framework.validators import UniqueValidator
 
-from common.api import CleanModelSerializer, SlugLookupField
+from common.api import CleanModelSerializer, RefusesUnknownFields, SlugLookupField
 from inventory import services
 from inventory.models import Cluster, Gpu, GpuPool, HostToken, Node
 
@@ -85,3 +85,42 @@ class HostTokenCreatedSerializer(HostTokenSerializer):
 
     class Meta(HostTokenSerializer.Meta):
         fields = HostTokenSerializer.Meta.fields + ["key"]
+
+
+def _weight(**kwargs) -> serializers.DecimalField:
+    # A JSON number both ways (coerce_to_string=False): weights are small numbers people read and type.
+    return serializers.DecimalField(max_digits=6, decimal_places=3, coerce_to_string=False, **kwargs)
+
+
+def _positive(value):
+    if value <= 0:
+        raise serializers.ValidationError("weight must be greater than 0.", code="positive")
+    return value
+
+
+class GpuModelWeightChangeSerializer(serializers.Serializer):
+    actor = serializers.CharField(source="actor.username", default=None, allow_null=True, read_only=True,
+                                  help_text="Who changed it (null once the account is deleted)")
+    at = serializers.DateTimeField(read_only=True)
+    old_weight = _weight(read_only=True)
+    new_weight = _weight(read_only=True)
+
+
+class GpuModelSerializer(serializers.Serializer):
+    """A GPU model (Gpu.model_name) with what one whole card of it counts in GPU-equivalents."""
+
+    name = serializers.CharField(read_only=True, help_text="The model name as the inventory reports it")
+    weight = _weight(read_only=True, help_text="GE one whole GPU of this model counts as; 1.0 unless staff set it")
+    weighted = serializers.BooleanField(read_only=True, help_text="Whether staff set the weight (else 1.0)")
+    gpus = serializers.IntegerField(read_only=True, help_text="GPUs of this model in the inventory")
+    updated_at = serializers.DateTimeField(read_only=True, allow_null=True)
+
+
+class GpuModelDetailSerializer(GpuModelSerializer):
+    history = GpuModelWeightChangeSerializer(many=True, read_only=True, help_text="Weight changes, newest first")
+
+
+class GpuModelWeightInput(RefusesUnknownFields, serializers.Serializer):
+    """A new weight for a GPU model; any other field is refused (`unknown_field`)."""
+
+    weight = _weight(validators=[_positive], help_text="Greater than 0, at most 999.999, three decimal places")

@@ -1,16 +1,21 @@
 """Inventory API for staff: clusters, nodes and GPUs (pools are served by allocations' API with occupancy)."""
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, permissions, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from common.errors import ValidationFailed
-from inventory import services
+from common.api import IsStaffOrReadOnly
+from common.errors import NotFound, ValidationFailed
+from inventory import selectors, services
 
 from inventory.api.serializers import (
     ClusterSerializer,
     DiscoveryReportSerializer,
+    GpuModelDetailSerializer,
+    GpuModelSerializer,
+    GpuModelWeightInput,
     GpuSerializer,
     HostTokenCreatedSerializer,
     HostTokenSerializer,
@@ -90,3 +95,54 @@ class HostTokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.
     def revoke(self, request: Request, pk: str) -> Response:
         token = services.host_token_revoke(actor=request.user, token=self.get_object())
         return Response(HostTokenSerializer(token).data)
+
+
+MODEL_NAME = OpenApiParameter(
+    "name", OpenApiTypes.STR, OpenApiParameter.PATH,
+    description="The model name exactly as the inventory reports it (Gpu.model_name), URL-encoded: "
+                "`NVIDIA%20H100%2080GB%20HBM3`.")
+
+
+@extend_schema(parameters=[MODEL_NAME])
+class GpuModelViewSet(viewsets.GenericViewSet):
+    """GPU models and their weights in GPU-equivalents (GE). Everyone signed in reads them (every
+    model the inventory holds, 1.0 where staff set none, and how many GPUs of it there are); staff
+    set a weight with `PATCH /api/v1/gpu-models/{name}/ {"weight": 0.6}`, `name` URL-encoded. A
+    change binds new bookings and checks only, and is recorded (`history` of the model's detail)."""
+
+    permission_classes = [IsStaffOrReadOnly]
+    lookup_field = "name"
+    # Any name without a slash (model names have spaces, dots, dashes); the path is percent-decoded
+    # before it is matched, so `%20` arrives as a space.
+    lookup_value_regex = r"[^/]+"
+    pagination_class = None  # one row per GPU model: a handful, not a growing list
+    serializer_class = GpuModelSerializer
+    http_method_names = ["get", "patch", "head", "options"]
+
+    @extend_schema(responses=GpuModelSerializer(many=True))
+    def list(self, request: Request) -> Response:
+        return Response(GpuModelSerializer(selectors.gpu_models(), many=True).data)
+
+    @extend_schema(responses=GpuModelDetailSerializer)
+    def retrieve(self, request: Request, name: str) -> Response:
+        return Response(GpuModelDetailSerializer(self._model(name)).data)
+
+    @extend_schema(request=GpuModelWeightInput, responses=GpuModelDetailSerializer)
+    def partial_update(self, request: Request, name: str) -> Response:
+        data = GpuModelWeightInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        services.gpu_model_weight_set(actor=request.user, name=self._name(name), weight=data.validated_data["weight"])
+        return Response(GpuModelDetailSerializer(self._model(name)).data)
+
+    @staticmethod
+    def _name(name: str) -> str:
+        # A NUL byte must not reach PostgreSQL (it refuses NUL in text: a 500).
+        if "\x00" in name or len(name) > 128:
+            raise NotFound(f"No GPU model {name[:128]!r}.", field="name", rule="does_not_exist")
+        return name
+
+    def _model(self, name: str) -> selectors.GpuModelInfo:
+        info = selectors.gpu_model(self._name(name))
+        if info is None:
+            raise NotFound(f"No GPU of model {name[:128]!r} is in the inventory.", field="name", rule="does_not_exist")
+        return info

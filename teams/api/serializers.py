@@ -1,12 +1,20 @@
 from rest_framework import serializers
 
+from common.api import RefusesUnknownFields
 from teams.models import Membership, Team
 
 
-class TeamSerializer(serializers.ModelSerializer):
+class TeamSerializer(RefusesUnknownFields, serializers.ModelSerializer):
+    """A team; staff create, rename and cap it. Unknown fields are refused (`unknown_field`)."""
+
+    # A JSON number (not DRF's default string), like the quotas'; null: no team-wide cap.
+    max_ge = serializers.DecimalField(
+        max_digits=8, decimal_places=2, min_value=0, allow_null=True, required=False, coerce_to_string=False,
+        help_text="Most GPU-equivalents the team may hold across all pools at once (staff set it); null = no cap")
+
     class Meta:
         model = Team
-        fields = ["id", "slug", "name", "created_at"]
+        fields = ["id", "slug", "name", "max_ge", "created_at"]
 
 
 class MembershipSerializer(serializers.ModelSerializer):

@@ -91,6 +91,10 @@ class TeamViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Creat
     def perform_create(self, serializer: TeamSerializer) -> None:
         serializer.instance = services.team_create(actor=self.request.user, **serializer.validated_data)
 
+    def perform_update(self, serializer: TeamSerializer) -> None:
+        serializer.instance = services.team_update(actor=self.request.user, team=serializer.instance,
+                                                   **serializer.validated_data)
+
     @extend_schema(methods=["get"], responses=MembershipSerializer(many=True))
     @extend_schema(methods=["post"], request=MembershipAddInput, responses={201: MembershipSerializer})
     @action(detail=True, methods=["get", "post"])

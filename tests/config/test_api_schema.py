@@ -80,7 +80,7 @@ def fleet(world, api) -> dict[str, object]:
                                      ends_at=timezone.now() + timedelta(hours=1))
     return {
         "alert-rules": rule.pk, "alerts": alert.pk, "apply-jobs": job.pk, "clusters": node.cluster_id,
-        "gpus": node.gpus.first().pk, "host-tokens": host_token.pk, "nodes": node.pk, "pools": world.pool.slug,
+        "gpus": node.gpus.first().pk, "gpu-models": node.gpus.first().model_name, "host-tokens": host_token.pk, "nodes": node.pk, "pools": world.pool.slug,
         "quotas": Quota.objects.filter(team=world.team).first().pk, "reservations": reservation.pk,
         "silences": silence.pk, "teams": world.team.slug, "username": world.member.username,
         # Authorization headers: a staff token for the API (staff see and may do the most), a host's key for

@@ -16,11 +16,11 @@ def _rules(response) -> list[tuple[str, str]]:
 
 
 def test_a_monthly_gpu_hour_limit_beyond_the_column_is_a_400_and_writes_nothing(world, api):
-    # ge_hours_per_month is an integer column on PostgreSQL: 2**31 does not fit.
+    # ge_hours_per_month is DECIMAL(10, 1): 2**31 has more whole digits than its nine.
     response = api(world.staff).post("/api/v1/quotas/", {"team": "ml", "pool": "l4", "max_ge": 1,
                                                          "ge_hours_per_month": 2**31}, format="json")
     assert response.status_code == 400
-    assert ("ge_hours_per_month", "max_value") in _rules(response)
+    assert ("ge_hours_per_month", "max_whole_digits") in _rules(response)
     assert not Quota.objects.filter(team=world.team, pool=world.other_pool).exists()
 
 
@@ -91,3 +91,33 @@ def test_a_nul_byte_in_a_slug_of_the_fleet_api_is_a_400(world, api, method, url,
     response = getattr(api(world.staff), method)(url, body, format="json")
     assert response.status_code == 400, response.content
     assert (field, "invalid") in _rules(response)
+
+
+def test_quotas_take_and_answer_ge_as_json_numbers(world, api):
+    staff = api(world.staff)
+    response = staff.post("/api/v1/quotas/", {"team": "ml", "pool": "l4", "max_ge": 2.5,
+                                              "ge_hours_per_month": "120.5"}, format="json")
+    assert response.status_code == 201, response.content
+    assert (response.json()["max_ge"], response.json()["ge_hours_per_month"]) == (2.5, 120.5)
+    quota = Quota.objects.get(team=world.team, pool=world.other_pool)
+    assert (str(quota.max_ge), str(quota.ge_hours_per_month)) == ("2.50", "120.5")
+    listed = staff.get(f"/api/v1/quotas/{quota.pk}/").json()
+    assert listed["max_ge"] == 2.5 and listed["ge_hours_per_month"] == 120.5
+    assert staff.patch(f"/api/v1/quotas/{quota.pk}/", {"ge_hours_per_month": None},
+                       format="json").json()["ge_hours_per_month"] is None
+
+
+@pytest.mark.parametrize(("body", "field", "rule"), [
+    ({"max_ge": -0.5}, "max_ge", "min_value"),
+    ({"max_ge": 1.125}, "max_ge", "max_decimal_places"),
+    ({"max_ge": 10**7}, "max_ge", "max_whole_digits"),
+    ({"max_ge": "lots"}, "max_ge", "invalid"),
+    ({"max_ge": 1, "ge_hours_per_month": -1}, "ge_hours_per_month", "min_value"),
+    ({"max_ge": 1, "ge_hours_per_month": 1.25}, "ge_hours_per_month", "max_decimal_places"),
+    ({"max_ge": 1, "max_gpus": 4}, "max_gpus", "unknown_field"),
+])
+def test_bad_quota_numbers_are_a_400_naming_the_field_and_the_rule(world, api, body, field, rule):
+    response = api(world.staff).post("/api/v1/quotas/", {"team": "ml", "pool": "l4", **body}, format="json")
+    assert response.status_code == 400, response.content
+    assert (field, rule) in _rules(response)
+    assert not Quota.objects.filter(team=world.team, pool=world.other_pool).exists()

@@ -172,3 +172,24 @@ def test_members_can_filter_only_by_their_own_teams(world, browser, api):
                                                        "ends_at": window(0, 2)[1].isoformat()}, format="json")
     page = browser(world.member).get("/reservations/?team=infra").content.decode()
     assert '<option value="infra"' not in page and '<tr id="reservation-' not in page
+
+
+def test_the_team_page_and_the_dashboard_show_use_in_ge_by_mode_and_model(world, browser):
+    from tests.allocations.grants import A100, L4, mixed_grants
+
+    mixed_grants(world)
+    world.team.max_ge = 10
+    world.team.save()
+    page = browser(world.member).get("/teams/ml/").content.decode()
+    facts = page.split('id="team-ge"')[1].split("</dl>")[0]
+    held = 2 * 2.0 + 3 * 0.125 + 3 / 7 + 0.4
+    assert f"{held:.2f} GE of a team-wide cap of 10.00 GE ({round(10 * held)}%)" in facts
+    pools = page.split('id="quota-pools"')[1].split("</table>")[0]
+    assert "<td>A100</td><td class=\"num\">4.00</td>" in pools and "0.38" in pools  # 3 of 4 L4 shares at 0.5
+    breakdown = page.split('id="quota-breakdown"')[1].split("</table>")[0]
+    assert f"<td>time_slicing</td><td>{L4}</td>" in breakdown and f"<td>mig</td><td>{A100}</td>" in breakdown
+    dashboard = browser(world.member).get("/").content.decode()
+    teams = dashboard.split('id="teams-ge"')[1].split("</section>")[0]
+    assert f"{held:.2f}" in teams and "10.00 (" in teams and f"vgpu · {A100}: 0.40" in teams
+    # The pools table: ml's H100s weigh 2 each, 6 of 16 GE held (infra holds one too).
+    assert "6.00 / 16.00" in dashboard

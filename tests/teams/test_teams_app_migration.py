@@ -61,7 +61,7 @@ def test_a_database_of_the_release_before_keeps_its_teams_tokens_and_reservation
         old.get_model("portal", "ApiToken").objects.create(user_id=scripter.pk, name="ci", prefix=key_prefix(key),
                                                           digest=key_digest(key))
         old.get_model("allocations", "Quota").objects.create(team_id=legacy.pk, pool_id=world.other_pool.pk,
-                                                             max_gpus=1)
+                                                             max_gpus=1)  # that release named the column max_gpus
         starts_at, ends_at = window(0, 3)
         reservation = old.get_model("allocations", "Reservation").objects.create(
             team_id=legacy.pk, pool_id=world.other_pool.pk, requested_by_id=scripter.pk, gpus=1,
