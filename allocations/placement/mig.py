@@ -218,8 +218,9 @@ def named_layout(model: str, name: str) -> list[str]:
         profile = profiles[name[4:]]
         if profile.single_per_gpu:
             return [profile.name]
-        return [profile.name] * len(range(0, MIG_SLICES - 1 if profile.size == 1 else MIG_SLICES, profile.size)
-                                    if profile.size < MIG_SLICES else [0])
+        # As many as have a start of their own and compute slices left: 7 × 1g, 4 × 1g.20gb, 3 × 2g,
+        # 2 × 3g, 1 × 4g, 1 × 7g.
+        return [profile.name] * min(len(profile.starts), units.MIG_COMPUTE_SLICES // profile.compute_slices)
     known = ", ".join(["all-balanced", *(f"all-{p}" for p in profiles)])
     raise LayoutError(f"unknown MIG layout {name!r} for {model} (known: {known})")
 

@@ -43,7 +43,7 @@ def test_unknown_team_fields_are_refused(world, api):
     response = api(world.staff).patch("/api/v1/teams/ml/", {"max_gpus": 3}, format="json")
     assert response.status_code == 400
     assert response.json()["errors"][0] == {"field": "max_gpus", "rule": "unknown_field",
-                                            "message": "Unknown field 'max_gpus'."}
+                                            "message": "Unknown field 'max_gpus': this endpoint takes max_ge, name, slug."}
 
 
 def test_the_admin_sets_the_cap_and_refuses_a_negative_one(world, client):
