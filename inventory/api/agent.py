@@ -75,8 +75,9 @@ class ReportedGpuInput(serializers.Serializer):
     driver_version = serializers.CharField(max_length=64, allow_blank=True, default="")
     cuda_version = serializers.CharField(max_length=16, allow_blank=True, default="")
     # Left out by an agent that does not read MIG: the GPU keeps what it had.
-    mig_devices = MigDeviceInput(many=True, required=False, max_length=8,
-                                 help_text="The MIG instances the GPU is carved into now (MIG mode on)")
+    # A ListField, not many=True: its own refusals (not a list, too long) then name `mig_devices` itself.
+    mig_devices = serializers.ListField(child=MigDeviceInput(), required=False, max_length=8,
+                                        help_text="The MIG instances the GPU is carved into now (MIG mode on)")
 
     def validate_mig_devices(self, value: list[dict]) -> list[dict]:
         starts = [device["start"] for device in value]
