@@ -3,8 +3,9 @@
 `--simulate 8xH100` reports eight H100s with plausible, slowly wandering utilization,
 memory, temperature and power. `--simulate 2xA100-80GB:mig=all-1g.10gb` reports MIG mode on
 and the GPUs carved as that layout says (`all-<profile>`, `all-balanced`, or an explicit
-`3g.40gb+2g.20gb+1g.10gb+1g.10gb`), with stable fake MIG device UUIDs (agent.mig). It is named as a simulation everywhere it shows (the
-backend name is "simulated", and registration says so), so nobody mistakes it for a host.
+`3g.40gb+2g.20gb+1g.10gb+1g.10gb`), with stable fake MIG device UUIDs (agent.mig). It is
+named as a simulation everywhere it shows (the backend name is "simulated", and registration
+says so), so nobody mistakes it for a host.
 """
 from __future__ import annotations
 

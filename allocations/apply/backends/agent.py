@@ -111,7 +111,9 @@ def _replicas(config) -> int:
 
 def wanted_lease_keys(grants) -> dict[str, set[str]]:
     """{node name: the lease keys host_leases sends it} for `grants` (desired.Grant): one per reservation
-    and GPU, except a MIG grant's, which is one per instance (read from the rows, as host_leases does)."""
+    and GPU, except a MIG grant's, which is one per instance. A Grant does not carry the instance (its
+    start slice and the GPU's reported devices), so for grants of MIG pools the rows are read again, with
+    the same mig_instance_id host_leases names them by; other grants cost no query."""
     wanted: dict[str, set[str]] = defaultdict(set)
     grants = list(grants)
     mig = defaultdict(set)
