@@ -1,4 +1,4 @@
-"""Bare-metal hosts: a reservation is enforced as leases of GPU UUIDs held by the host's agent.
+"""Bare-metal hosts: a reservation is enforced as leases of GPUs (or MIG instances) held by the host's agent.
 
 Agents open the connections, never the portal (hosts sit behind firewalls): each agent
 keeps a WebSocket (`/ws/agent/`, :mod:`allocations.consumers`) on which the portal
@@ -182,7 +182,7 @@ def host_lease_report(*, node: Node, held: list[str], failed: dict[str, str] | N
 
 class AgentBackend:
     name = "agent"
-    reads_pools = False  # leases are per GPU; a host's sharing setup is not the agent's business
+    reads_pools = False  # each lease carries its mode's parameters (host_leases reads them); no pool-wide setup
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
