@@ -65,9 +65,8 @@ class Agent:
     def take_leases(self, leases: list[dict]) -> dict:
         """Hold `leases` (refusing any for a GPU this host does not have); returns the report for the portal."""
         with self.lease_lock:
-            own = {gpu.uuid for gpu in self.gpus()}
-            failed = {lease["key"]: f"GPU {lease['gpu_uuid']} is not on host {self.hostname}"
-                      for lease in leases if lease.get("gpu_uuid") not in own}
+            own = {gpu.uuid: gpu for gpu in self.gpus()}
+            failed = {lease["key"]: problem for lease in leases if (problem := self._foreign(lease, own))}
             try:
                 held, problems = self.leases.replace([lease for lease in leases if lease["key"] not in failed])
             except OSError as error:  # the portal keeps waiting for a confirmation; say why here
@@ -80,6 +79,18 @@ class Agent:
             for key, problem in failed.items():
                 log.error("lease %s refused: %s", key, problem)
             return {"held": held, "failed": failed, "unleased_in_use": self.unleased_in_use()}
+
+    def _foreign(self, lease: dict, own: dict) -> str | None:
+        """Why this host cannot hold `lease`: a GPU it does not have, or a MIG instance its GPU does not
+        have (checked where the GPU reports MIG instances); None when it can."""
+        gpu = own.get(lease.get("gpu_uuid"))
+        if gpu is None:
+            return f"GPU {lease.get('gpu_uuid')} is not on host {self.hostname}"
+        if lease.get("mode") == "mig" and gpu.mig_devices:
+            if lease.get("mig_uuid") not in {device["uuid"] for device in gpu.mig_devices}:
+                return (f"MIG instance {lease.get('mig_uuid')} ({lease.get('mig_profile')} at slice "
+                        f"{lease.get('mig_start')}) is not on GPU {gpu.uuid} of host {self.hostname}")
+        return None
 
     def gpus(self):
         if self._inventory is None:
@@ -140,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--portal", required=True, help="the portal's base URL, e.g. https://gpupool.example.com")
     parser.add_argument("--token", default=os.environ.get("GPUPOOL_AGENT_TOKEN"),
                         help="this host's token (or GPUPOOL_AGENT_TOKEN)")
-    parser.add_argument("--simulate", metavar="SPEC", help="SIMULATED GPUs instead of NVML, e.g. 8xH100")
+    parser.add_argument("--simulate", metavar="SPEC",
+                        help="SIMULATED GPUs instead of NVML, e.g. 8xH100 or 2xA100-80GB:mig=all-1g.10gb")
     parser.add_argument("--hostname", default=socket.gethostname())
     parser.add_argument("--heartbeat", type=float, default=10.0, help="seconds between heartbeats")
     parser.add_argument("--state-dir", default=DEFAULT_DIR,
@@ -161,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     backend = make_backend(args.simulate, args.hostname)
     user_map = json.loads(Path(args.user_map).read_text()) if args.user_map else {}
     agent = Agent(PortalClient(args.portal, args.token), backend, args.hostname, heartbeat=args.heartbeat,
-                  leases=LeaseStore(args.state_dir, user_map=user_map, device_dir=args.device_dir))
+                  leases=LeaseStore(args.state_dir, user_map=user_map, device_dir=args.device_dir,
+                                    simulated=bool(args.simulate)))
     signal.signal(signal.SIGTERM, lambda *_: agent.stop.set())
     signal.signal(signal.SIGINT, lambda *_: agent.stop.set())
     if not args.no_lease_channel:

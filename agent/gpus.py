@@ -15,9 +15,14 @@ class GpuInfo:
     mig_capable: bool
     driver_version: str
     cuda_version: str
+    # The MIG instances the GPU is carved into now (agent.mig): [{"uuid": "MIG-…", "profile": "1g.10gb",
+    # "start": 0, "memory_mib": 9984}, ...], by start; empty with MIG off or on a board without MIG.
+    mig_devices: tuple[dict, ...] = ()
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        data = asdict(self)
+        data["mig_devices"] = [dict(d) for d in self.mig_devices]
+        return data
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,19 @@
-"""The real backend: NVML through nvidia-ml-py. Reads only; never changes a GPU setting."""
+"""The real backend: NVML through nvidia-ml-py. Reads only; never changes a GPU setting.
+
+Not its MIG mode or layout either: on a GPU in MIG mode it lists the instances that exist
+(:meth:`NvmlBackend.mig_devices`) and calls no NVML setter.
+"""
 from __future__ import annotations
 
+import logging
+import math
 from typing import Any
 
 from agent.gpus import GpuInfo, GpuProcess, GpuSample
 
 MIB = 1024 * 1024
+
+log = logging.getLogger("agent.nvml")
 
 
 def _text(value: Any) -> str:
@@ -25,6 +33,8 @@ class NvmlBackend:
 
     def _optional(self, call, *args, default=None):
         """NVML answers NotSupported for some queries on some GPUs (MIG on consumer cards, power on some)."""
+        if call is None:  # a function this nvidia-ml-py lacks
+            return default
         try:
             return call(*args)
         except self.nvml.NVMLError:
@@ -38,17 +48,68 @@ class NvmlBackend:
         gpus = []
         for index, handle in enumerate(self.handles):
             mig = self._optional(nv.nvmlDeviceGetMigMode, handle)
+            mig_mode = bool(mig and mig[0])
             gpus.append(GpuInfo(
                 uuid=_text(nv.nvmlDeviceGetUUID(handle)),
                 index=index,
                 name=_text(nv.nvmlDeviceGetName(handle)),
                 memory_mib=int(nv.nvmlDeviceGetMemoryInfo(handle).total // MIB),
                 mig_capable=mig is not None,
-                mig_mode=bool(mig and mig[0]),
+                mig_mode=mig_mode,
                 driver_version=driver,
                 cuda_version=cuda_version,
+                mig_devices=tuple(self.mig_devices(handle)) if mig_mode else (),
             ))
         return gpus
+
+    def mig_devices(self, handle: Any) -> list[dict]:
+        """The MIG instances of a GPU in MIG mode, by start slice: uuid, profile, start, memory_mib.
+
+        Read-only queries: the MIG device handles (nvmlDeviceGetMigDeviceHandleByIndex up to
+        nvmlDeviceGetMaxMigDeviceCount; an empty index answers NotFound), each one's UUID and
+        memory, and its GPU instance's profile and placement (nvmlDeviceGetGpuInstanceById +
+        nvmlGpuInstanceGetInfo, which NVML may answer only to root). An instance whose placement
+        cannot be read is left out, with a warning: the portal names MIG grants by start slice.
+        """
+        nv = self.nvml
+        names = self._profile_names(handle)
+        devices = []
+        for i in range(self._optional(getattr(nv, "nvmlDeviceGetMaxMigDeviceCount", None), handle, default=0) or 0):
+            device = self._optional(nv.nvmlDeviceGetMigDeviceHandleByIndex, handle, i)
+            if device is None:
+                continue  # no instance at this index
+            uuid = _text(nv.nvmlDeviceGetUUID(device))
+            memory_mib = int(nv.nvmlDeviceGetMemoryInfo(device).total // MIB)
+            try:
+                info = nv.nvmlGpuInstanceGetInfo(
+                    nv.nvmlDeviceGetGpuInstanceById(handle, nv.nvmlDeviceGetGpuInstanceId(device)))
+            except nv.NVMLError as error:
+                log.warning("MIG device %s: cannot read its GPU instance (%s); not reported (run the agent as root)",
+                            uuid, error)
+                continue
+            profile = names.get(int(info.profileId))
+            if profile is None:  # a profile the list did not have: ask for it by id
+                by_id = self._optional(getattr(nv, "nvmlDeviceGetGpuInstanceProfileInfoById", None), handle,
+                                       int(info.profileId))
+                profile = _profile_name(by_id) if by_id is not None else None
+            if not profile:
+                log.warning("MIG device %s: unknown GPU instance profile %s; not reported", uuid, info.profileId)
+                continue
+            devices.append({"uuid": uuid, "profile": profile, "start": int(info.placement.start),
+                            "memory_mib": memory_mib})
+        return sorted(devices, key=lambda d: d["start"])
+
+    def _profile_names(self, handle: Any) -> dict[int, str]:
+        """NVML's GPU-instance profile id -> its name ("1g.10gb", "1g.10gb+me"), for the profiles this GPU offers."""
+        nv = self.nvml
+        names = {}
+        for code in range(getattr(nv, "NVML_GPU_INSTANCE_PROFILE_COUNT", 0)):
+            info = self._optional(getattr(nv, "nvmlDeviceGetGpuInstanceProfileInfo", None), handle, code)
+            if info is None:
+                continue  # not offered on this model
+            names[int(info.id)] = _profile_name(info)
+        return names
+
 
     def sample(self) -> list[GpuSample]:
         nv = self.nvml
@@ -74,3 +135,10 @@ class NvmlBackend:
 
     def close(self) -> None:
         self.nvml.nvmlShutdown()
+
+
+def _profile_name(info: Any) -> str:
+    """A GPU-instance profile's name without NVML's "MIG " prefix; from an old driver's nameless answer,
+    <compute slices>g.<memory in GiB, rounded up>gb, which is how NVIDIA names them."""
+    name = _text(getattr(info, "name", b"")).removeprefix("MIG ").strip()
+    return name or f"{int(info.sliceCount)}g.{math.ceil(int(info.memorySizeMB) / 1024)}gb"

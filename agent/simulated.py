@@ -1,8 +1,11 @@
 """SIMULATED NVML: a stand-in for machines without NVIDIA GPUs (demo, tests, CI).
 
 `--simulate 8xH100` reports eight H100s with plausible, slowly wandering utilization,
-memory, temperature and power. It is named as a simulation everywhere it shows (the
-backend name is "simulated", and registration says so), so nobody mistakes it for a host.
+memory, temperature and power. `--simulate 2xA100-80GB:mig=all-1g.10gb` reports MIG mode on
+and the GPUs carved as that layout says (`all-<profile>`, `all-balanced`, or an explicit
+`3g.40gb+2g.20gb+1g.10gb+1g.10gb`), with stable fake MIG device UUIDs (agent.mig). It is
+named as a simulation everywhere it shows (the backend name is "simulated", and registration
+says so), so nobody mistakes it for a host.
 """
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import re
 import uuid
 from dataclasses import dataclass
 
+from agent import mig
 from agent.gpus import GpuInfo, GpuProcess, GpuSample
 
 
@@ -20,44 +24,66 @@ class Model:
     memory_mib: int
     mig_capable: bool
     max_power_w: float
+    mig_board: str = ""  # its key in agent.mig.GEOMETRY, for the boards a simulated host can carve
 
 
 # Names and memory sizes as NVML reports them for these boards.
 MODELS = {
-    "H100": Model("NVIDIA H100 80GB HBM3", 81559, True, 700.0),
+    "H100": Model("NVIDIA H100 80GB HBM3", 81559, True, 700.0, "H100-80GB"),
+    "H100-80GB": Model("NVIDIA H100 80GB HBM3", 81559, True, 700.0, "H100-80GB"),
     "H200": Model("NVIDIA H200", 143771, True, 700.0),
-    "A100": Model("NVIDIA A100-SXM4-80GB", 81920, True, 400.0),
-    "A100-40GB": Model("NVIDIA A100-SXM4-40GB", 40960, True, 400.0),
+    "A100": Model("NVIDIA A100-SXM4-80GB", 81920, True, 400.0, "A100-80GB"),
+    "A100-80GB": Model("NVIDIA A100-SXM4-80GB", 81920, True, 400.0, "A100-80GB"),
+    "A100-40GB": Model("NVIDIA A100-SXM4-40GB", 40960, True, 400.0, "A100-40GB"),
     "L40S": Model("NVIDIA L40S", 46068, False, 350.0),
     "L4": Model("NVIDIA L4", 23034, False, 72.0),
     "T4": Model("Tesla T4", 15360, False, 70.0),
 }
 
-SPEC = re.compile(r"^(?P<count>[1-9][0-9]?)x(?P<model>[A-Za-z0-9-]+)$")
+SPEC = re.compile(r"^(?P<count>[1-9][0-9]?)x(?P<model>[A-Za-z0-9-]+)(:mig=(?P<mig>[A-Za-z0-9.+-]+))?$")
 
 
 class SpecError(ValueError):
     pass
 
 
-def parse_spec(spec: str) -> list[Model]:
-    """'8xH100' or '4xL40S,2xT4' → the models, in index order."""
-    models: list[Model] = []
+def parse_layouts(spec: str) -> list[tuple[Model, str]]:
+    """'8xH100', '4xL40S,2xT4' or '2xA100-80GB:mig=all-1g.10gb' → (model, MIG layout or "") per GPU,
+    in index order."""
+    gpus: list[tuple[Model, str]] = []
     for part in spec.split(","):
         match = SPEC.match(part.strip())
         if not match or match["model"].upper() not in {k.upper() for k in MODELS}:
             known = ", ".join(MODELS)
-            raise SpecError(f"bad simulate spec {part!r}: use COUNTxMODEL, e.g. 8xH100 (models: {known})")
+            raise SpecError(f"bad simulate spec {part!r}: use COUNTxMODEL[:mig=LAYOUT], e.g. 8xH100 or "
+                            f"2xA100-80GB:mig=all-1g.10gb (models: {known})")
         model = next(m for k, m in MODELS.items() if k.upper() == match["model"].upper())
-        models.extend([model] * int(match["count"]))
-    return models
+        layout = match["mig"] or ""
+        if layout:
+            if not model.mig_board:
+                boards = ", ".join(k for k, m in MODELS.items() if m.mig_board)
+                raise SpecError(f"bad simulate spec {part!r}: a simulated {match['model']} cannot be carved into "
+                                f"MIG instances (simulated MIG boards: {boards})")
+            try:
+                mig.place(model.mig_board, mig.named_layout(model.mig_board, layout))
+            except mig.LayoutError as error:
+                raise SpecError(f"bad simulate spec {part!r}: {error}") from None
+        gpus.extend([(model, layout)] * int(match["count"]))
+    return gpus
+
+
+def parse_spec(spec: str) -> list[Model]:
+    """'8xH100' or '4xL40S,2xT4' → the models, in index order."""
+    return [model for model, _ in parse_layouts(spec)]
 
 
 class SimulatedBackend:
     name = "simulated"
 
     def __init__(self, spec: str, host: str, seed: int | None = None, uuids: list[str] | None = None) -> None:
-        self.models = parse_spec(spec)
+        layouts = parse_layouts(spec)
+        self.models = [model for model, _ in layouts]
+        self.layouts = [layout for _, layout in layouts]
         self.host = host
         self.rng = random.Random(seed if seed is not None else host)
         # Stable per host and index, so a restarted agent reports the same GPUs (the demo passes its own).
@@ -68,8 +94,11 @@ class SimulatedBackend:
         self.idle = [self.rng.random() < 0.25 for _ in self.models]
 
     def inventory(self) -> list[GpuInfo]:
-        return [GpuInfo(uuid=self.uuids[i], index=i, name=m.name, memory_mib=m.memory_mib, mig_mode=False,
-                        mig_capable=m.mig_capable, driver_version="550.90.07 (simulated)", cuda_version="12.4")
+        return [GpuInfo(uuid=self.uuids[i], index=i, name=m.name, memory_mib=m.memory_mib,
+                        mig_mode=bool(self.layouts[i]), mig_capable=m.mig_capable,
+                        driver_version="550.90.07 (simulated)", cuda_version="12.4",
+                        mig_devices=tuple(mig.simulated_devices(m.mig_board, self.uuids[i], self.layouts[i])
+                                          if self.layouts[i] else ()))
                 for i, m in enumerate(self.models)]
 
     def sample(self) -> list[GpuSample]:

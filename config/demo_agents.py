@@ -60,7 +60,8 @@ def start_demo_agents(base_url: str) -> list:
     for node, key, spec, uuids in _tokens():
         backend = SimulatedBackend(spec, node.name, seed=node.pk, uuids=uuids)
         client = PortalClient(base_url, key)
-        leases = LeaseStore(Path(settings.VAR_DIR) / "demo-agents" / node.name)
+        # simulated: an MPS lease records the daemon it would start, never starts a real one on the demo machine
+        leases = LeaseStore(Path(settings.VAR_DIR) / "demo-agents" / node.name, simulated=True)
         agent = Agent(client, backend, node.name, heartbeat=10.0, max_backoff=5.0, leases=leases)
         threading.Thread(target=agent.run, name=f"demo-agent-{node.name}", daemon=True).start()
         channel = lease_channel.LeaseChannel(base_url, key, agent.take_leases, agent.stop,

@@ -98,6 +98,9 @@ class ReportedGpu:
     mig_capable: bool
     driver_version: str
     cuda_version: str
+    # [{"uuid": "MIG-…", "profile": "1g.10gb", "start": 0, "memory_mib": 9984}], by start; None: not
+    # reported (an agent that does not read MIG), so the GPU keeps what it had.
+    mig_devices: list[dict] | None = None
 
 
 def pool_for_model(cluster: Cluster, model_name: str) -> GpuPool:
@@ -122,6 +125,9 @@ def host_register(*, token: HostToken, gpus: list[ReportedGpu], backend: str, no
         raise ValidationFailed("The report lists a GPU UUID twice.", field="gpus", rule="duplicate_uuid")
     if len({gpu.index for gpu in gpus}) != len(gpus):
         raise ValidationFailed("The report lists a GPU index twice.", field="gpus", rule="duplicate_index")
+    mig_uuids = [device["uuid"] for gpu in gpus for device in gpu.mig_devices or ()]
+    if len(set(mig_uuids)) != len(mig_uuids):
+        raise ValidationFailed("The report lists a MIG device UUID twice.", field="gpus", rule="duplicate_mig_uuid")
     node, _ = Node.objects.select_for_update().get_or_create(cluster=token.cluster, name=token.host_name)
     elsewhere = Gpu.objects.filter(uuid__in=uuids).exclude(node=node).values_list("uuid", flat=True).first()
     if elsewhere:
@@ -141,6 +147,8 @@ def host_register(*, token: HostToken, gpus: list[ReportedGpu], backend: str, no
         gpu.mig_capable = reported.mig_capable
         gpu.driver_version = reported.driver_version[:32]
         gpu.cuda_version = reported.cuda_version[:16]
+        if reported.mig_devices is not None:
+            gpu.mig_devices = reported.mig_devices
         gpu.healthy = True
         gpu.save()
     HostToken.objects.filter(pk=token.pk).update(last_used_at=now)

@@ -13,14 +13,19 @@ from allocations.apply.backends.agent import host_lease_report, host_leases
 from inventory.api.agent import AgentView
 
 
-LEASE_KEY = r"^[0-9]{1,12}:(GPU|MIG)-[0-9A-Za-z-]{8,60}$"
+# "<reservation id>:<GPU UUID>", "<reservation id>:<MIG device UUID>", or for a MIG instance the GPU did not
+# report a device for, "<reservation id>:<GPU UUID>/<start slice>" (allocations.booking.mig_instance_id).
+LEASE_KEY = r"^[0-9]{1,12}:((GPU|MIG)-[0-9A-Za-z-]{8,60}|GPU-[0-9A-Za-z-]{8,60}/[0-7])$"
 MAX_LEASES = 1024  # per report: far above the GPUs (and MIG slices) one host has
 
 
 class LeasesInput(serializers.Serializer):
     held = serializers.ListField(
         child=serializers.RegexField(LEASE_KEY, max_length=80),
-        max_length=MAX_LEASES, help_text="Lease keys '<reservation id>:<GPU UUID>' the agent enforces now",
+        max_length=MAX_LEASES,
+        help_text="Lease keys the agent enforces now: '<reservation id>:<GPU UUID>', or for a MIG instance "
+                  "'<reservation id>:<MIG device UUID>' ('<reservation id>:<GPU UUID>/<start slice>' where the "
+                  "GPU reported no device for it)",
     )
     failed = serializers.DictField(child=serializers.CharField(max_length=500), default=dict,
                                    help_text="Leases the agent could not apply: {key: why}")

@@ -46,6 +46,25 @@ class IsHostAgent(permissions.BasePermission):
         return isinstance(request.auth, HostToken)
 
 
+class MigDeviceInput(serializers.Serializer):
+    """One MIG instance a GPU is carved into, as the host's agent read it from NVML."""
+
+    uuid = serializers.RegexField(r"^MIG-[0-9A-Za-z-]{8,60}$", max_length=64,
+                                  help_text="The MIG device UUID (what CUDA_VISIBLE_DEVICES takes)")
+    profile = serializers.RegexField(r"^[1-8]g\.[0-9]{1,4}gb(\+me)?$", max_length=32,
+                                     help_text="GPU instance profile, e.g. 1g.10gb or 1g.10gb+me")
+    start = serializers.IntegerField(min_value=0, max_value=7, help_text="First memory slice (0-7)")
+    memory_mib = serializers.IntegerField(min_value=1, max_value=10_000_000)
+
+    def to_internal_value(self, data):
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(self.fields))
+            if unknown:  # a typo would otherwise vanish silently
+                raise serializers.ValidationError(
+                    {name: serializers.ErrorDetail("Unknown field.", code="unknown") for name in unknown})
+        return super().to_internal_value(data)
+
+
 class ReportedGpuInput(serializers.Serializer):
     uuid = serializers.RegexField(r"^(GPU|MIG)-[0-9A-Za-z-]{8,60}$", max_length=64)
     index = serializers.IntegerField(min_value=0, max_value=255)
@@ -55,6 +74,16 @@ class ReportedGpuInput(serializers.Serializer):
     mig_mode = serializers.BooleanField(default=False)
     driver_version = serializers.CharField(max_length=64, allow_blank=True, default="")
     cuda_version = serializers.CharField(max_length=16, allow_blank=True, default="")
+    # Left out by an agent that does not read MIG: the GPU keeps what it had.
+    # A ListField, not many=True: its own refusals (not a list, too long) then name `mig_devices` itself.
+    mig_devices = serializers.ListField(child=MigDeviceInput(), required=False, max_length=8,
+                                        help_text="The MIG instances the GPU is carved into now (MIG mode on)")
+
+    def validate_mig_devices(self, value: list[dict]) -> list[dict]:
+        starts = [device["start"] for device in value]
+        if len(set(starts)) != len(starts):
+            raise serializers.ValidationError("Two MIG instances start at the same slice.", code="duplicate_start")
+        return sorted(value, key=lambda device: device["start"])
 
 
 class RegisterInput(serializers.Serializer):
@@ -77,7 +106,8 @@ class RegisterView(AgentView):
     def post(self, request: Request) -> Response:
         data = RegisterInput(data=request.data)
         data.is_valid(raise_exception=True)
-        gpus = [services.ReportedGpu(**{k: v for k, v in g.items() if k != "mig_mode"})
+        gpus = [services.ReportedGpu(**{k: ([dict(d) for d in v] if k == "mig_devices" else v)
+                                        for k, v in g.items() if k != "mig_mode"})
                 for g in data.validated_data["gpus"]]
         node = services.host_register(token=request.auth, gpus=gpus, backend=data.validated_data["backend"])
         return Response({"node": node.pk, "name": node.name, "gpus": len(gpus),

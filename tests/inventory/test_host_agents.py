@@ -156,3 +156,48 @@ def test_hosts_silent_longer_than_the_timeout_become_unhealthy(key):
     assert services.nodes_mark_silent(timeout=timedelta(seconds=60)) == [node_id]
     assert services.nodes_mark_silent(timeout=timedelta(seconds=60)) == []
     assert not Node.objects.get().healthy
+
+
+def mig(start: int, profile: str = "1g.10gb", uuid: str | None = None) -> dict:
+    return {"uuid": uuid or f"MIG-0000000{start}-aaaa-bbbb", "profile": profile, "start": start, "memory_mib": 9984}
+
+
+def test_registration_stores_each_gpus_mig_devices_and_keeps_them_when_not_reported(key):
+    client = agent(key)
+    devices = [mig(3), mig(0, "3g.40gb+me") | {"memory_mib": 40448}]
+    response = client.post("/api/v1/agent/register/", report([{**gpu(0), "mig_mode": True, "mig_devices": devices},
+                                                               gpu(1)]), format="json")
+    assert response.status_code == 200, response.content
+    stored = dict(Gpu.objects.values_list("index", "mig_devices"))
+    assert stored == {0: sorted(devices, key=lambda d: d["start"]), 1: []}
+    client.post("/api/v1/agent/register/", report([gpu(0), gpu(1)]), format="json")  # an agent that reads no MIG
+    assert Gpu.objects.get(index=0).mig_devices == stored[0]
+    client.post("/api/v1/agent/register/", report([{**gpu(0), "mig_devices": []}, gpu(1)]), format="json")
+    assert Gpu.objects.get(index=0).mig_devices == []  # MIG turned off: reported empty
+
+
+@pytest.mark.parametrize(("devices", "field", "rule"), [
+    ([{**mig(0), "uuid": "GPU-00000000-aaaa"}], "gpus.0.mig_devices.0.uuid", "invalid"),
+    ([{**mig(0), "profile": "big"}], "gpus.0.mig_devices.0.profile", "invalid"),
+    ([mig(8)], "gpus.0.mig_devices.0.start", "max_value"),
+    ([{**mig(0), "start": "first"}], "gpus.0.mig_devices.0.start", "invalid"),
+    ([{**mig(0), "memory_mib": 0}], "gpus.0.mig_devices.0.memory_mib", "min_value"),
+    ([{k: v for k, v in mig(0).items() if k != "profile"}], "gpus.0.mig_devices.0.profile", "required"),
+    ([{**mig(0), "slices": 1}], "gpus.0.mig_devices.0.slices", "unknown"),
+    ([mig(0), mig(0, uuid="MIG-99999999-aaaa-bbbb")], "gpus.0.mig_devices", "duplicate_start"),
+    ([mig(i % 7, uuid=f"MIG-0000000{i}-cccc-dddd") for i in range(9)], "gpus.0.mig_devices", "max_length"),
+    ("MIG-0", "gpus.0.mig_devices", "not_a_list"),
+])
+def test_malformed_mig_devices_are_refused_naming_the_field(key, devices, field, rule):
+    response = agent(key).post("/api/v1/agent/register/", report([{**gpu(0), "mig_devices": devices}]), format="json")
+    assert response.status_code == 400
+    assert (field, rule) in [(e["field"], e["rule"]) for e in response.json()["errors"]], response.json()
+    assert not Node.objects.exists()
+
+
+def test_one_mig_device_reported_on_two_gpus_is_refused(key):
+    response = agent(key).post("/api/v1/agent/register/", report([{**gpu(0), "mig_devices": [mig(0)]},
+                                                                  {**gpu(1), "mig_devices": [mig(0)]}]), format="json")
+    assert response.status_code == 400
+    assert response.json()["errors"][0] == {"field": "gpus", "rule": "duplicate_mig_uuid",
+                                            "message": "The report lists a MIG device UUID twice."}

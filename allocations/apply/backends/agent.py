@@ -1,4 +1,4 @@
-"""Bare-metal hosts: a reservation is enforced as leases of GPU UUIDs held by the host's agent.
+"""Bare-metal hosts: a reservation is enforced as leases of GPUs (or MIG instances) held by the host's agent.
 
 Agents open the connections, never the portal (hosts sit behind firewalls): each agent
 keeps a WebSocket (`/ws/agent/`, :mod:`allocations.consumers`) on which the portal
@@ -29,6 +29,7 @@ from allocations.apply.backends.base import BackendPending, BackendRejected, Syn
 from allocations.apply.desired import ClusterDesired
 from common.dispatch import enqueue_after_commit
 from allocations.apply.selectors import ENFORCED_STATES
+from allocations.booking import mig_instance_id
 from allocations.models import Allocation, ApplyJob, HostLeaseReport, Reservation
 from common.channel_layer import send_to_groups
 from inventory.models import Cluster, Node
@@ -36,26 +37,97 @@ from inventory.models import Cluster, Node
 log = logging.getLogger(__name__)
 
 
-def lease_key(reservation_id: int, gpu_uuid: str) -> str:
-    return f"{reservation_id}:{gpu_uuid}"
+def lease_key(reservation_id: int, device: str) -> str:
+    """A lease's key: "<reservation id>:<GPU UUID>", or for a MIG instance "<reservation id>:<instance id>"
+    (allocations.booking.mig_instance_id: its MIG device UUID, else "<GPU UUID>/<start slice>")."""
+    return f"{reservation_id}:{device}"
+
+
+def _active_allocations(now: datetime):
+    return Allocation.objects.filter(reservation__state__in=ENFORCED_STATES, starts_at__lte=now, ends_at__gt=now)
 
 
 def host_leases(node: Node, *, now: datetime | None = None) -> list[dict]:
-    """The leases `node`'s agent should hold now, in the form the agent API sends them."""
+    """The leases `node`'s agent should hold now, in the form the agent API sends them.
+
+    One lease per reservation and GPU for exclusive, time_slicing, mps and vgpu grants: the k
+    share rows of one reservation on one GPU are one lease with "shares": k of "replicas": N
+    (the pool's sharing_config), and for mps/vgpu "memory_mib" and "cores_pct" (summed over the
+    rows; k/N of the card where the rows carry none). One lease per instance for mig grants,
+    with "mig_profile", "mig_start", "mig_uuid" and "memory_mib". Every lease says its "mode"
+    (the grant's), which tells the agent what to write into the reservation's env file.
+    """
     now = now or timezone.now()
-    allocations = (
-        Allocation.objects.filter(gpu__node=node, reservation__state__in=ENFORCED_STATES,
-                                  starts_at__lte=now, ends_at__gt=now)
-        .select_related("gpu", "reservation__team", "reservation__requested_by")
-        .order_by("reservation_id", "gpu__index")
+    rows = (
+        _active_allocations(now).filter(gpu__node=node)
+        .order_by("reservation_id", "gpu__index", "mig_start", "share_from")
+        .values_list("reservation_id", "reservation__team__slug", "reservation__requested_by__username",
+                     "reservation__pool__sharing_config", "gpu__uuid", "gpu__index", "gpu__memory_mib",
+                     "gpu__mig_devices", "mode", "mig_profile", "mig_start", "memory_mib", "cores_pct", "ends_at")
     )
-    return [
-        {"key": lease_key(a.reservation_id, a.gpu.uuid), "reservation": a.reservation_id,
-         "team": a.reservation.team.slug,
-         "user": a.reservation.requested_by.username if a.reservation.requested_by else "",
-         "gpu_uuid": a.gpu.uuid, "gpu_index": a.gpu.index, "ends_at": a.ends_at.isoformat()}
-        for a in allocations
-    ]
+    leases: dict[str, dict] = {}
+    for (reservation_id, team, username, config, gpu_uuid, gpu_index, gpu_memory, mig_devices, mode, mig_profile,
+         mig_start, memory_mib, cores_pct, ends_at) in rows:
+        lease = {"reservation": reservation_id, "team": team, "user": username or "", "gpu_uuid": gpu_uuid,
+                 "gpu_index": gpu_index, "ends_at": ends_at.isoformat(), "mode": mode}
+        if mode == "mig":
+            instance = mig_instance_id(gpu_uuid, mig_devices, mig_profile, mig_start)
+            key = lease_key(reservation_id, instance)
+            leases[key] = {"key": key, **lease, "mig_profile": mig_profile, "mig_start": mig_start,
+                           "mig_uuid": instance, "memory_mib": memory_mib}
+            continue
+        key = lease_key(reservation_id, gpu_uuid)
+        held = leases.get(key)
+        if held is None:
+            held = leases[key] = {"key": key, **lease}
+            if mode in ("time_slicing", "mps"):
+                held.update(shares=0, replicas=_replicas(config))
+            if mode in ("mps", "vgpu"):
+                held.update(memory_mib=0, cores_pct=0)
+        elif ends_at.isoformat() > held["ends_at"]:
+            held["ends_at"] = ends_at.isoformat()  # rows of one reservation end together; the last counts
+        if mode in ("time_slicing", "mps"):
+            held["shares"] += 1
+        if mode in ("mps", "vgpu"):
+            held["memory_mib"] += memory_mib or 0
+            held["cores_pct"] += cores_pct or 0
+        held["_gpu_memory"] = gpu_memory
+    for lease in leases.values():
+        gpu_memory = lease.pop("_gpu_memory", None)
+        if lease["mode"] == "mps":  # rows without their caps (booked before they were stored): k/N of the card
+            share = lease["shares"] / lease["replicas"]
+            lease["memory_mib"] = lease["memory_mib"] or int(gpu_memory * share)
+            lease["cores_pct"] = min(100, lease["cores_pct"] or max(1, int(100 * share)))
+    return list(leases.values())
+
+
+def _replicas(config) -> int:
+    """N of a time-slicing or MPS pool (its sharing_config {"replicas": N}); 1 when it names none."""
+    try:
+        return max(1, int((config or {}).get("replicas") or 1))
+    except (TypeError, ValueError, AttributeError):
+        return 1
+
+
+def wanted_lease_keys(grants) -> dict[str, set[str]]:
+    """{node name: the lease keys host_leases sends it} for `grants` (desired.Grant): one per reservation
+    and GPU, except a MIG grant's, which is one per instance. A Grant does not carry the instance (its
+    start slice and the GPU's reported devices), so for grants of MIG pools the rows are read again, with
+    the same mig_instance_id host_leases names them by; other grants cost no query."""
+    wanted: dict[str, set[str]] = defaultdict(set)
+    grants = list(grants)
+    mig = defaultdict(set)
+    mig_reservations = {grant.reservation_id for grant in grants if grant.sharing_mode == "mig"}
+    if mig_reservations:
+        for reservation_id, gpu_uuid, mig_devices, profile, start in (
+                _active_allocations(timezone.now()).filter(reservation_id__in=mig_reservations, mode="mig")
+                .values_list("reservation_id", "gpu__uuid", "gpu__mig_devices", "mig_profile", "mig_start")):
+            mig[(reservation_id, gpu_uuid)].add(
+                lease_key(reservation_id, mig_instance_id(gpu_uuid, mig_devices, profile, start)))
+    for grant in grants:
+        wanted[grant.node_name] |= (mig.get((grant.reservation_id, grant.gpu_uuid))
+                                    or {lease_key(grant.reservation_id, grant.gpu_uuid)})
+    return wanted
 
 
 def agent_group(node_id: int) -> str:
@@ -110,17 +182,14 @@ def host_lease_report(*, node: Node, held: list[str], failed: dict[str, str] | N
 
 class AgentBackend:
     name = "agent"
-    reads_pools = False  # leases are per GPU; a host's sharing setup is not the agent's business
+    reads_pools = False  # each lease carries its mode's parameters (host_leases reads them); no pool-wide setup
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
 
     def sync(self, desired: ClusterDesired, *, teams: Collection[str] | None = None) -> SyncReport:
-        wanted: dict[str, set[str]] = defaultdict(set)
-        for team in desired.teams:
-            if teams is None or team.team_slug in teams:
-                for grant in team.grants:
-                    wanted[grant.node_name].add(lease_key(grant.reservation_id, grant.gpu_uuid))
+        wanted = wanted_lease_keys(grant for team in desired.teams if teams is None or team.team_slug in teams
+                                   for grant in team.grants)
         nodes = Node.objects.filter(cluster=self.cluster).select_related("lease_report").order_by("name")
         if teams is not None:
             nodes = nodes.filter(Q(name__in=list(wanted)) | Q(pk__in=self._undoing_on(teams)))
