@@ -21,11 +21,13 @@ from django.utils import timezone
 
 from inventory import services
 from inventory.models import HostToken, Node
+from inventory.sharing import mig_layout_names
 
 log = logging.getLogger(__name__)
 
 # Tokens made for demo agents are named by this prefix in the cluster's token list.
-SPEC_BY_MODEL = {"NVIDIA H100 80GB HBM3": "H100", "NVIDIA L40S": "L40S", "NVIDIA H200": "H200", "NVIDIA L4": "L4"}
+SPEC_BY_MODEL = {"NVIDIA H100 80GB HBM3": "H100", "NVIDIA L40S": "L40S", "NVIDIA H200": "H200", "NVIDIA L4": "L4",
+                 "NVIDIA A100-SXM4-80GB": "A100-80GB"}
 
 
 @transaction.atomic
@@ -36,7 +38,7 @@ def _tokens() -> list[tuple[Node, str, str, list[str]]]:
         return []
     out = []
     for node in Node.objects.filter(cluster__kind="baremetal").select_related("cluster").order_by("name"):
-        gpus = list(node.gpus.order_by("index"))
+        gpus = list(node.gpus.select_related("pool").order_by("index"))
         models = {SPEC_BY_MODEL.get(g.model_name) for g in gpus}
         if not gpus or None in models or len(models) != 1:
             continue
@@ -44,7 +46,13 @@ def _tokens() -> list[tuple[Node, str, str, list[str]]]:
         HostToken.objects.filter(cluster=node.cluster, host_name=node.name, revoked_at=None).update(
             revoked_at=timezone.now())
         _, key = services.host_token_create(actor=admin, cluster=node.cluster, host_name=node.name)
-        out.append((node, key, f"{len(gpus)}x{models.pop()}", [g.uuid for g in gpus]))
+        spec = f"{len(gpus)}x{models.pop()}"
+        pools = {g.pool for g in gpus}
+        if len(pools) == 1 and (pool := pools.pop()) is not None and pool.sharing_mode == "mig":
+            # The simulated cards are carved as the pool's layout, as mig-parted would have done on a host.
+            layout = mig_layout_names(pool.sharing_config)
+            spec += ":mig=" + (layout if isinstance(layout, str) else "+".join(layout))
+        out.append((node, key, spec, [g.uuid for g in gpus]))
     return out
 
 

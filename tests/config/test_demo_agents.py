@@ -28,13 +28,17 @@ def test_demo_agents_feed_the_demo_gpus(live_server):
     gpus = set(Gpu.objects.values_list("id", flat=True))
     agents = start_demo_agents(live_server.url)
     try:
-        assert len(agents) == 3
+        assert len(agents) == 5
         wait_for(lambda: set(Sample.objects.values_list("gpu_id", flat=True)) == gpus, timeout=30,
                  message="samples of every demo GPU")
     finally:
         _stop(agents)
-    assert Gpu.objects.count() == 20 and Gpu.objects.filter(healthy=True).count() == 20  # no stray GPUs
+    assert Gpu.objects.count() == 28 and Gpu.objects.filter(healthy=True).count() == 28  # no stray GPUs
+    # The MIG pool's simulated cards report the instances of its layout (all-balanced: 2g, 1g, 1g, 3g).
+    for gpu in Gpu.objects.filter(pool__slug="a100-mig"):
+        assert sorted((d["profile"], d["start"]) for d in gpu.mig_devices) == [
+            ("1g.10gb", 2), ("1g.10gb", 3), ("2g.20gb", 0), ("3g.40gb", 4)]
     assert all(n.labels.get("gpupool.io/agent-backend") == "simulated" for n in Node.objects.all())
     # Started again (a restart of the demo): one live token per host, the old ones revoked.
     _stop(start_demo_agents(live_server.url))
-    assert HostToken.objects.filter(revoked_at=None).count() == 3
+    assert HostToken.objects.filter(revoked_at=None).count() == 5
