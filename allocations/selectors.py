@@ -454,7 +454,7 @@ def pools_ge(pools: Sequence[GpuPool] | QuerySet[GpuPool], now: datetime | None 
 
 def team_windows(team_id: int, pool_id: int | None, start: datetime, end: datetime,
                  exclude_reservation: int | None = None) -> list[tuple[datetime, datetime, float]]:
-    """The team's grants that overlap [start, end), as (start, end, GE charged): in the pool, or in
+    """The team's grants that overlap [start, end), as (start, end, GE charged) per distinct window: in the pool, or in
     every pool when `pool_id` is None (the team-wide cap). What its quotas count. Hand-written:
     every create runs it under the pool's lock.
 
@@ -462,7 +462,9 @@ def team_windows(team_id: int, pool_id: int | None, start: datetime, end: dateti
     extend moves both), so `r.ends_at > start` loses nothing and lets the reservation_team_pool_end
     index skip the team's past (`python -m benchmarks.history`: a create for a team with 200,000 past
     reservations took 3.2-4.0x as long as one for a team without before, 1.1x after)."""
-    query = ("SELECT a.starts_at, a.ends_at, a.ge FROM allocations_allocation a "
+    # Summed per window in the database: a reservation's grants share one window, and a share booking
+    # writes a row per share slot, so this returns a row per window instead of one per slot.
+    query = ("SELECT a.starts_at, a.ends_at, sum(a.ge) FROM allocations_allocation a "
              "JOIN allocations_reservation r ON r.id = a.reservation_id "
              f"WHERE r.team_id = %s AND r.ends_at > %s AND {AllocationQuerySet.BOOKED_DURING_SQL}")
     params = [team_id, sql.db_datetime(start), sql.db_datetime(end), sql.db_datetime(start)]
@@ -472,4 +474,5 @@ def team_windows(team_id: int, pool_id: int | None, start: datetime, end: dateti
     if exclude_reservation is not None:
         query += " AND a.reservation_id <> %s"
         params.append(exclude_reservation)
+    query += " GROUP BY a.starts_at, a.ends_at"
     return [(sql.aware(a), sql.aware(b), ge) for a, b, ge in sql.fetch_all(query, params)]

@@ -120,29 +120,33 @@ def vacuum_reservation_tables() -> None:
             cursor.execute(f"VACUUM ANALYZE {table}")
 
 
-def clear_reservations() -> None:
-    """Remove the benchmark teams' reservations and what hangs off them, in four statements (the ORM's
-    cascade collects every row first, which a long history made too big for one query)."""
+def clear_reservations(pool_slug: str | None = None) -> None:
+    """Remove the benchmark teams' reservations (in one pool, or all) and what hangs off them, in four
+    statements (the ORM's cascade collects every row first, which a long history made too big for one query)."""
     from django.db import connection
 
     mine = ("SELECT r.id FROM allocations_reservation r JOIN teams_team t ON t.id = r.team_id "
-            "WHERE t.slug LIKE %s")
+            "JOIN inventory_gpupool p ON p.id = r.pool_id WHERE t.slug LIKE %s AND p.slug LIKE %s")
+    params = [f"{BENCH_PREFIX}-%", pool_slug or "%"]
     with connection.cursor() as cursor:
         for table in ("allocations_allocation", "allocations_reservationevent", "allocations_applyjob"):
-            cursor.execute(f"DELETE FROM {table} WHERE reservation_id IN ({mine})", [f"{BENCH_PREFIX}-%"])
-        cursor.execute(f"DELETE FROM allocations_reservation WHERE id IN ({mine})", [f"{BENCH_PREFIX}-%"])
+            cursor.execute(f"DELETE FROM {table} WHERE reservation_id IN ({mine})", params)
+        cursor.execute(f"DELETE FROM allocations_reservation WHERE id IN ({mine})", params)
 
 
 def double_bookings() -> int:
-    """Pairs of allocations of one GPU whose windows overlap (must be 0)."""
+    """Pairs of allocations holding the same part of one GPU at one time (must be 0): two whole-GPU grants
+    whose windows overlap, or two shares of a card over the same slots (vGPU grants are checked by sums,
+    benchmarks.sharing.over_grants)."""
     _django()
     from django.db import connection
 
     with connection.cursor() as cursor:
         cursor.execute(
             """SELECT count(*) FROM allocations_allocation a JOIN allocations_allocation b
-               ON a.gpu_id = b.gpu_id AND a.id < b.id
-               AND a.starts_at < b.ends_at AND b.starts_at < a.ends_at"""
+               ON a.gpu_id = b.gpu_id AND a.id < b.id AND a.mode <> 'vgpu' AND b.mode <> 'vgpu'
+               AND a.starts_at < b.ends_at AND b.starts_at < a.ends_at
+               AND a.share_from < b.share_to AND b.share_from < a.share_to"""
         )
         return int(cursor.fetchone()[0])
 
