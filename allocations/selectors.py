@@ -113,54 +113,85 @@ def reservation_from_row(row: ReservationRow | Sequence) -> Reservation:
     return reservation
 
 
-def with_allocated_gpus(reservations: list[Reservation]) -> list[Reservation]:
-    """Set `allocated_gpus` and `grants` on each reservation. `allocated_gpus`: its GPUs as plain rows
-    (uuid, node, index, model_name, starts_at, ends_at) in node and index order, one per GPU and
-    window. `grants`: the same with the mode's share of each GPU (time-slicing and MPS shares held on
-    one GPU add up to one grant), MIG instances by their stable name, and the GE charged. One
-    hand-written query of exactly those columns (common/sql.py says why): this answers every create,
-    release and list call."""
+class HeldRow(NamedTuple):
+    """One grant as a reservation's answer shows it (with_allocated_gpus reads these; a create builds
+    them from what it just wrote)."""
+
+    reservation_id: int
+    uuid: str
+    node: str
+    index: int
+    model_name: str
+    starts_at: datetime
+    ends_at: datetime
+    mode: str
+    mig_profile: str
+    mig_start: int | None
+    memory_mib: int | None
+    cores_pct: int | None
+    ge: float
+    mig_devices: Sequence[dict]
+    replicas: int | None
+
+
+def set_grants(reservations: list[Reservation], held: Sequence[HeldRow]) -> list[Reservation]:
+    """Set `allocated_gpus` and `grants` on each reservation from its HeldRows (in node, index, slice
+    order). `allocated_gpus`: its GPUs as plain rows (uuid, node, index, model_name, starts_at,
+    ends_at), one per GPU and window. `grants`: the same with the mode's share of each GPU
+    (time-slicing and MPS shares held on one GPU add up to one grant), MIG instances by their
+    stable name, and the GE charged."""
     gpus: dict[int, list[dict]] = {r.pk: [] for r in reservations}
     grants: dict[int, list[dict]] = {r.pk: [] for r in reservations}
-    if gpus:
-        held = sql.fetch_all(
+    for row in held:
+        gpu = {"uuid": row.uuid, "node": row.node, "index": row.index, "model_name": row.model_name,
+               "starts_at": row.starts_at, "ends_at": row.ends_at}
+        if not gpus[row.reservation_id] or gpus[row.reservation_id][-1] != gpu:
+            gpus[row.reservation_id].append(gpu)
+        last = grants[row.reservation_id][-1] if grants[row.reservation_id] else None
+        if (row.mode in REPLICA_MODES and last is not None and last["uuid"] == row.uuid
+                and (last["starts_at"], last["ends_at"]) == (row.starts_at, row.ends_at)):
+            last["shares"] += 1  # one row per share slot: shares of one GPU add up to one grant
+            last["ge"] += row.ge
+            if row.memory_mib is not None:
+                last["gpu_memory_mib"] = (last["gpu_memory_mib"] or 0) + row.memory_mib
+                last["gpu_cores_pct"] = (last["gpu_cores_pct"] or 0) + (row.cores_pct or 0)
+            continue
+        replica = row.mode in REPLICA_MODES
+        grants[row.reservation_id].append({
+            **gpu, "mode": row.mode, "shares": 1 if replica else None, "replicas": row.replicas if replica else None,
+            "mig_profile": row.mig_profile or None,
+            "mig_instance": (booking.mig_instance_id(row.uuid, row.mig_devices, row.mig_profile, row.mig_start)
+                             if row.mig_profile else None),
+            "gpu_memory_mib": row.memory_mib, "gpu_cores_pct": row.cores_pct, "ge": row.ge})
+    for reservation in reservations:
+        reservation.allocated_gpus = gpus[reservation.pk]
+        reservation.grants = grants[reservation.pk]
+    return reservations
+
+
+def with_allocated_gpus(reservations: list[Reservation]) -> list[Reservation]:
+    """Set `allocated_gpus` and `grants` on each reservation (set_grants) from its grants in the database.
+    One hand-written query of exactly those columns (common/sql.py says why): this answers every
+    release and list call."""
+    held: list[HeldRow] = []
+    if reservations:
+        rows = sql.fetch_all(
             'SELECT a.reservation_id, g.uuid, n.name, g."index", g.model_name, a.starts_at, a.ends_at, a.mode, '
             "a.mig_profile, a.mig_start, a.memory_mib, a.cores_pct, a.ge, g.mig_devices, p.sharing_config "
             "FROM allocations_allocation a JOIN inventory_gpu g ON g.id = a.gpu_id "
             "JOIN inventory_node n ON n.id = g.node_id "
             "JOIN allocations_reservation r ON r.id = a.reservation_id "
             "JOIN inventory_gpupool p ON p.id = r.pool_id "
-            f"WHERE a.reservation_id IN ({', '.join(['%s'] * len(gpus))}) "
+            f"WHERE a.reservation_id IN ({', '.join(['%s'] * len(reservations))}) "
             'ORDER BY a.reservation_id, g.node_id, g."index", a.mig_start, a.share_from',
-            list(gpus),
+            [r.pk for r in reservations],
         )
-        for (reservation_id, uuid, node, index, model_name, starts_at, ends_at, mode, mig_profile, mig_start,
-             memory_mib, cores_pct, ge, mig_devices, pool_config) in held:
-            starts_at, ends_at = sql.aware(starts_at), sql.aware(ends_at)
-            gpu = {"uuid": uuid, "node": node, "index": index, "model_name": model_name, "starts_at": starts_at,
-                   "ends_at": ends_at}
-            if not gpus[reservation_id] or gpus[reservation_id][-1] != gpu:
-                gpus[reservation_id].append(gpu)
-            last = grants[reservation_id][-1] if grants[reservation_id] else None
-            if (mode in REPLICA_MODES and last is not None and last["uuid"] == uuid
-                    and (last["starts_at"], last["ends_at"]) == (starts_at, ends_at)):
-                last["shares"] += 1  # one row per share slot: shares of one GPU add up to one grant
-                last["ge"] += ge
-                if memory_mib is not None:
-                    last["gpu_memory_mib"] = (last["gpu_memory_mib"] or 0) + memory_mib
-                    last["gpu_cores_pct"] = (last["gpu_cores_pct"] or 0) + (cores_pct or 0)
-                continue
-            replicas = (sql.json_value(pool_config) or {}).get("replicas") if mode in REPLICA_MODES else None
-            grants[reservation_id].append({
-                **gpu, "mode": mode, "shares": 1 if mode in REPLICA_MODES else None, "replicas": replicas,
-                "mig_profile": mig_profile or None,
-                "mig_instance": (booking.mig_instance_id(uuid, sql.json_value(mig_devices), mig_profile,
-                                                               mig_start) if mig_profile else None),
-                "gpu_memory_mib": memory_mib, "gpu_cores_pct": cores_pct, "ge": ge})
-    for reservation in reservations:
-        reservation.allocated_gpus = gpus[reservation.pk]
-        reservation.grants = grants[reservation.pk]
-    return reservations
+        held = [HeldRow(rid, uuid, node, index, model, sql.aware(start), sql.aware(end), mode, profile, mig_start,
+                        memory, cores, ge, sql.json_value(devices) or (),
+                        (sql.json_value(config) or {}).get("replicas"))
+                for (rid, uuid, node, index, model, start, end, mode, profile, mig_start, memory, cores, ge, devices,
+                     config) in rows]
+    return set_grants(reservations, held)
 
 
 def pools_visible_to(user: User) -> QuerySet[GpuPool]:

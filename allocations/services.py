@@ -341,7 +341,15 @@ def reservation_create(*, actor: AbstractBaseUser, request: ReservationRequest,
         # Only the database's guards can fire here (the exclusion constraint, the vgpu trigger), and
         # only if the lock above was bypassed.
         raise Conflict("Those GPUs were just taken; try again.", field="gpus", rule="gpus_busy") from exc
-    selectors.with_allocated_gpus([reservation])
+    # The answer's GPUs from what was just written: no query to read them back.
+    by_id = {gpu.id: gpu for gpu in snapshot.gpus}
+    held = sorted(grants, key=lambda g: (by_id[g.gpu_id].node_id, by_id[g.gpu_id].index, g.mig_start or 0,
+                                         g.share_from))
+    selectors.set_grants([reservation], [
+        selectors.HeldRow(reservation.pk, by_id[g.gpu_id].uuid, by_id[g.gpu_id].node_name, by_id[g.gpu_id].index,
+                          by_id[g.gpu_id].model, starts_at, ends_at, g.mode, g.mig_profile, g.mig_start, g.memory_mib,
+                          g.cores_pct, g.ge, by_id[g.gpu_id].mig_devices, shape.replicas or None)
+        for g in held])
     return reservation
 
 

@@ -95,33 +95,39 @@ def _service_client(pairs: list[dict], deadline: float, seed: int, out: list) ->
 # --- the sql tier ------------------------------------------------------------------------------
 
 LOCK_POOL = (
-    "SELECT p.id, p.sharing_mode, p.placement_policy, t.id, m.role, q.max_ge, q.ge_hours_per_month, "
-    "q.id IS NOT NULL FROM inventory_gpupool p JOIN teams_team t ON t.slug = %s "
+    "SELECT p.id, p.sharing_mode, p.sharing_config, p.placement_policy, t.id, m.role, q.max_ge, "
+    "q.ge_hours_per_month, q.id IS NOT NULL, t.max_ge FROM inventory_gpupool p JOIN teams_team t ON t.slug = %s "
     "LEFT JOIN teams_membership m ON m.team_id = t.id AND m.user_id = %s "
     "LEFT JOIN allocations_quota q ON q.team_id = t.id AND q.pool_id = p.id WHERE p.slug = %s FOR UPDATE OF p")
 POOL_GPUS = (
     'SELECT g.id, g.node_id, n.name, g."index", g.uuid, g.model_name, g.memory_mib, '
     "g.healthy AND n.healthy AND n.schedulable, "
-    'n.cpu_milli, n.memory_mib FROM inventory_gpu g JOIN inventory_node n ON n.id = g.node_id '
+    "n.cpu_milli, n.memory_mib, m.weight, g.mig_devices FROM inventory_gpu g JOIN inventory_node n "
+    "ON n.id = g.node_id LEFT JOIN inventory_gpumodel m ON m.name = g.model_name "
     'WHERE g.pool_id = %s ORDER BY n.name, g.node_id, g."index"')
 POOL_GRANTS = (
-    "SELECT a.gpu_id, a.reservation_id, a.starts_at, a.ends_at, a.milli, a.mig_profile, a.mig_start "
+    "SELECT a.gpu_id, a.reservation_id, a.starts_at, a.ends_at, a.milli, a.mig_profile, a.mig_start, a.mode, "
+    "a.share_from, a.share_to, a.memory_mib, a.cores_pct "
     "FROM allocations_allocation a JOIN inventory_gpu g ON g.id = a.gpu_id "
     "WHERE g.pool_id = %s AND a.starts_at < %s AND a.ends_at > %s AND a.ends_at > a.starts_at")
 TEAM_WINDOWS = (
-    "SELECT a.starts_at, a.ends_at FROM allocations_allocation a JOIN allocations_reservation r "
-    "ON r.id = a.reservation_id WHERE r.team_id = %s AND r.pool_id = %s AND r.ends_at > %s "
-    "AND a.starts_at < %s AND a.ends_at > %s AND a.ends_at > a.starts_at")
+    "SELECT a.starts_at, a.ends_at, sum(a.ge) FROM allocations_allocation a JOIN allocations_reservation r "
+    "ON r.id = a.reservation_id WHERE r.team_id = %s AND r.ends_at > %s "
+    "AND a.starts_at < %s AND a.ends_at > %s AND a.ends_at > a.starts_at AND r.pool_id = %s "
+    "GROUP BY a.starts_at, a.ends_at")
 INSERT_RESERVATION = (
-    "INSERT INTO allocations_reservation (team_id, pool_id, requested_by_id, gpus, starts_at, ends_at, state, "
-    "reason, ended_at, created_at, updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s, '', NULL, %s, %s) "
-    "RETURNING id")
-INSERT_ALLOCATION = "INSERT INTO allocations_allocation (reservation_id, gpu_id, starts_at, ends_at) VALUES "
+    "INSERT INTO allocations_reservation (team_id, pool_id, requested_by_id, mode, gpus, shares, mig_profile, "
+    "mig_count, gpu_memory_mib, gpu_cores_pct, ge, starts_at, ends_at, state, reason, ended_at, created_at, "
+    "updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, '', NULL, %s, %s) RETURNING id")
+INSERT_ALLOCATION = (
+    "INSERT INTO allocations_allocation (reservation_id, gpu_id, starts_at, ends_at, mode, ge, share_from, "
+    "share_to, milli, mig_profile, mig_start, memory_mib, cores_pct) VALUES ")
 INSERT_EVENT = (
     "INSERT INTO allocations_reservationevent (reservation_id, from_state, to_state, actor_id, at, reason) "
     "VALUES (%s, %s, %s, %s, %s, %s)")
 LOCK_RESERVATION = (
-    "SELECT r.id, r.gpus, r.starts_at, r.ends_at, r.state, r.reason, r.ended_at, r.created_at, r.updated_at, "
+    "SELECT r.id, r.mode, r.gpus, r.shares, r.mig_profile, r.mig_count, r.gpu_memory_mib, r.gpu_cores_pct, "
+    "r.ge, r.starts_at, r.ends_at, r.state, r.reason, r.ended_at, r.created_at, r.updated_at, "
     "r.team_id, t.slug, r.pool_id, p.slug, r.requested_by_id, u.username, m.role "
     "FROM allocations_reservation r JOIN teams_team t ON t.id = r.team_id "
     "JOIN inventory_gpupool p ON p.id = r.pool_id LEFT JOIN auth_user u ON u.id = r.requested_by_id "
@@ -130,9 +136,11 @@ CANCEL_ALLOCATIONS = "UPDATE allocations_allocation SET ends_at = starts_at WHER
 RELEASE_RESERVATION = (
     "UPDATE allocations_reservation SET state = %s, reason = %s, updated_at = %s, ended_at = %s WHERE id = %s")
 ALLOCATED_GPUS = (
-    'SELECT a.reservation_id, g.uuid, n.name, g."index", g.model_name, a.starts_at, a.ends_at '
+    'SELECT a.reservation_id, g.uuid, n.name, g."index", g.model_name, a.starts_at, a.ends_at, a.mode, '
+    "a.mig_profile, a.mig_start, a.memory_mib, a.cores_pct, a.ge, g.mig_devices, p.sharing_config "
     "FROM allocations_allocation a JOIN inventory_gpu g ON g.id = a.gpu_id JOIN inventory_node n ON n.id = g.node_id "
-    'WHERE a.reservation_id = %s ORDER BY a.reservation_id, g.node_id, g."index"')
+    "JOIN allocations_reservation r ON r.id = a.reservation_id JOIN inventory_gpupool p ON p.id = r.pool_id "
+    'WHERE a.reservation_id = %s ORDER BY a.reservation_id, g.node_id, g."index", a.mig_start, a.share_from')
 
 
 def _sql_client(dsn: str, ids: list[tuple], deadline: float, seed: int, out: list) -> None:
@@ -149,16 +157,18 @@ def _sql_client(dsn: str, ids: list[tuple], deadline: float, seed: int, out: lis
                 conn.execute(LOCK_POOL, (team_slug, user_id, pool_slug)).fetchall()
                 gpu_rows = conn.execute(POOL_GPUS, (pool_id,)).fetchall()
                 held = {row[0] for row in conn.execute(POOL_GRANTS, (pool_id, end, start)).fetchall()}
-                conn.execute(TEAM_WINDOWS, (team_id, pool_id, start, end, start)).fetchall()
+                conn.execute(TEAM_WINDOWS, (team_id, start, end, start, pool_id)).fetchall()
                 free = [row[0] for row in gpu_rows if row[7] and row[0] not in held][:gpus]
                 if len(free) < gpus:
                     refused += 1
                     continue
                 now = datetime.now(timezone.utc)
                 (reservation_id,) = conn.execute(
-                    INSERT_RESERVATION, (team_id, pool_id, user_id, gpus, start, end, "scheduled", now, now)).fetchone()
-                conn.execute(INSERT_ALLOCATION + ", ".join(["(%s, %s, %s, %s)"] * gpus),
-                             [v for gpu_id in free for v in (reservation_id, gpu_id, start, end)])
+                    INSERT_RESERVATION, (team_id, pool_id, user_id, "exclusive", gpus, None, "", None, None, None,
+                                         float(gpus), start, end, "scheduled", now, now)).fetchone()
+                conn.execute(INSERT_ALLOCATION + ", ".join(["(" + ", ".join(["%s"] * 13) + ")"] * gpus),
+                             [v for gpu_id in free for v in (reservation_id, gpu_id, start, end, "exclusive", 1.0, 0,
+                                                             1000, 1000, "", None, None, None)])
                 conn.execute(INSERT_EVENT, (reservation_id, "", "scheduled", user_id, now, f"{gpus} GPU(s) placed"))
             latencies.append((time.perf_counter() - started) * 1000)
             with conn.transaction():
