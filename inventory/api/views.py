@@ -22,7 +22,7 @@ from inventory.api.serializers import (
     NodeSerializer,
 )
 from inventory.filters import ClusterFilterSet, GpuFilterSet, NodeFilterSet
-from inventory.models import Cluster, Gpu, HostToken, Node
+from inventory.models import Cluster, Gpu, GpuModel, HostToken, Node
 
 
 class StaffOnly(permissions.IsAdminUser):
@@ -111,6 +111,8 @@ class GpuModelViewSet(viewsets.GenericViewSet):
     change binds new bookings and checks only, and is recorded (`history` of the model's detail)."""
 
     permission_classes = [IsStaffOrReadOnly]
+    # Never read (the actions read through selectors): it tells the schema what `name` is a field of.
+    queryset = GpuModel.objects.none()
     lookup_field = "name"
     # Any name without a slash (model names have spaces, dots, dashes); the path is percent-decoded
     # before it is matched, so `%20` arrives as a space.
