@@ -44,8 +44,8 @@ def proc(pid: int, mib: int, user: str = "", mig_uuid: str = "", gi: int | None 
     return out
 
 
-def report(host, processes, gpu: int = 0, **overrides):
-    response = post(host, payload(batch([sample(host.uuids[gpu], processes=processes, **overrides)])))
+def report(host, processes, gpu: int = 0, t: float | None = None, **overrides):
+    response = post(host, payload(batch([sample(host.uuids[gpu], processes=processes, **overrides)], t=t)))
     assert response.status_code == 200 and response.json()["accepted"] == 1, response.content
     return response
 
