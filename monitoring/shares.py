@@ -134,9 +134,9 @@ Use = tuple["int | None", str, int, "int | None"]
 def attribute(processes: Iterable[Process], holders: tuple[Holder, ...]) -> tuple[Use, ...]:
     """Whose is each process on one GPU, and how much memory each share uses.
 
-    A process on a MIG instance belongs among the holders of that instance (all of the GPU's holders
-    when none is named by that instance, e.g. a GPU whose MIG devices were never reported); any
-    other among the GPU's holders. One reservation among them: it is that one's, whoever runs it.
+    A process on a MIG instance belongs among the holders of that instance (nobody's when no one holds
+    it; among all of the GPU's holders only when the GPU never reported its MIG devices, so its
+    instances are not named by their UUIDs); any other among the GPU's holders. One reservation among them: it is that one's, whoever runs it.
     Several (a time-sliced card): the one whose booker runs it (the process's user equals the
     reservation's requested_by username). Otherwise nobody's (reservation None), and counted so.
     Every holder gets an entry, 0 MiB when it runs nothing, so "used" is known for all of them.
@@ -144,7 +144,13 @@ def attribute(processes: Iterable[Process], holders: tuple[Holder, ...]) -> tupl
     used: dict[tuple[int | None, str], int] = {(h.reservation_id, h.instance): 0 for h in holders}
     instance_ids: dict[tuple[int | None, str], int] = {}
     for pid, mib, user, mig_uuid, gi in processes:
-        candidates = [h for h in holders if mig_uuid and h.instance == mig_uuid] or list(holders)
+        candidates = list(holders)
+        if mig_uuid:
+            candidates = [h for h in holders if h.instance == mig_uuid]
+            if not candidates and any(h.instance.startswith("MIG-") for h in holders):
+                candidates = []  # an instance nobody holds
+            elif not candidates:
+                candidates = list(holders)
         owner = _owner(candidates, user)
         key = (owner.reservation_id, owner.instance) if owner is not None else (None, mig_uuid)
         used[key] = used.get(key, 0) + mib

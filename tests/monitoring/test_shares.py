@@ -216,3 +216,14 @@ def test_a_user_named_like_no_booker_is_not_attributed(host, world, time_sliced)
     mine, theirs = time_sliced
     report(host, [proc(101, 1000, "member2")])
     assert hot_uses(host)[(None, "")] == (1000, None)
+
+
+def test_a_process_on_an_instance_nobody_holds_is_nobodys_even_beside_a_single_holder(host, world):
+    gpu = host.gpus[1]
+    gpu.mig_devices = [{"uuid": "MIG-aaaa", "profile": "1g.10gb", "start": 0, "memory_mib": 9984},
+                       {"uuid": "MIG-cccc", "profile": "1g.10gb", "start": 2, "memory_mib": 9984}]
+    gpu.save()
+    held = reserve(world, world.member, world.team, "mig", gpu, mig_start=0, share_from=0, share_to=125,
+                   mig_profile="1g.10gb", milli=142, ge=1 / 7, memory_mib=9984)
+    report(host, [proc(201, 700, "member", "MIG-cccc"), proc(202, 300, "member", "MIG-aaaa")], gpu=1)
+    assert hot_uses(host, gpu=1) == {(held.pk, "MIG-aaaa"): (300, None), (None, "MIG-cccc"): (700, None)}
