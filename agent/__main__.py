@@ -53,6 +53,8 @@ class Agent:
         self.lease_channel_open = threading.Event()  # set by the lease channel while its WebSocket is up
         self._last_held: list[str] | None = None
         self._inventory = None
+        if leases is not None and hasattr(backend, "lease_source"):
+            backend.lease_source = leases.read  # a simulated host runs a process for each lease it holds
 
     def register(self) -> None:
         gpus = [gpu.as_dict() for gpu in self.backend.inventory()]
@@ -177,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
                                     simulated=bool(args.simulate)))
     signal.signal(signal.SIGTERM, lambda *_: agent.stop.set())
     signal.signal(signal.SIGINT, lambda *_: agent.stop.set())
+    # Telemetry names a process's owner as the portal knows them: the user map read backwards.
+    backend.portal_users = {local: user for user, local in user_map.items()}
     if not args.no_lease_channel:
         channel = lease_channel.LeaseChannel(args.portal, args.token, agent.take_leases, agent.stop,
                                              ready=lambda: agent.registered)

@@ -27,8 +27,16 @@ class GpuInfo:
 
 @dataclass(frozen=True)
 class GpuProcess:
+    """A compute process on a GPU. `user` owns it (its portal user where the host's user map names the
+    local account; "" when unreadable); on a MIG instance `mig_uuid` is that instance's MIG device UUID
+    and `gpu_instance_id` NVML's GPU instance id (DCGM's GPU_I_ID). The portal attributes each process to
+    the reservation holding that GPU or instance (monitoring.shares)."""
+
     pid: int
     used_memory_mib: int
+    user: str = ""
+    mig_uuid: str = ""
+    gpu_instance_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -56,3 +64,22 @@ class GpuBackend(Protocol):
     def sample(self) -> list[GpuSample]: ...
 
     def close(self) -> None: ...
+
+
+def process_owner(pid: int, proc_dir: str = "/proc", names: dict[str, str] | None = None) -> str:
+    """The account running `pid`: the real uid of /proc/<pid>/status, named through the password
+    database (the bare uid when it has no name there), then through `names` ({local account: portal
+    user}, the reverse of the agent's --user-map) so the portal can match it with whoever booked the
+    GPU. "" when the process is gone or hidden (another PID namespace, hidepid)."""
+    try:
+        with open(f"{proc_dir}/{int(pid)}/status") as status:
+            uid = next(int(line.split()[1]) for line in status if line.startswith("Uid:"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return ""
+    try:
+        import pwd
+
+        local = pwd.getpwuid(uid).pw_name
+    except (KeyError, ImportError):
+        local = str(uid)
+    return (names or {}).get(local, local)

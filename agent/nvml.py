@@ -9,7 +9,7 @@ import logging
 import math
 from typing import Any
 
-from agent.gpus import GpuInfo, GpuProcess, GpuSample
+from agent.gpus import GpuInfo, GpuProcess, GpuSample, process_owner
 
 MIB = 1024 * 1024
 
@@ -118,7 +118,7 @@ class NvmlBackend:
             util = self._optional(nv.nvmlDeviceGetUtilizationRates, handle)
             memory = nv.nvmlDeviceGetMemoryInfo(handle)
             power_mw = self._optional(nv.nvmlDeviceGetPowerUsage, handle, default=0)
-            processes = self._optional(nv.nvmlDeviceGetComputeRunningProcesses, handle, default=[]) or []
+            processes = self.processes(handle)
             samples.append(GpuSample(
                 uuid=_text(nv.nvmlDeviceGetUUID(handle)),
                 utilization_gpu_pct=int(util.gpu) if util else 0,
@@ -128,10 +128,44 @@ class NvmlBackend:
                 temperature_c=int(self._optional(nv.nvmlDeviceGetTemperature, handle, nv.NVML_TEMPERATURE_GPU,
                                                  default=0)),
                 power_w=round(power_mw / 1000, 1),
-                processes=[GpuProcess(pid=int(p.pid), used_memory_mib=int((p.usedGpuMemory or 0) // MIB))
-                           for p in processes],
+                processes=processes,
             ))
         return samples
+
+    # Local account -> portal user (the reverse of --user-map), so a process is named as its booker.
+    portal_users: dict[str, str] = {}
+    proc_dir = "/proc"
+
+    def processes(self, handle: Any) -> list[GpuProcess]:
+        """The compute processes on a GPU with their owner and memory. On a GPU in MIG mode NVML lists
+        them per MIG device handle, so each is read there and tagged with its instance's UUID and GPU
+        instance id; the parent's own list (all of them, untagged) is the fallback when no instance
+        answers (NVML may refuse the per-instance query to a non-root agent)."""
+        nv = self.nvml
+        found: list[tuple[Any, str, int | None]] = []
+        answered = False
+        mig = self._optional(nv.nvmlDeviceGetMigMode, handle)
+        count = getattr(nv, "nvmlDeviceGetMaxMigDeviceCount", None)
+        if mig and mig[0] and count is not None:
+            for i in range(self._optional(count, handle, default=0) or 0):
+                device = self._optional(nv.nvmlDeviceGetMigDeviceHandleByIndex, handle, i)
+                if device is None:
+                    continue  # no instance at this index
+                listed = self._optional(nv.nvmlDeviceGetComputeRunningProcesses, device)
+                if listed is None:
+                    continue
+                answered = True
+                instance_id = getattr(nv, "nvmlDeviceGetGpuInstanceId", None)
+                gi = self._optional(instance_id, device) if instance_id is not None else None
+                mig_uuid = _text(nv.nvmlDeviceGetUUID(device))
+                found.extend((p, mig_uuid, None if gi is None else int(gi)) for p in listed)
+        if not answered:
+            found = [(p, "", None) for p in
+                     self._optional(nv.nvmlDeviceGetComputeRunningProcesses, handle, default=[]) or []]
+        return [GpuProcess(pid=int(p.pid), used_memory_mib=int((p.usedGpuMemory or 0) // MIB),
+                           user=process_owner(int(p.pid), self.proc_dir, self.portal_users),
+                           mig_uuid=mig_uuid, gpu_instance_id=gi)
+                for p, mig_uuid, gi in found]
 
     def close(self) -> None:
         self.nvml.nvmlShutdown()

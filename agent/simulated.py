@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 import re
 import uuid
+import zlib
 from dataclasses import dataclass
 
 from agent import mig
@@ -103,23 +104,70 @@ class SimulatedBackend:
 
     def sample(self) -> list[GpuSample]:
         samples = []
+        held = self._leases_by_gpu()
         for i, model in enumerate(self.models):
             self.util[i] = min(100.0, max(0.0, self.util[i] + self.rng.gauss(0, 8)))
             if self.rng.random() < 0.002:  # now and then a job starts or ends
                 self.idle[i] = not self.idle[i]
             util = 0.0 if self.idle[i] else self.util[i]
+            used = round(model.memory_mib * min(0.95, util / 100 + 0.02))
+            processes = [] if self.idle[i] else [GpuProcess(pid=10000 + 97 * i, used_memory_mib=used)]
+            leased = held.get(self.uuids[i])
+            if leased is not None:
+                processes = [] if self.idle[i] else self.lease_processes(i, model, leased, util)
+                used = min(model.memory_mib, sum(p.used_memory_mib for p in processes) + 512)
             samples.append(GpuSample(
                 uuid=self.uuids[i],
                 utilization_gpu_pct=round(util),
                 utilization_memory_pct=round(util * 0.6),
-                memory_used_mib=round(model.memory_mib * min(0.95, util / 100 + 0.02)),
+                memory_used_mib=used,
                 memory_total_mib=model.memory_mib,
                 temperature_c=round(32 + util * 0.45),
                 power_w=round(model.max_power_w * (0.12 + 0.8 * util / 100), 1),
-                processes=[] if self.idle[i] else [GpuProcess(
-                    pid=10000 + 97 * i, used_memory_mib=round(model.memory_mib * min(0.95, util / 100 + 0.02)))],
+                processes=processes,
             ))
         return samples
+
+    # The leases this host holds now (the agent sets it to its LeaseStore's read): a leased GPU runs one
+    # process per lease, owned by the lease's user, so the portal has shares to attribute.
+    lease_source = None
+
+    def _leases_by_gpu(self) -> dict[str, list[dict]]:
+        held: dict[str, list[dict]] = {}
+        if self.lease_source is None:
+            return held
+        try:
+            leases = self.lease_source()
+        except Exception:  # noqa: BLE001 - an unreadable lease file must not stop sampling
+            return held
+        for lease in leases:
+            if isinstance(lease, dict) and lease.get("gpu_uuid"):
+                held.setdefault(lease["gpu_uuid"], []).append(lease)
+        return held
+
+    def lease_processes(self, i: int, model: Model, leases: list[dict], util: float) -> list[GpuProcess]:
+        """One process per lease on GPU `i`, using a wandering part of what the lease may use: a MIG
+        instance's or an MPS/vGPU cap's memory, k/N of the card for k time-slicing shares of N, the whole
+        card (split between the leases) otherwise. The mode fields are read defensively: an older portal
+        sends leases without them."""
+        processes = []
+        for lease in leases:
+            mode = lease.get("mode") or "exclusive"
+            cap = lease.get("memory_mib")
+            if not isinstance(cap, int) or cap <= 0:
+                shares, replicas = lease.get("shares"), lease.get("replicas")
+                if mode in ("time_slicing", "mps") and isinstance(shares, int) and isinstance(replicas, int) \
+                        and replicas > 0:
+                    cap = model.memory_mib * shares // replicas
+                else:
+                    cap = model.memory_mib // len(leases)
+            mig_uuid = lease.get("mig_uuid") or ""
+            key = f"{lease.get('reservation')}:{mig_uuid or lease['gpu_uuid']}"
+            pid = 20000 + zlib.crc32(key.encode()) % 40000  # stable per lease
+            processes.append(GpuProcess(
+                pid=pid, used_memory_mib=round(cap * min(0.9, 0.15 + util / 120)), user=str(lease.get("user") or ""),
+                mig_uuid=mig_uuid if mode == "mig" and mig_uuid.startswith("MIG-") else ""))
+        return processes
 
     def close(self) -> None:
         pass

@@ -2,8 +2,11 @@
 and live GPU telemetry.
 
 Per-GPU gauges are named like NVIDIA's DCGM exporter's fields, lower-cased with our
-prefix, and carry its labels (gpu, UUID, modelName, Hostname) plus pool, so dashboards
-written for dcgm-exporter port by renaming the metric:
+prefix, and carry its labels (gpu, UUID, device, modelName, Hostname) plus pool, so dashboards
+written for dcgm-exporter port by renaming the metric. As the exporter does, a GPU in MIG mode
+also has one series per MIG instance of the memory gauges (fb_used, fb_free), with its labels
+GPU_I_PROFILE (e.g. 1g.10gb) and GPU_I_ID (NVML's GPU instance id; an instance whose id its host
+never reported is left out rather than given a made-up one):
 
 | ours                                  | dcgm-exporter            | unit |
 |---------------------------------------|--------------------------|------|
@@ -21,6 +24,13 @@ used (allocated and above the idle threshold), and in GPU-equivalents (what quot
 gpupool_team_ge_held{team,pool,mode,model}, gpupool_pool_ge_capacity{pool} and
 gpupool_pool_ge_held{pool}. Ingest counters: samples accepted and
 rejected or clamped by reason.
+
+Per share (one reservation's part of a GPU or MIG instance, monitoring.shares):
+gpupool_share_memory_allocated_mib and gpupool_share_memory_used_mib, labels team,
+reservation, pool, mode and the GPU's DCGM labels, plus GPU_I_PROFILE, GPU_I_ID and
+mig_instance (our id of the instance, unique where GPU_I_ID is not known) for a MIG share; used
+is the memory of the processes attributed to it at ingest. gpupool_gpu_memory_unattributed_mib:
+memory of processes on a GPU that no share could be told to own.
 """
 from __future__ import annotations
 
@@ -106,26 +116,31 @@ class TelemetryCollector:
 
         now = timezone.now()
         gpus = list(Gpu.objects.values_list("id", "index", "uuid", "model_name", "node__name", "pool__slug",
-                                            "node_id"))
+                                            "node_id", "mig_devices"))
         latest = hot.latest_get((g[0], g[6]) for g in gpus)
-        labels = ["gpu", "UUID", "modelName", "Hostname", "pool"]
-        families = [(GaugeMetricFamily(f"gpupool_dcgm_fi_dev_{name}", doc, labels=labels), read)
-                    for name, doc, read in DCGM_FIELDS]
-        for gpu_id, index, uuid, model, host, pool, _ in gpus:
+        labels = ["gpu", "UUID", "device", "modelName", "Hostname", "pool"]
+        families = {name: (GaugeMetricFamily(f"gpupool_dcgm_fi_dev_{name}", doc, labels=labels), read)
+                    for name, doc, read in DCGM_FIELDS}
+        gpu_labels: dict[int, dict[str, str]] = {}
+        for gpu_id, index, uuid, model, host, pool, _, mig_devices in gpus:
+            values = [str(index), uuid, f"nvidia{index}", model, host, pool or ""]
+            gpu_labels[gpu_id] = dict(zip(labels, values))
             sample = latest.get(gpu_id)
             if sample is None:
                 continue
-            values = [str(index), uuid, model, host, pool or ""]
-            for family, read in families:
+            for family, read in families.values():
                 family.add_metric(values, read(sample))
-        yield from (family for family, _ in families)
+            for device in mig_devices or ():
+                _mig_instance_series(families, gpu_labels[gpu_id], device, sample)
+        yield from (family for family, _ in families.values())
+        yield from _share_families(now, gpu_labels, latest)
 
         holder = dict(Allocation.objects.filter(starts_at__lte=now, ends_at__gt=now)
                       .values_list("gpu_id", "reservation__team__slug"))
         idle_at = settings.TELEMETRY_IDLE_UTIL_PCT
         pools: dict[str, list[int]] = {}
         teams: dict[str, list[int]] = {slug: [0, 0] for slug in Team.objects.values_list("slug", flat=True)}
-        for gpu_id, _, _, _, _, pool, _ in gpus:
+        for gpu_id, _, _, _, _, pool, _, _ in gpus:
             if pool is None:
                 continue
             row = pools.setdefault(pool, [0, 0, 0])
@@ -168,6 +183,62 @@ class TelemetryCollector:
         for reason in ingest.CLAMP_REASONS:
             clamped.add_metric([reason], totals[reason])
         yield clamped
+
+
+def _mig_labels(profile: str, instance_id: int) -> dict[str, str]:
+    return {"GPU_I_PROFILE": profile, "GPU_I_ID": str(instance_id)}
+
+
+def _mig_instance_series(families: dict, gpu: dict[str, str], device, sample) -> None:
+    """One MIG instance's memory series, as dcgm-exporter adds them beside the GPU's: used is what its
+    processes use (NVML lists them per instance), free the rest of the instance's memory."""
+    if not isinstance(device, dict) or not device.get("uuid") or not device.get("profile"):
+        return
+    instance = device["uuid"]
+    instance_id = device.get("gpu_instance_id")
+    if not isinstance(instance_id, int):
+        instance_id = next((gi for _, i, _, gi in sample.shares if i == instance and gi is not None), None)
+    if instance_id is None:
+        return  # no GPU_I_ID to give it: left out, like a GPU the exporter cannot read
+    used = sum(mib for _, i, mib, _ in sample.shares if i == instance)
+    labels = {**gpu, **_mig_labels(str(device["profile"]), instance_id)}
+    for name, value in (("fb_used", used), ("fb_free", max(0, int(device.get("memory_mib") or 0) - used))):
+        family = families[name][0]
+        family.add_sample(family.name, labels, value)
+
+
+def _share_families(now, gpu_labels: dict[int, dict[str, str]], latest: dict):
+    """Allocated vs used GPU memory per share, and what no share owns (see the module's docstring)."""
+    from monitoring import shares
+
+    allocated = GaugeMetricFamily("gpupool_share_memory_allocated_mib",
+                                  "GPU memory a reservation's share of a GPU or MIG instance may use (MiB)")
+    used = GaugeMetricFamily("gpupool_share_memory_used_mib",
+                             "GPU memory the processes of a reservation's share use (MiB)")
+    for share in shares.shares_now(now):
+        if share.gpu_id not in gpu_labels:
+            continue
+        labels = {"team": share.team, "reservation": str(share.reservation_id), "mode": share.mode,
+                  **gpu_labels[share.gpu_id]}
+        sample = latest.get(share.gpu_id)
+        if share.mode == shares.MIG:
+            instance_id = share.gpu_instance_id
+            if instance_id is None and sample is not None:
+                instance_id = shares.instance_id_of(sample.shares, share.reservation_id, share.instance)
+            labels.update(GPU_I_PROFILE=share.mig_profile, GPU_I_ID="" if instance_id is None else str(instance_id),
+                          mig_instance=share.instance)
+        allocated.add_sample(allocated.name, labels, share.allocated_mib)
+        if sample is not None:
+            used.add_sample(used.name, labels, shares.used_mib(sample.shares, share.reservation_id, share.instance))
+    yield allocated
+    yield used
+    unattributed = GaugeMetricFamily("gpupool_gpu_memory_unattributed_mib",
+                                     "GPU memory of processes no share could be told to own (MiB)")
+    for gpu_id, sample in latest.items():
+        stray = sum(mib for r, _, mib, _ in sample.shares if r is None)
+        if stray and gpu_id in gpu_labels:
+            unattributed.add_sample(unattributed.name, gpu_labels[gpu_id], stray)
+    yield unattributed
 
 
 def metrics(request: HttpRequest) -> HttpResponse:

@@ -33,7 +33,7 @@ from allocations.models import Allocation
 from allocations.selectors import with_occupancy
 from common.notifications import mail_after_commit
 from inventory.models import Cluster, Gpu, GpuPool, Node
-from monitoring import hot, live
+from monitoring import hot, live, shares
 from monitoring.models import Alert, AlertRule, Metric, Scope, Silence
 from teams.models import Membership, Team
 
@@ -60,6 +60,13 @@ class Fleet:
                            .values_list("gpu_id", "reservation__team_id"))
         self.latest = hot.latest_get((g[0], g[2]) for g in self.gpus)
         self._names: dict[str, dict[int, str]] = {}
+        self._shares: list[shares.Share] | None = None
+
+    def shares(self) -> list[shares.Share]:
+        """The shares held now (read once, for the rules that need them)."""
+        if self._shares is None:
+            self._shares = shares.shares_now(self.now)
+        return self._shares
 
     def names(self, model) -> dict[int, str]:
         key = model.__name__
@@ -77,6 +84,8 @@ class Fleet:
             return self._silent_hosts(rule)
         if rule.metric == Metric.POOL_ALLOCATION:
             return self._pool_allocation(rule)
+        if rule.metric == Metric.SHARE_MEMORY:
+            return self._share_memory(rule)
         out: dict[str, Observation] = {}
         groups: dict[str, list] = defaultdict(list)
         for gpu_id, pool_id, node_id, cluster, node, index in self.gpus:
@@ -116,6 +125,29 @@ class Fleet:
         return {f"node:{node.pk}": Observation((self.now - node.last_seen_at).total_seconds(),
                                                f"{node.cluster.slug}/{node.name}", pool_of.get(node.pk), node.pk)
                 for node in nodes.select_related("cluster")}
+
+    def _share_memory(self, rule: AlertRule) -> dict[str, Observation]:
+        """Each share's memory used (its processes, attributed at ingest) as a % of what it may use
+        (shares.share_memory_mib). The subject is the holder's share: the reservation and its GPU (and
+        MIG instance), so a GPU's next holder starts its own for-duration and is the one told."""
+        gpus = {g[0]: g for g in self.gpus}
+        out: dict[str, Observation] = {}
+        for share in self.shares():
+            gpu, latest = gpus.get(share.gpu_id), self.latest.get(share.gpu_id)
+            if gpu is None or latest is None or share.allocated_mib <= 0:
+                continue
+            _, pool_id, node_id, cluster, node, index = gpu
+            if rule.pool_id is not None and pool_id != rule.pool_id:
+                continue
+            used = shares.used_mib(latest.shares, share.reservation_id, share.instance)
+            subject, where = f"share:{share.reservation_id}:gpu:{share.gpu_id}", f"{cluster}/{node} GPU {index}"
+            if share.mode == shares.MIG:
+                subject += f":mig:{share.mig_start}"
+                where += f" MIG {share.mig_profile} at slice {share.mig_start}"
+            label = (f"{where}: reservation #{share.reservation_id} of team {share.team} "
+                     f"({share.mode}, share {share.allocated_mib} MiB)")
+            out[subject] = Observation(100.0 * used / share.allocated_mib, label, pool_id, node_id, share.team_id)
+        return out
 
     def _pool_allocation(self, rule: AlertRule) -> dict[str, Observation]:
         pools = GpuPool.objects.all() if rule.pool_id is None else GpuPool.objects.filter(pk=rule.pool_id)

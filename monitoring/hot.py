@@ -41,7 +41,11 @@ class Latest:
     mem_total: int
     temp: int
     power: float
-    processes: tuple[tuple[int, int], ...] = ()
+    processes: tuple[tuple[int, int], ...] = ()  # (pid, used MiB)
+    # Memory used per share of the GPU (monitoring.shares.attribute): (reservation id or None, MIG
+    # instance or "", used MiB, GPU instance id or None). Last, with a default: values cached before
+    # it existed read back without it.
+    shares: tuple[tuple, ...] = ()
 
     @property
     def mem_pct(self) -> float:

@@ -48,16 +48,16 @@ from django.core.cache import cache
 from django.db import connection, transaction
 from django.utils import timezone
 
-from allocations.models import Allocation
 from common.errors import ApplicationError, PayloadTooLarge, ValidationFailed
 from inventory.models import Gpu, HostToken
-from monitoring import hot, live
+from monitoring import hot, live, shares
 from monitoring.models import Sample
 
 log = logging.getLogger(__name__)
 
 HOST_MAP_TTL = 30
 MAX_PROCESSES = 64
+MAX_NAME = 64  # a process's user or MIG device UUID, as kept
 
 # Every reason a sample (or a request) can be rejected or clamped for; /metrics reports each.
 REJECT_REASONS = ("malformed", "unknown_gpu", "negative_memory", "memory_out_of_range", "future_timestamp", "too_old",
@@ -85,6 +85,11 @@ class StorageBusy(ApplicationError):
 class WireProcess(msgspec.Struct, gc=False):
     pid: int
     used_memory_mib: int
+    # Sent by agents since processes are attributed to shares (monitoring.shares); older agents send
+    # neither, and their processes count for the GPU's only holder or for nobody.
+    user: str = ""
+    mig_uuid: str = ""
+    gpu_instance_id: int | None = None
 
 
 class WireSample(msgspec.Struct, gc=False):
@@ -130,6 +135,7 @@ class GpuRef(NamedTuple):
     pool_id: int | None
     node_id: int
     team_id: int | None
+    holders: tuple[shares.Holder, ...] = ()  # the shares held now, to attribute processes to
 
 
 @dataclass
@@ -156,13 +162,15 @@ def host_gpus(token: HostToken, now=None, cached: dict | None = None) -> dict[st
         now = now or timezone.now()
         gpus = list(Gpu.objects.filter(node__cluster_id=token.cluster_id, node__name=token.host_name)
                     .values_list("id", "uuid", "pool_id", "node_id"))
-        teams = dict(Allocation.objects.filter(gpu_id__in=[g[0] for g in gpus], starts_at__lte=now, ends_at__gt=now)
-                     .values_list("gpu_id", "reservation__team_id"))
+        holders = shares.holders_by_gpu(shares.shares_now(now, [g[0] for g in gpus]))
         # Plain tuples: this is read back on every request, and tuples unpickle fastest.
-        rows = [(gpu_id, uuid, pool_id, node_id, teams.get(gpu_id)) for gpu_id, uuid, pool_id, node_id in gpus]
+        rows = [(gpu_id, uuid, pool_id, node_id, holders[gpu_id][0].team_id if gpu_id in holders else None,
+                 tuple(tuple(h) for h in holders.get(gpu_id, ())))
+                for gpu_id, uuid, pool_id, node_id in gpus]
         # Jittered: hosts that started together must not all rebuild their maps in the same second.
         cache.set(key, rows, HOST_MAP_TTL * random.uniform(0.5, 1.0))
-    return {row[1]: GpuRef(*row) for row in rows}
+    return {row[1]: GpuRef(*row[:5], tuple(shares.Holder(*h) for h in row[5]) if len(row) > 5 else ())
+            for row in rows}
 
 
 def _number(value) -> float:
@@ -260,7 +268,8 @@ def telemetry_ingest(*, token: HostToken, payload, now: float | None = None) -> 
             rows.append((ref.gpu_id, ref.pool_id, second, *values))
             previous = newest.get(ref.gpu_id)
             if previous is None or previous[1][0] <= ts:
-                newest[ref.gpu_id] = (ref, (ts, *values, procs))
+                uses = shares.attribute(procs, ref.holders) if procs or ref.holders else ()
+                newest[ref.gpu_id] = (ref, (ts, *values, tuple((p[0], p[1]) for p in procs), uses))
 
     # One statement, in autocommit: committed when it returns, so what follows is after commit.
     # Rows another request stored first (an overlapping resend) are not inserted and not accepted.
@@ -324,17 +333,29 @@ def _batch_fields(batch) -> tuple[int, float, list] | None:
 
 
 def _sample_values(raw) -> tuple:
-    """(uuid, util, mem_util, used, total, temp, power, processes) of one sample as sent; raises
-    TypeError, KeyError, ... when a value is missing or not a number."""
+    """(uuid, util, mem_util, used, total, temp, power, processes) of one sample as sent, each process
+    (pid, used MiB, user, MIG device UUID or "", GPU instance id or None); raises TypeError,
+    KeyError, ... when a value is missing or not a number."""
     if isinstance(raw, WireSample):
         return (raw.uuid, raw.utilization_gpu_pct, raw.utilization_memory_pct, raw.memory_used_mib,
                 raw.memory_total_mib, raw.temperature_c, raw.power_w,
-                tuple((p.pid, p.used_memory_mib) for p in raw.processes[:MAX_PROCESSES]))
+                tuple((p.pid, max(0, p.used_memory_mib), p.user[:MAX_NAME], p.mig_uuid[:MAX_NAME], p.gpu_instance_id)
+                      for p in raw.processes[:MAX_PROCESSES]))
     processes = raw.get("processes") or []
     return (raw["uuid"], _number(raw["utilization_gpu_pct"]), _number(raw.get("utilization_memory_pct", 0)),
             _number(raw["memory_used_mib"]), _number(raw["memory_total_mib"]), _number(raw["temperature_c"]),
             _number(raw.get("power_w", 0)),
-            tuple((int(_number(p["pid"])), int(_number(p["used_memory_mib"]))) for p in processes[:MAX_PROCESSES]))
+            tuple(_process(p) for p in processes[:MAX_PROCESSES]))
+
+
+def _process(raw) -> tuple:
+    """A process sent as plain JSON: pid and memory must be numbers (else the sample is malformed, as
+    before); a user, MIG UUID or instance id of the wrong type is only left out, so a sample is never
+    lost over what attribution needs."""
+    user, mig_uuid, gi = raw.get("user"), raw.get("mig_uuid"), raw.get("gpu_instance_id")
+    return (int(_number(raw["pid"])), max(0, int(_number(raw["used_memory_mib"]))),
+            user[:MAX_NAME] if isinstance(user, str) else "", mig_uuid[:MAX_NAME] if isinstance(mig_uuid, str) else "",
+            gi if type(gi) is int else None)
 
 
 def _parse_sample(raw, refs: dict[str, GpuRef], result: IngestResult) -> tuple[GpuRef, tuple, tuple] | None:
@@ -409,16 +430,28 @@ def _mark_late_minutes(rows: list[tuple], now: float) -> None:
 
 
 def _group_payloads(newest: dict[int, tuple[GpuRef, tuple]]) -> dict[str, dict]:
-    """One message per group (node, pool, team) with the newest sample of each of its GPUs."""
+    """One message per group (node, pool, team) with the newest sample of each of its GPUs. A GPU held in
+    shares carries each share's memory, allocated and used; a team's group gets the GPUs it holds a
+    share of, with its own shares only."""
     per_group: dict[str, list] = defaultdict(list)
     t = 0.0
-    for gpu_id, (ref, (ts, util, mem_util, mem_used, mem_total, temp, power, _)) in newest.items():
+    for gpu_id, (ref, (ts, util, mem_util, mem_used, mem_total, temp, power, _, uses)) in newest.items():
         item = {"gpu": gpu_id, "uuid": ref.uuid, "t": ts, "util": util, "mem_util": mem_util, "mem_used": mem_used,
                 "mem_total": mem_total, "temp": temp, "power": power}
         t = max(t, ts)
+        if ref.holders:
+            item["shares"] = _live_shares(ref.holders, uses)
         per_group[live.group_name("node", ref.node_id)].append(item)
         if ref.pool_id is not None:
             per_group[live.group_name("pool", ref.pool_id)].append(item)
-        if ref.team_id is not None:
-            per_group[live.group_name("team", ref.team_id)].append(item)
+        teams = {h.team_id for h in ref.holders} or ({ref.team_id} if ref.team_id is not None else set())
+        for team_id in teams:
+            own = item if len(teams) == 1 else {**item, "shares": [s for s in item["shares"] if s["team"] == team_id]}
+            per_group[live.group_name("team", team_id)].append(own)
     return {group: {"type": "telemetry.samples", "t": t, "samples": items} for group, items in per_group.items()}
+
+
+def _live_shares(holders: tuple[shares.Holder, ...], uses) -> list[dict]:
+    return [{"reservation": h.reservation_id, "team": h.team_id, "instance": h.instance,
+             "allocated": h.allocated_mib, "used": shares.used_mib(uses, h.reservation_id, h.instance)}
+            for h in holders]

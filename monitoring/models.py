@@ -91,6 +91,7 @@ class Metric(models.TextChoices):
     GPU_IDLE_ALLOCATED = "gpu_idle_allocated", "Utilization of an allocated GPU (%)"
     HOST_SILENT = "host_silent", "Seconds since the host last reported"
     POOL_ALLOCATION = "pool_allocation", "Pool GPUs allocated (%)"
+    SHARE_MEMORY = "share_memory", "GPU memory a holder uses, % of its share"
 
 
 class Scope(models.TextChoices):
@@ -110,6 +111,8 @@ METRIC_SCOPES = {
     Metric.GPU_IDLE_ALLOCATED: {Scope.GPU},
     Metric.HOST_SILENT: {Scope.NODE},
     Metric.POOL_ALLOCATION: {Scope.POOL},
+    # Per share: one reservation's part of one GPU or MIG instance (its subject names both).
+    Metric.SHARE_MEMORY: {Scope.GPU},
 }
 
 
@@ -184,7 +187,8 @@ class Alert(models.Model):
     OPEN_STATES = (State.PENDING, State.FIRING)
 
     rule = models.ForeignKey(AlertRule, on_delete=models.CASCADE, related_name="alerts")
-    subject = models.CharField(max_length=64, help_text="gpu:<id>, node:<id>, pool:<id> or team:<id>")
+    subject = models.CharField(max_length=64, help_text="gpu:<id>, node:<id>, pool:<id>, team:<id> or "
+                                                        "share:<reservation id>:gpu:<id>[:mig:<start>]")
     subject_label = models.CharField(max_length=255)
     pool = models.ForeignKey(GpuPool, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
     node = models.ForeignKey(Node, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")

@@ -49,8 +49,8 @@ def test_metrics_have_dcgm_style_gpu_gauges_and_pool_and_team_use(world, host):
     metrics = _scrape()
     util = {labels["UUID"]: (labels, value) for labels, value in metrics["gpupool_dcgm_fi_dev_gpu_util"]}
     labels, value = util[host.uuids[0]]
-    assert value == 80 and labels == {"gpu": "0", "UUID": host.uuids[0], "modelName": "NVIDIA H100 80GB HBM3",
-                                      "Hostname": "node-a", "pool": "a100"}
+    assert value == 80 and labels == {"gpu": "0", "UUID": host.uuids[0], "device": "nvidia0",
+                                      "modelName": "NVIDIA H100 80GB HBM3", "Hostname": "node-a", "pool": "a100"}
     assert len(util) == 4  # GPUs without a sample (node-b, node-c) are left out
     free = {lab["UUID"]: v for lab, v in metrics["gpupool_dcgm_fi_dev_fb_free"]}
     used = {lab["UUID"]: v for lab, v in metrics["gpupool_dcgm_fi_dev_fb_used"]}
