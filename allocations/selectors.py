@@ -1,6 +1,7 @@
 """Reads about reservations, pools' occupancy, availability over time and quota use."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
@@ -18,7 +19,8 @@ from allocations.models import Allocation, AllocationQuerySet, Quota, Reservatio
 from common import sql
 from common.errors import ValidationFailed
 from inventory.models import Gpu, GpuPool
-from inventory.sharing import REPLICA_MODES
+from allocations.placement import mig
+from inventory.sharing import REPLICA_MODES, SharingMode, mig_layout_names
 from teams.models import Membership, Team
 from teams.selectors import teams_of
 
@@ -189,18 +191,110 @@ def with_occupancy(pools: QuerySet[GpuPool], now: datetime | None = None) -> Que
 
 @dataclass(frozen=True)
 class Slot:
+    """What a pool has free of a shape for one slot, in the shape's unit (booking.Room).
+
+    `free`: shares, MIG instances of the profile, GPUs that could take the vGPU share, or whole GPUs;
+    `most_together`: the most of those one request could get (on one GPU for shares, on one node for
+    the rest); `free_on_one_node`: the same number (the name the timeline had when it counted whole
+    GPUs only); `fits`: whether the shape asked could be booked for the slot."""
+
     start: datetime
     end: datetime
     free: int
     free_on_one_node: int
+    unit: str = "GPUs"
+    most_together: int = 0
+    fits: bool = False
 
 
-def pool_availability(pool: GpuPool, start: datetime, end: datetime, slot: timedelta) -> list[Slot]:
-    """Free GPUs per slot of [start, end): GPUs free for the whole slot, and the most free on one node.
+def availability_shape(pool: GpuPool, snapshot: booking.PoolSnapshot, request: ShapeQuery | None = None
+                       ) -> booking.Shape:
+    """The shape the timeline counts, in the pool's unit: `request`'s amount fields where given, else
+    one of the pool's unit (1 GPU, 1 share, 1 instance of the layout's smallest profile, the pool's
+    default vGPU memory and cores). Bad values are the service's 400s, naming the field and the rule."""
+    from allocations import services  # services reads these selectors: imported on use
 
-    Only healthy GPUs on healthy, schedulable nodes count: those are the ones a
-    reservation can get.
-    """
+    request = request or ShapeQuery()
+    mode = pool.sharing_mode
+    defaults: dict = {}
+    if mode == SharingMode.EXCLUSIVE and request.gpus is None and not request.given():
+        defaults["gpus"] = 1
+    elif mode in REPLICA_MODES and request.shares is None and not request.given():
+        defaults["shares"] = 1
+    elif mode == SharingMode.MIG and request.mig_profile is None:
+        offered = mig_profiles_offered(pool, snapshot)
+        if offered:
+            defaults["mig_profile"] = offered[0]
+    asked = dataclasses.replace(request, **defaults)
+    return services.reservation_shape(pool, services.ReservationRequest(
+        team="", pool=pool.slug, ends_at=snapshot.end, **asked.amounts()), snapshot)
+
+
+def mig_profiles_offered(pool: GpuPool, snapshot: booking.PoolSnapshot) -> list[str]:
+    """The MIG profiles a mig pool's layout offers on its usable GPUs, smallest first, each once."""
+    layout = mig_layout_names(pool.sharing_config or {})
+    layout = layout if isinstance(layout, str) else tuple(layout)
+    profiles: dict[str, tuple[int, int]] = {}
+    usable = [gpu for gpu in snapshot.gpus if gpu.usable] or list(snapshot.gpus)
+    for model in sorted({gpu.model for gpu in usable}):
+        try:
+            instances = booking.layout_of(model, layout)
+        except mig.LayoutError:
+            continue
+        for profile, _ in instances:
+            profiles.setdefault(profile.name, (profile.size, profile.memory_mib))
+    return sorted(profiles, key=lambda name: (profiles[name], name))
+
+
+@dataclass(frozen=True)
+class ShapeQuery:
+    """The amount fields of an availability query (those of services.ReservationRequest; None: not given)."""
+
+    gpus: int | None = None
+    shares: int | None = None
+    mig_profile: str | None = None
+    count: int | None = None
+    gpu_memory_mib: int | None = None
+    gpu_memory_pct: int | None = None
+    gpu_cores_pct: int | None = None
+
+    def amounts(self) -> dict:
+        """The fields given, by name."""
+        return {name: value for name, value in dataclasses.asdict(self).items() if value is not None}
+
+    def given(self) -> bool:
+        return bool(self.amounts())
+
+
+SHAPE_FIELDS = tuple(field.name for field in dataclasses.fields(ShapeQuery))
+
+
+def _fits(shape: booking.Shape, room: booking.Room, snapshot: booking.PoolSnapshot) -> bool:
+    """Whether `choose` could give `shape` for the slot, from what room counted: shares must sit on one
+    GPU and vGPU shares on one node; MIG instances may spread over nodes; whole GPUs sit on one node
+    when a node could hold them all, else take whole nodes."""
+    if shape.mode in REPLICA_MODES:
+        return room.most_together >= shape.shares
+    if shape.mode == SharingMode.MIG:
+        return room.free >= shape.mig_count
+    if shape.mode == SharingMode.VGPU:
+        return room.most_together >= shape.gpus
+    per_node: dict[int, int] = {}
+    for gpu in snapshot.gpus:
+        per_node[gpu.node_id] = per_node.get(gpu.node_id, 0) + gpu.usable
+    if shape.gpus <= max(per_node.values(), default=0):
+        return room.most_together >= shape.gpus
+    return room.free >= shape.gpus
+
+
+def pool_availability(pool: GpuPool, start: datetime, end: datetime, slot: timedelta,
+                      request: ShapeQuery | None = None) -> list[Slot]:
+    """What the pool has free of a shape per slot of [start, end), in the pool's unit.
+
+    The shape is `request`'s amount (or one of the pool's unit, see availability_shape). The pool
+    is read once for the whole range; each slot asks booking.room on the grants that overlap it, so
+    the timeline counts exactly as a booking of that slot would (only usable GPUs: healthy, on
+    healthy, schedulable nodes)."""
     if end <= start:
         raise ValidationFailed("end must be after start.", field="end", rule="after_start")
     if end > LATEST_INSTANT:
@@ -213,25 +307,19 @@ def pool_availability(pool: GpuPool, start: datetime, end: datetime, slot: timed
             f"{count} slots asked; at most {MAX_AVAILABILITY_SLOTS} (widen slot or shorten the range).",
             field="slot", rule="max_slots",
         )
-    gpus = list(
-        Gpu.objects.usable().filter(pool=pool).values_list("id", "node_id")
-    )
-    node_of = dict(gpus)
-    windows: dict[int, list[tuple[datetime, datetime]]] = {}
-    for gpu_id, a_start, a_end in Allocation.objects.filter(gpu_id__in=node_of).booked_during(start, end).values_list(
-            "gpu_id", "starts_at", "ends_at"):
-        windows.setdefault(gpu_id, []).append((a_start, a_end))
-
+    snapshot = booking.pool_snapshot(pool.pk, start, end)
+    shape = availability_shape(pool, snapshot, request)
     slots = []
     for i in range(count):
         s_start = start + i * slot
         s_end = min(s_start + slot, end)
-        free_per_node: dict[int, int] = {}
-        for gpu_id, node_id in gpus:
-            if not any(a < s_end and b > s_start for a, b in windows.get(gpu_id, ())):
-                free_per_node[node_id] = free_per_node.get(node_id, 0) + 1
-        slots.append(Slot(start=s_start, end=s_end, free=sum(free_per_node.values()),
-                          free_on_one_node=max(free_per_node.values(), default=0)))
+        in_slot = booking.PoolSnapshot(
+            start=s_start, end=s_end, gpus=snapshot.gpus,
+            grants=tuple(g for g in snapshot.grants
+                         if g.starts_at < s_end and g.ends_at > s_start and g.ends_at > g.starts_at))
+        room = booking.room(in_slot, shape)
+        slots.append(Slot(start=s_start, end=s_end, free=room.free, free_on_one_node=room.most_together,
+                          unit=room.unit, most_together=room.most_together, fits=_fits(shape, room, in_slot)))
     return slots
 
 
