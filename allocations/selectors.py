@@ -14,7 +14,7 @@ from django.db.models import Count, DateTimeField, DurationField, F, OuterRef, Q
 from django.db.models.functions import Coalesce, Greatest, Least
 from django.utils import timezone
 
-from allocations import booking, quota_math
+from allocations import booking, quota_math, units
 from allocations.models import Allocation, AllocationQuerySet, Quota, Reservation
 from common import sql
 from common.errors import ValidationFailed
@@ -232,18 +232,61 @@ def availability_shape(pool: GpuPool, snapshot: booking.PoolSnapshot, request: S
 
 def mig_profiles_offered(pool: GpuPool, snapshot: booking.PoolSnapshot) -> list[str]:
     """The MIG profiles a mig pool's layout offers on its usable GPUs, smallest first, each once."""
+    usable = [gpu for gpu in snapshot.gpus if gpu.usable] or list(snapshot.gpus)
+    return [profile.name for profile in _layout_profiles(pool, {gpu.model for gpu in usable})]
+
+
+def _layout_profiles(pool: GpuPool, models: set[str]) -> list[mig.MigProfile]:
+    """The profiles of the pool's MIG layout on GPUs of `models`, smallest first, each name once."""
     layout = mig_layout_names(pool.sharing_config or {})
     layout = layout if isinstance(layout, str) else tuple(layout)
-    profiles: dict[str, tuple[int, int]] = {}
-    usable = [gpu for gpu in snapshot.gpus if gpu.usable] or list(snapshot.gpus)
-    for model in sorted({gpu.model for gpu in usable}):
+    profiles: dict[str, mig.MigProfile] = {}
+    for model in sorted(models):
         try:
             instances = booking.layout_of(model, layout)
         except mig.LayoutError:
             continue
         for profile, _ in instances:
-            profiles.setdefault(profile.name, (profile.size, profile.memory_mib))
-    return sorted(profiles, key=lambda name: (profiles[name], name))
+            profiles.setdefault(profile.name, profile)
+    return sorted(profiles.values(), key=lambda p: (p.size, p.memory_mib, p.name))
+
+
+@dataclass(frozen=True)
+class PoolOffer:
+    """What a pool offers a booking form, in its unit: its mode, replicas (shares), MIG profiles with the GE
+    one instance costs, the largest usable card's memory, the GE of a whole card and the vGPU defaults."""
+
+    mode: str
+    replicas: int
+    mig_profiles: tuple[tuple[str, float, int], ...]  # (name, GE per instance, memory MiB)
+    gpu_memory_mib: int
+    weight: float  # GE of one whole card (the heaviest model's, when the pool mixes models)
+    default_memory_mib: int | None
+    default_cores_pct: int | None
+
+    @property
+    def share_ge(self) -> float:
+        return self.weight / self.replicas if self.replicas else self.weight
+
+
+def pool_offer(pool: GpuPool) -> PoolOffer:
+    """What the reserve form offers for `pool` (two small queries: its usable GPUs' models, their weights)."""
+    from inventory.models import GpuModel
+
+    config = pool.sharing_config or {}
+    cards = list(Gpu.objects.usable().filter(pool=pool).values_list("model_name", "memory_mib").distinct())
+    if not cards:
+        cards = list(Gpu.objects.filter(pool=pool).values_list("model_name", "memory_mib").distinct())
+    models = {model for model, _ in cards}
+    weights = {name: float(weight) for name, weight in GpuModel.objects.filter(name__in=models)
+               .values_list("name", "weight")}
+    weight = max((weights.get(model, 1.0) for model in models), default=1.0)
+    profiles = (tuple((p.name, p.compute_slices / units.MIG_COMPUTE_SLICES * weight, p.memory_mib)
+                      for p in _layout_profiles(pool, models)) if pool.sharing_mode == SharingMode.MIG else ())
+    return PoolOffer(mode=pool.sharing_mode, replicas=int(config.get("replicas") or 0), mig_profiles=profiles,
+                     gpu_memory_mib=max((memory for _, memory in cards), default=0), weight=weight,
+                     default_memory_mib=config.get("default_memory_mib"),
+                     default_cores_pct=config.get("default_cores_pct"))
 
 
 @dataclass(frozen=True)
@@ -289,6 +332,19 @@ def _fits(shape: booking.Shape, room: booking.Room, snapshot: booking.PoolSnapsh
 
 def pool_availability(pool: GpuPool, start: datetime, end: datetime, slot: timedelta,
                       request: ShapeQuery | None = None) -> list[Slot]:
+    """What the pool has free of a shape per slot of [start, end), in the pool's unit (see availability)."""
+    return availability(pool, start, end, slot, request).slots
+
+
+@dataclass(frozen=True)
+class Availability:
+    shape: booking.Shape  # what was counted, defaults filled in
+    capacity: int  # how much of the unit the pool's usable GPUs offer when nothing is booked
+    slots: list[Slot]
+
+
+def availability(pool: GpuPool, start: datetime, end: datetime, slot: timedelta,
+                 request: ShapeQuery | None = None) -> Availability:
     """What the pool has free of a shape per slot of [start, end), in the pool's unit.
 
     The shape is `request`'s amount (or one of the pool's unit, see availability_shape). The pool
@@ -320,7 +376,8 @@ def pool_availability(pool: GpuPool, start: datetime, end: datetime, slot: timed
         room = booking.room(in_slot, shape)
         slots.append(Slot(start=s_start, end=s_end, free=room.free, free_on_one_node=room.most_together,
                           unit=room.unit, most_together=room.most_together, fits=_fits(shape, room, in_slot)))
-    return slots
+    empty = booking.PoolSnapshot(start=start, end=end, gpus=snapshot.gpus, grants=())
+    return Availability(shape=shape, capacity=booking.room(empty, shape).free, slots=slots)
 
 
 @dataclass(frozen=True)

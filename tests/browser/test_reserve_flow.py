@@ -31,7 +31,7 @@ def test_a_member_reserves_and_releases_a_gpu_in_the_browser(world, live_server,
     page.click("#reserve-form button[type=submit]")
 
     page.wait_for_url(f"{live_server.url}/reservations/")
-    assert "Reserved 2 GPU(s) of A100" in page.locator(".flash").inner_text()
+    assert "Reserved 2 GPUs of A100" in page.locator(".flash").inner_text()
     reservation = Reservation.objects.get()
     row = page.locator(f"#reservation-{reservation.pk}")
     assert "A100" in row.inner_text() and "node-a:0" in row.inner_text()
