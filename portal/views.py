@@ -11,7 +11,6 @@ from urllib.parse import urlencode
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.db.models import Prefetch
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
@@ -20,7 +19,7 @@ from django.views.decorators.http import require_POST
 from allocations import selectors as alloc_selectors
 from allocations import services as alloc_services
 from allocations.filters import ReservationFilterSet
-from allocations.models import Allocation, Reservation
+from allocations.models import Reservation
 from common.errors import ApplicationError
 from monitoring import views as monitoring_views
 from portal.forms import AvailabilityForm, ExtendForm, MemberAddForm, MemberRemoveForm, ReservationForm
@@ -29,7 +28,6 @@ from teams import services as team_services
 from teams.selectors import can_manage_team, teams_of
 
 LIVE_RESERVATIONS_PER_PAGE = 50
-ALLOCATIONS = Prefetch("allocations", queryset=Allocation.objects.select_related("gpu__node"))
 
 
 def _form_error(form, error: ApplicationError) -> None:
@@ -48,8 +46,9 @@ def dashboard(request: HttpRequest) -> HttpResponse:
     mine = (
         alloc_selectors.reservations_visible_to(request.user)
         .filter(state__in=Reservation.LIVE_STATES + (Reservation.State.RELEASING,))
-        .prefetch_related(ALLOCATIONS).order_by("starts_at")
+        .order_by("starts_at")
     )
+    mine = alloc_selectors.with_allocated_gpus(list(mine))
     return render(request, "portal/dashboard.html", {
         "pools": _pools(request.user),
         "active": [r for r in mine if r.starts_at <= now],
@@ -169,12 +168,15 @@ def reservations(request: HttpRequest) -> HttpResponse:
     filters = ReservationFilterSet(request.GET, queryset=alloc_selectors.reservations_visible_to(request.user))
     visible = filters.qs
     live = visible.filter(state__in=Reservation.LIVE_STATES + (Reservation.State.RELEASING,))
+    # Newest ended first through reservation_team_ended: the page must not sort a team's whole history.
     # Pages of live ones: staff see the whole fleet's, which can run into thousands.
     # get_page answers a missing, malformed or too-large ?page= with the first or last page.
-    live_page = Paginator(live.prefetch_related(ALLOCATIONS).order_by("starts_at", "id"),
+    live_page = Paginator(live.order_by("starts_at", "id"),
                           LIVE_RESERVATIONS_PER_PAGE).get_page(request.GET.get("page"))
-    # Newest ended first through reservation_team_ended: the page must not sort a team's whole history.
-    ended = visible.filter(state__in=Reservation.FINAL_STATES).order_by("-ended_at", "-id")[:50]
+    # Each row's grants (shares per GPU, MIG instances, vGPU memory and cores): one query for the page.
+    live_page.object_list = alloc_selectors.with_allocated_gpus(list(live_page.object_list))
+    ended = alloc_selectors.with_allocated_gpus(
+        list(visible.filter(state__in=Reservation.FINAL_STATES).order_by("-ended_at", "-id")[:50]))
     kept = request.GET.copy()
     kept.pop("page", None)
     return render(request, "portal/reservations.html", {
@@ -185,7 +187,7 @@ def reservations(request: HttpRequest) -> HttpResponse:
         "filter_pools": alloc_selectors.pools_visible_to(request.user).order_by("slug").values_list("slug", flat=True),
         "states": Reservation.State.choices,
         "live": live_page,
-        "ended": ended.prefetch_related(ALLOCATIONS),
+        "ended": ended,
         "extend_form": ExtendForm(),
         "now": timezone.now(),
     })
@@ -200,10 +202,10 @@ def _visible_reservation(request: HttpRequest, reservation_id: int) -> Reservati
 
 @login_required
 def reservation_detail(request: HttpRequest, reservation_id: int) -> HttpResponse:
-    reservation = _visible_reservation(request, reservation_id)
+    reservation = alloc_selectors.with_allocated_gpus([_visible_reservation(request, reservation_id)])[0]
     return render(request, "portal/reservation_detail.html", {
         "reservation": reservation,
-        "allocations": reservation.allocations.select_related("gpu__node"),
+        "grants": reservation.grants,
         "events": reservation.events.select_related("actor"),
         "apply_jobs": reservation.apply_jobs.select_related("cluster"),
         "extend_form": ExtendForm(initial={"ends_at": timezone.localtime(reservation.ends_at + timedelta(hours=1))}),

@@ -72,3 +72,14 @@ def grant_part(grant: dict) -> str:
 def memory_share(mib, replicas) -> str:
     """One of `replicas` shares of a card's memory."""
     return memory(int(mib) // int(replicas)) if replicas else memory(mib)
+
+
+@register.filter
+def mode_label(mode) -> str:
+    """A sharing mode as people read it (inventory.sharing.SharingMode's labels)."""
+    from inventory.sharing import SharingMode
+
+    try:
+        return SharingMode(mode).label
+    except ValueError:
+        return str(mode)
