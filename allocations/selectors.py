@@ -465,3 +465,147 @@ def team_windows(team_id: int, pool_id: int | None, start: datetime, end: dateti
         query += " AND a.reservation_id <> %s"
         params.append(exclude_reservation)
     return [(sql.aware(a), sql.aware(b), ge) for a, b, ge in sql.fetch_all(query, params)]
+
+
+# --- what each GPU of a pool is held by now (the pool page's bars) -------------------------------
+
+@dataclass(frozen=True)
+class Segment:
+    """A part of one GPU's bar: held by a reservation, or free. `left` and `width` are percent of the bar."""
+
+    left: float
+    width: float
+    part: str  # what it is, in the pool's unit: "2 of 4 shares", "1g.10gb", "20 GiB", "30 % cores", "whole GPU"
+    reservation_id: int | None = None  # None: free
+    team: str = ""
+    visible: bool = False  # whether the viewer may open the reservation (and so see its id)
+    ge: float | None = None
+    memory_mib: int | None = None  # the memory the holder may use there, when the mode caps it
+
+    @property
+    def free(self) -> bool:
+        return self.reservation_id is None
+
+
+@dataclass(frozen=True)
+class GpuBar:
+    """One GPU of a pool and who holds which part of it now. `rows` is one bar (share space, MIG slices or
+    the whole card) or, for vGPU grants, two thin bars: ("memory", ...) and ("cores", ...)."""
+
+    gpu_id: int
+    label: str
+    uuid: str
+    model: str
+    memory_mib: int
+    usable: bool
+    rows: tuple[tuple[str, tuple[Segment, ...]], ...]
+
+
+def _mib_words(mib: int) -> str:
+    return f"{mib // 1024} GiB" if mib and mib % 1024 == 0 else f"{mib} MiB"
+
+
+def pool_gpu_bars(pool: GpuPool, viewer: User, now: datetime | None = None) -> list[GpuBar]:
+    """Each GPU of the pool split among what holds it at `now`: share slots (time-slicing, MPS), MIG
+    instances by their memory slices, vGPU memory and cores, whole GPUs; the free parts of the pool's
+    unit between them. Two queries (the GPUs, the grants held now)."""
+    now = now or timezone.now()
+    gpus = list(pool.gpus.select_related("node").order_by("node__name", "index"))
+    held: dict[int, list[tuple]] = {}
+    rows = (Allocation.objects.filter(gpu__pool=pool, starts_at__lte=now, ends_at__gt=now)
+            .order_by("gpu_id", "share_from", "reservation_id")
+            .values_list("gpu_id", "reservation_id", "reservation__team__slug", "reservation__team_id", "mode",
+                         "share_from", "share_to", "mig_profile", "mig_start", "memory_mib", "cores_pct", "ge"))
+    for row in rows:
+        held.setdefault(row[0], []).append(row)
+    own_teams = None if viewer.is_staff else set(
+        Membership.objects.filter(user_id=viewer.pk).values_list("team_id", flat=True))
+    config = pool.sharing_config or {}
+    replicas = int(config.get("replicas") or 0)
+    layouts: dict[str, list] = {}
+    bars = []
+    for gpu in gpus:
+        grants = held.get(gpu.pk, [])
+
+        def segment(left_milli, right_milli, part, grant=None, memory=None):
+            if grant is None:
+                return Segment(left=left_milli / 10, width=(right_milli - left_milli) / 10, part=part)
+            _, rid, team, team_id, *_rest = grant
+            return Segment(left=left_milli / 10, width=(right_milli - left_milli) / 10, part=part,
+                           reservation_id=rid, team=team, visible=own_teams is None or team_id in own_teams,
+                           ge=grant[11], memory_mib=memory)
+
+        vgpu = [g for g in grants if g[4] == SharingMode.VGPU]
+        parted = [g for g in grants if g[4] != SharingMode.VGPU]
+        if vgpu or (pool.sharing_mode == SharingMode.VGPU and not parted):
+            memory_row, cores_row, m_at, c_at = [], [], 0, 0
+            for g in vgpu:
+                m = 1000 * (g[9] or 0) // max(gpu.memory_mib, 1)
+                memory_row.append(segment(m_at, m_at + m, _mib_words(g[9] or 0), g, g[9]))
+                cores_row.append(segment(c_at, c_at + 10 * (g[10] or 0), f"{g[10] or 0} % cores", g))
+                m_at, c_at = m_at + m, c_at + 10 * (g[10] or 0)
+            free_mib = max(0, gpu.memory_mib - sum(g[9] or 0 for g in vgpu))
+            if m_at < 1000:
+                memory_row.append(segment(m_at, 1000, f"{_mib_words(free_mib)} free"))
+            if c_at < 1000:
+                cores_row.append(segment(c_at, 1000, f"{100 - c_at // 10} % cores free"))
+            rows_of = (("memory", tuple(memory_row)), ("cores", tuple(cores_row)))
+        else:
+            parts: list[tuple[int, int, str, tuple | None, int | None]] = []
+            for g in parted:
+                mode, lo, hi = g[4], g[5], g[6]
+                if mode in REPLICA_MODES:
+                    # One row per share slot: consecutive slots of one reservation make one segment.
+                    if parts and parts[-1][3] is not None and parts[-1][3][1] == g[1] and parts[-1][1] == lo:
+                        p = parts.pop()
+                        memory = (p[4] or 0) + (g[9] or 0) if g[9] is not None else None
+                        parts.append((p[0], hi, "", p[3], memory))
+                    else:
+                        parts.append((lo, hi, "", g, g[9]))
+                elif mode == SharingMode.MIG:
+                    parts.append((lo, hi, g[7], g, g[9]))
+                else:
+                    parts.append((lo, hi, "whole GPU", g, None))
+            # Name the share segments once merged: "k of N shares".
+            width = 1000 // replicas if replicas else 1000
+            parts = [(lo, hi, part or f"{(hi - lo) // width} of {replicas} share{'s' if replicas > 1 else ''}", g,
+                      memory) for lo, hi, part, g, memory in parts]
+            free = _free_parts(pool.sharing_mode, replicas, gpu.model_name, config, layouts,
+                               [(lo, hi) for lo, hi, *_ in parts])
+            merged = sorted([*parts, *((lo, hi, part, None, None) for lo, hi, part in free)], key=lambda p: p[0])
+            rows_of = (("", tuple(segment(lo, hi, part, g, memory) for lo, hi, part, g, memory in merged)),)
+        bars.append(GpuBar(gpu_id=gpu.pk, label=f"{gpu.node.name}:{gpu.index}", uuid=gpu.uuid, model=gpu.model_name,
+                           memory_mib=gpu.memory_mib, usable=gpu.healthy and gpu.node.healthy and gpu.node.schedulable,
+                           rows=rows_of))
+    return bars
+
+
+def _free_parts(mode: str, replicas: int, model: str, config: dict, layouts: dict, busy: list[tuple[int, int]]
+                ) -> list[tuple[int, int, str]]:
+    """The parts of a GPU's share space the pool's unit offers and nothing holds: free share slots (runs of
+    them as one part), free MIG instances of the layout, or the whole card."""
+    def clear(lo, hi):
+        return all(hi <= b_lo or b_hi <= lo for b_lo, b_hi in busy)
+
+    if mode in REPLICA_MODES and replicas:
+        free: list[tuple[int, int, str]] = []
+        for i in range(replicas):
+            lo, hi = booking.share_slot(i, replicas)
+            if not clear(lo, hi):
+                continue
+            if free and free[-1][1] == lo:
+                free[-1] = (free[-1][0], hi, "")
+            else:
+                free.append((lo, hi, ""))
+        width = 1000 // replicas
+        return [(lo, hi, f"{(hi - lo) // width} share{'s' if hi - lo > width else ''} free") for lo, hi, _ in free]
+    if mode == SharingMode.MIG:
+        if model not in layouts:
+            layout = mig_layout_names(config)
+            try:
+                layouts[model] = booking.layout_of(model, layout if isinstance(layout, str) else tuple(layout))
+            except mig.LayoutError:
+                layouts[model] = []
+        return [(*booking.mig_part(profile, start), f"{profile.name} free") for profile, start in layouts[model]
+                if clear(*booking.mig_part(profile, start))]
+    return [(0, 1000, "free")] if clear(0, 1000) else []

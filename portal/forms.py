@@ -77,7 +77,7 @@ class ReservationForm(forms.Form):
                 initial=offer.default_cores_pct,
                 help_text="Leave empty for the pool's default, else the memory's share.")
             fields["gpus"] = forms.IntegerField(
-                min_value=1, max_value=1024, initial=1, label="GPUs (of one node)",
+                min_value=1, max_value=1024, initial=1, required=False, label="GPUs (of one node)",
                 help_text=f"Each GPU costs the larger of its memory and cores shares × {_ge(offer.weight)} GE.")
             yield from ("gpu_memory_mib", "gpu_memory_pct", "gpu_cores_pct", "gpus")
         else:
