@@ -500,6 +500,14 @@ class GpuBar:
     usable: bool
     rows: tuple[tuple[str, tuple[Segment, ...]], ...]
 
+    @property
+    def holders(self) -> list[Segment]:
+        """The held parts, once each (a vGPU grant's memory and cores as one), for a list under the bar."""
+        if len(self.rows) == 2:  # vgpu: memory and cores of the same grants, in the same order
+            memory, cores = (tuple(seg for seg in segments if not seg.free) for _, segments in self.rows)
+            return [dataclasses.replace(m, part=f"{m.part} + {c.part}") for m, c in zip(memory, cores)]
+        return [seg for seg in self.rows[0][1] if not seg.free] if self.rows else []
+
 
 def _mib_words(mib: int) -> str:
     return f"{mib // 1024} GiB" if mib and mib % 1024 == 0 else f"{mib} MiB"
