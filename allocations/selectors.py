@@ -535,13 +535,13 @@ def pool_gpu_bars(pool: GpuPool, viewer: User, now: datetime | None = None) -> l
     for gpu in gpus:
         grants = held.get(gpu.pk, [])
 
-        def segment(left_milli, right_milli, part, grant=None, memory=None):
+        def segment(left_milli, right_milli, part, grant=None, memory=None, ge=None):
             if grant is None:
                 return Segment(left=left_milli / 10, width=(right_milli - left_milli) / 10, part=part)
             _, rid, team, team_id, *_rest = grant
             return Segment(left=left_milli / 10, width=(right_milli - left_milli) / 10, part=part,
                            reservation_id=rid, team=team, visible=own_teams is None or team_id in own_teams,
-                           ge=grant[11], memory_mib=memory)
+                           ge=grant[11] if ge is None else ge, memory_mib=memory)
 
         vgpu = [g for g in grants if g[4] == SharingMode.VGPU]
         parted = [g for g in grants if g[4] != SharingMode.VGPU]
@@ -559,7 +559,7 @@ def pool_gpu_bars(pool: GpuPool, viewer: User, now: datetime | None = None) -> l
                 cores_row.append(segment(c_at, 1000, f"{100 - c_at // 10} % cores free"))
             rows_of = (("memory", tuple(memory_row)), ("cores", tuple(cores_row)))
         else:
-            parts: list[tuple[int, int, str, tuple | None, int | None]] = []
+            parts: list[tuple[int, int, str, tuple | None, int | None, float]] = []
             for g in parted:
                 mode, lo, hi = g[4], g[5], g[6]
                 if mode in REPLICA_MODES:
@@ -567,21 +567,21 @@ def pool_gpu_bars(pool: GpuPool, viewer: User, now: datetime | None = None) -> l
                     if parts and parts[-1][3] is not None and parts[-1][3][1] == g[1] and parts[-1][1] == lo:
                         p = parts.pop()
                         memory = (p[4] or 0) + (g[9] or 0) if g[9] is not None else None
-                        parts.append((p[0], hi, "", p[3], memory))
+                        parts.append((p[0], hi, "", p[3], memory, p[5] + g[11]))
                     else:
-                        parts.append((lo, hi, "", g, g[9]))
+                        parts.append((lo, hi, "", g, g[9], g[11]))
                 elif mode == SharingMode.MIG:
-                    parts.append((lo, hi, g[7], g, g[9]))
+                    parts.append((lo, hi, g[7], g, g[9], g[11]))
                 else:
-                    parts.append((lo, hi, "whole GPU", g, None))
+                    parts.append((lo, hi, "whole GPU", g, None, g[11]))
             # Name the share segments once merged: "k of N shares".
             width = 1000 // replicas if replicas else 1000
             parts = [(lo, hi, part or f"{(hi - lo) // width} of {replicas} share{'s' if replicas > 1 else ''}", g,
-                      memory) for lo, hi, part, g, memory in parts]
+                      memory, ge) for lo, hi, part, g, memory, ge in parts]
             free = _free_parts(pool.sharing_mode, replicas, gpu.model_name, config, layouts,
                                [(lo, hi) for lo, hi, *_ in parts])
-            merged = sorted([*parts, *((lo, hi, part, None, None) for lo, hi, part in free)], key=lambda p: p[0])
-            rows_of = (("", tuple(segment(lo, hi, part, g, memory) for lo, hi, part, g, memory in merged)),)
+            merged = sorted([*parts, *((lo, hi, part, None, None, None) for lo, hi, part in free)], key=lambda p: p[0])
+            rows_of = (("", tuple(segment(lo, hi, part, g, memory, ge) for lo, hi, part, g, memory, ge in merged)),)
         bars.append(GpuBar(gpu_id=gpu.pk, label=f"{gpu.node.name}:{gpu.index}", uuid=gpu.uuid, model=gpu.model_name,
                            memory_mib=gpu.memory_mib, usable=gpu.healthy and gpu.node.healthy and gpu.node.schedulable,
                            rows=rows_of))

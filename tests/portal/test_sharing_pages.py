@@ -122,9 +122,9 @@ def test_refusals_sit_next_to_the_field(fleet, pool, amount, field, words):
 
 def test_the_pool_page_shows_free_parts(fleet):
     client = client_for(fleet["member"])
-    client.post("/reserve/", {"team": "vision", "pool": "ts", "ends_at": ends(), "shares": 1})
+    client.post("/reserve/", {"team": "vision", "pool": "ts", "ends_at": ends(), "shares": 3})
     page = client.get("/pools/ts/").content.decode()
-    assert "1 of 4 shares" in page and "3 shares free" in page
+    assert "3 of 4 shares · 0.75 GE" in page and "1 share free" in page
     mig = client.get("/pools/mig/").content.decode()
     assert mig.count("title=\"1g.10gb free\"") == 7
     hami = client.get("/pools/hami/").content.decode()
