@@ -54,11 +54,9 @@ def _with_memory_used(bars: list, rows: list) -> list[tuple]:
     out = []
     for bar in bars:
         sample = latest.get(bar.gpu_id)
-        used = getattr(sample, "mem_used", None) if sample is not None else None
-        total = getattr(sample, "mem_total", None) if sample is not None else None
-        if isinstance(sample, dict):
-            used, total = sample.get("mem_used"), sample.get("mem_total")
-        out.append((bar, (used, total or bar.memory_mib) if used is not None and (total or bar.memory_mib) else None))
+        used = getattr(sample, "mem_used", None)
+        total = getattr(sample, "mem_total", None) or bar.memory_mib
+        out.append((bar, (used, total) if used is not None and total else None))
     return out
 
 
