@@ -1,6 +1,7 @@
 """Reads about reservations, pools' occupancy, availability over time and quota use."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
@@ -13,13 +14,14 @@ from django.db.models import Count, DateTimeField, DurationField, F, OuterRef, Q
 from django.db.models.functions import Coalesce, Greatest, Least
 from django.utils import timezone
 
-from allocations import booking, quota_math
+from allocations import booking, quota_math, units
 from allocations.models import Allocation, AllocationQuerySet, Quota, Reservation
+from allocations.placement import mig
 from common import sql
 from common.errors import ValidationFailed
 from inventory.models import Gpu, GpuPool
-from inventory.sharing import REPLICA_MODES
 from inventory.selectors import model_weights, weight_of
+from inventory.sharing import REPLICA_MODES, SharingMode, mig_layout_names
 from teams.models import Membership, Team
 from teams.selectors import teams_of
 
@@ -221,18 +223,166 @@ def with_occupancy(pools: QuerySet[GpuPool], now: datetime | None = None) -> Que
 
 @dataclass(frozen=True)
 class Slot:
+    """What a pool has free of a shape for one slot, in the shape's unit (booking.Room).
+
+    `free`: shares, MIG instances of the profile, GPUs that could take the vGPU share, or whole GPUs;
+    `most_together`: the most of those one request could get (on one GPU for shares, on one node for
+    the rest); `free_on_one_node`: the same number (the name the timeline had when it counted whole
+    GPUs only); `fits`: whether the shape asked could be booked for the slot."""
+
     start: datetime
     end: datetime
     free: int
     free_on_one_node: int
+    unit: str = "GPUs"
+    most_together: int = 0
+    fits: bool = False
 
 
-def pool_availability(pool: GpuPool, start: datetime, end: datetime, slot: timedelta) -> list[Slot]:
-    """Free GPUs per slot of [start, end): GPUs free for the whole slot, and the most free on one node.
+def availability_shape(pool: GpuPool, snapshot: booking.PoolSnapshot, request: ShapeQuery | None = None
+                       ) -> booking.Shape:
+    """The shape the timeline counts, in the pool's unit: `request`'s amount fields where given, else
+    one of the pool's unit (1 GPU, 1 share, 1 instance of the layout's smallest profile, the pool's
+    default vGPU memory and cores). Bad values are the service's 400s, naming the field and the rule."""
+    from allocations import services  # services reads these selectors: imported on use
 
-    Only healthy GPUs on healthy, schedulable nodes count: those are the ones a
-    reservation can get.
-    """
+    request = request or ShapeQuery()
+    mode = pool.sharing_mode
+    defaults: dict = {}
+    if mode == SharingMode.EXCLUSIVE and request.gpus is None and not request.given():
+        defaults["gpus"] = 1
+    elif mode in REPLICA_MODES and request.shares is None and not request.given():
+        defaults["shares"] = 1
+    elif mode == SharingMode.MIG and request.mig_profile is None:
+        offered = mig_profiles_offered(pool, snapshot)
+        if offered:
+            defaults["mig_profile"] = offered[0]
+    asked = dataclasses.replace(request, **defaults)
+    return services.reservation_shape(pool, services.ReservationRequest(
+        team="", pool=pool.slug, ends_at=snapshot.end, **asked.amounts()), snapshot)
+
+
+def mig_profiles_offered(pool: GpuPool, snapshot: booking.PoolSnapshot) -> list[str]:
+    """The MIG profiles a mig pool's layout offers on its usable GPUs, smallest first, each once."""
+    usable = [gpu for gpu in snapshot.gpus if gpu.usable] or list(snapshot.gpus)
+    return [profile.name for profile in _layout_profiles(pool, {gpu.model for gpu in usable})]
+
+
+def _layout_profiles(pool: GpuPool, models: set[str]) -> list[mig.MigProfile]:
+    """The profiles of the pool's MIG layout on GPUs of `models`, smallest first, each name once."""
+    layout = mig_layout_names(pool.sharing_config or {})
+    layout = layout if isinstance(layout, str) else tuple(layout)
+    profiles: dict[str, mig.MigProfile] = {}
+    for model in sorted(models):
+        try:
+            instances = booking.layout_of(model, layout)
+        except mig.LayoutError:
+            continue
+        for profile, _ in instances:
+            profiles.setdefault(profile.name, profile)
+    return sorted(profiles.values(), key=lambda p: (p.size, p.memory_mib, p.name))
+
+
+@dataclass(frozen=True)
+class PoolOffer:
+    """What a pool offers a booking form, in its unit: its mode, replicas (shares), MIG profiles with the GE
+    one instance costs, the largest usable card's memory, the GE of a whole card and the vGPU defaults."""
+
+    mode: str
+    replicas: int
+    mig_profiles: tuple[tuple[str, float, int], ...]  # (name, GE per instance, memory MiB)
+    gpu_memory_mib: int
+    weight: float  # GE of one whole card (the heaviest model's, when the pool mixes models)
+    default_memory_mib: int | None
+    default_cores_pct: int | None
+
+    @property
+    def share_ge(self) -> float:
+        return self.weight / self.replicas if self.replicas else self.weight
+
+
+def pool_offer(pool: GpuPool) -> PoolOffer:
+    """What the reserve form offers for `pool` (two small queries: its usable GPUs' models, their weights)."""
+    from inventory.models import GpuModel
+
+    config = pool.sharing_config or {}
+    cards = list(Gpu.objects.usable().filter(pool=pool).values_list("model_name", "memory_mib").distinct())
+    if not cards:
+        cards = list(Gpu.objects.filter(pool=pool).values_list("model_name", "memory_mib").distinct())
+    models = {model for model, _ in cards}
+    weights = {name: float(weight) for name, weight in GpuModel.objects.filter(name__in=models)
+               .values_list("name", "weight")}
+    weight = max((weights.get(model, 1.0) for model in models), default=1.0)
+    profiles = (tuple((p.name, p.compute_slices / units.MIG_COMPUTE_SLICES * weight, p.memory_mib)
+                      for p in _layout_profiles(pool, models)) if pool.sharing_mode == SharingMode.MIG else ())
+    return PoolOffer(mode=pool.sharing_mode, replicas=int(config.get("replicas") or 0), mig_profiles=profiles,
+                     gpu_memory_mib=max((memory for _, memory in cards), default=0), weight=weight,
+                     default_memory_mib=config.get("default_memory_mib"),
+                     default_cores_pct=config.get("default_cores_pct"))
+
+
+@dataclass(frozen=True)
+class ShapeQuery:
+    """The amount fields of an availability query (those of services.ReservationRequest; None: not given)."""
+
+    gpus: int | None = None
+    shares: int | None = None
+    mig_profile: str | None = None
+    count: int | None = None
+    gpu_memory_mib: int | None = None
+    gpu_memory_pct: int | None = None
+    gpu_cores_pct: int | None = None
+
+    def amounts(self) -> dict:
+        """The fields given, by name."""
+        return {name: value for name, value in dataclasses.asdict(self).items() if value is not None}
+
+    def given(self) -> bool:
+        return bool(self.amounts())
+
+
+SHAPE_FIELDS = tuple(field.name for field in dataclasses.fields(ShapeQuery))
+
+
+def _fits(shape: booking.Shape, room: booking.Room, snapshot: booking.PoolSnapshot) -> bool:
+    """Whether `choose` could give `shape` for the slot, from what room counted: shares must sit on one
+    GPU and vGPU shares on one node; MIG instances may spread over nodes; whole GPUs sit on one node
+    when a node could hold them all, else take whole nodes."""
+    if shape.mode in REPLICA_MODES:
+        return room.most_together >= shape.shares
+    if shape.mode == SharingMode.MIG:
+        return room.free >= shape.mig_count
+    if shape.mode == SharingMode.VGPU:
+        return room.most_together >= shape.gpus
+    per_node: dict[int, int] = {}
+    for gpu in snapshot.gpus:
+        per_node[gpu.node_id] = per_node.get(gpu.node_id, 0) + gpu.usable
+    if shape.gpus <= max(per_node.values(), default=0):
+        return room.most_together >= shape.gpus
+    return room.free >= shape.gpus
+
+
+def pool_availability(pool: GpuPool, start: datetime, end: datetime, slot: timedelta,
+                      request: ShapeQuery | None = None) -> list[Slot]:
+    """What the pool has free of a shape per slot of [start, end), in the pool's unit (see availability)."""
+    return availability(pool, start, end, slot, request).slots
+
+
+@dataclass(frozen=True)
+class Availability:
+    shape: booking.Shape  # what was counted, defaults filled in
+    capacity: int  # how much of the unit the pool's usable GPUs offer when nothing is booked
+    slots: list[Slot]
+
+
+def availability(pool: GpuPool, start: datetime, end: datetime, slot: timedelta,
+                 request: ShapeQuery | None = None) -> Availability:
+    """What the pool has free of a shape per slot of [start, end), in the pool's unit.
+
+    The shape is `request`'s amount (or one of the pool's unit, see availability_shape). The pool
+    is read once for the whole range; each slot asks booking.room on the grants that overlap it, so
+    the timeline counts exactly as a booking of that slot would (only usable GPUs: healthy, on
+    healthy, schedulable nodes)."""
     if end <= start:
         raise ValidationFailed("end must be after start.", field="end", rule="after_start")
     if end > LATEST_INSTANT:
@@ -245,26 +395,21 @@ def pool_availability(pool: GpuPool, start: datetime, end: datetime, slot: timed
             f"{count} slots asked; at most {MAX_AVAILABILITY_SLOTS} (widen slot or shorten the range).",
             field="slot", rule="max_slots",
         )
-    gpus = list(
-        Gpu.objects.usable().filter(pool=pool).values_list("id", "node_id")
-    )
-    node_of = dict(gpus)
-    windows: dict[int, list[tuple[datetime, datetime]]] = {}
-    for gpu_id, a_start, a_end in Allocation.objects.filter(gpu_id__in=node_of).booked_during(start, end).values_list(
-            "gpu_id", "starts_at", "ends_at"):
-        windows.setdefault(gpu_id, []).append((a_start, a_end))
-
+    snapshot = booking.pool_snapshot(pool.pk, start, end)
+    shape = availability_shape(pool, snapshot, request)
     slots = []
     for i in range(count):
         s_start = start + i * slot
         s_end = min(s_start + slot, end)
-        free_per_node: dict[int, int] = {}
-        for gpu_id, node_id in gpus:
-            if not any(a < s_end and b > s_start for a, b in windows.get(gpu_id, ())):
-                free_per_node[node_id] = free_per_node.get(node_id, 0) + 1
-        slots.append(Slot(start=s_start, end=s_end, free=sum(free_per_node.values()),
-                          free_on_one_node=max(free_per_node.values(), default=0)))
-    return slots
+        in_slot = booking.PoolSnapshot(
+            start=s_start, end=s_end, gpus=snapshot.gpus,
+            grants=tuple(g for g in snapshot.grants
+                         if g.starts_at < s_end and g.ends_at > s_start and g.ends_at > g.starts_at))
+        room = booking.room(in_slot, shape)
+        slots.append(Slot(start=s_start, end=s_end, free=room.free, free_on_one_node=room.most_together,
+                          unit=room.unit, most_together=room.most_together, fits=_fits(shape, room, in_slot)))
+    empty = booking.PoolSnapshot(start=start, end=end, gpus=snapshot.gpus, grants=())
+    return Availability(shape=shape, capacity=booking.room(empty, shape).free, slots=slots)
 
 
 @dataclass(frozen=True)
@@ -507,3 +652,155 @@ def team_windows(team_id: int, pool_id: int | None, start: datetime, end: dateti
         params.append(exclude_reservation)
     query += " GROUP BY a.starts_at, a.ends_at"
     return [(sql.aware(a), sql.aware(b), ge) for a, b, ge in sql.fetch_all(query, params)]
+
+
+# --- what each GPU of a pool is held by now (the pool page's bars) -------------------------------
+
+@dataclass(frozen=True)
+class Segment:
+    """A part of one GPU's bar: held by a reservation, or free. `left` and `width` are percent of the bar."""
+
+    left: float
+    width: float
+    part: str  # what it is, in the pool's unit: "2 of 4 shares", "1g.10gb", "20 GiB", "30 % cores", "whole GPU"
+    reservation_id: int | None = None  # None: free
+    team: str = ""
+    visible: bool = False  # whether the viewer may open the reservation (and so see its id)
+    ge: float | None = None
+    memory_mib: int | None = None  # the memory the holder may use there, when the mode caps it
+
+    @property
+    def free(self) -> bool:
+        return self.reservation_id is None
+
+
+@dataclass(frozen=True)
+class GpuBar:
+    """One GPU of a pool and who holds which part of it now. `rows` is one bar (share space, MIG slices or
+    the whole card) or, for vGPU grants, two thin bars: ("memory", ...) and ("cores", ...)."""
+
+    gpu_id: int
+    label: str
+    uuid: str
+    model: str
+    memory_mib: int
+    usable: bool
+    rows: tuple[tuple[str, tuple[Segment, ...]], ...]
+
+    @property
+    def holders(self) -> list[Segment]:
+        """The held parts, once each (a vGPU grant's memory and cores as one), for a list under the bar."""
+        if len(self.rows) == 2:  # vgpu: memory and cores of the same grants, in the same order
+            memory, cores = (tuple(seg for seg in segments if not seg.free) for _, segments in self.rows)
+            return [dataclasses.replace(m, part=f"{m.part} + {c.part}") for m, c in zip(memory, cores)]
+        return [seg for seg in self.rows[0][1] if not seg.free] if self.rows else []
+
+
+def _mib_words(mib: int) -> str:
+    return f"{mib // 1024} GiB" if mib and mib % 1024 == 0 else f"{mib} MiB"
+
+
+def pool_gpu_bars(pool: GpuPool, viewer: User, now: datetime | None = None) -> list[GpuBar]:
+    """Each GPU of the pool split among what holds it at `now`: share slots (time-slicing, MPS), MIG
+    instances by their memory slices, vGPU memory and cores, whole GPUs; the free parts of the pool's
+    unit between them. Two queries (the GPUs, the grants held now)."""
+    now = now or timezone.now()
+    gpus = list(pool.gpus.select_related("node").order_by("node__name", "index"))
+    held: dict[int, list[tuple]] = {}
+    rows = (Allocation.objects.filter(gpu__pool=pool, starts_at__lte=now, ends_at__gt=now)
+            .order_by("gpu_id", "share_from", "reservation_id")
+            .values_list("gpu_id", "reservation_id", "reservation__team__slug", "reservation__team_id", "mode",
+                         "share_from", "share_to", "mig_profile", "mig_start", "memory_mib", "cores_pct", "ge"))
+    for row in rows:
+        held.setdefault(row[0], []).append(row)
+    own_teams = None if viewer.is_staff else set(
+        Membership.objects.filter(user_id=viewer.pk).values_list("team_id", flat=True))
+    config = pool.sharing_config or {}
+    replicas = int(config.get("replicas") or 0)
+    layouts: dict[str, list] = {}
+    bars = []
+    for gpu in gpus:
+        grants = held.get(gpu.pk, [])
+
+        def segment(left_milli, right_milli, part, grant=None, memory=None, ge=None):
+            if grant is None:
+                return Segment(left=left_milli / 10, width=(right_milli - left_milli) / 10, part=part)
+            _, rid, team, team_id, *_rest = grant
+            return Segment(left=left_milli / 10, width=(right_milli - left_milli) / 10, part=part,
+                           reservation_id=rid, team=team, visible=own_teams is None or team_id in own_teams,
+                           ge=grant[11] if ge is None else ge, memory_mib=memory)
+
+        vgpu = [g for g in grants if g[4] == SharingMode.VGPU]
+        parted = [g for g in grants if g[4] != SharingMode.VGPU]
+        if vgpu or (pool.sharing_mode == SharingMode.VGPU and not parted):
+            memory_row, cores_row, m_at, c_at = [], [], 0, 0
+            for g in vgpu:
+                m = 1000 * (g[9] or 0) // max(gpu.memory_mib, 1)
+                memory_row.append(segment(m_at, m_at + m, _mib_words(g[9] or 0), g, g[9]))
+                cores_row.append(segment(c_at, c_at + 10 * (g[10] or 0), f"{g[10] or 0} % cores", g))
+                m_at, c_at = m_at + m, c_at + 10 * (g[10] or 0)
+            free_mib = max(0, gpu.memory_mib - sum(g[9] or 0 for g in vgpu))
+            if m_at < 1000:
+                memory_row.append(segment(m_at, 1000, f"{_mib_words(free_mib)} free"))
+            if c_at < 1000:
+                cores_row.append(segment(c_at, 1000, f"{100 - c_at // 10} % cores free"))
+            rows_of = (("memory", tuple(memory_row)), ("cores", tuple(cores_row)))
+        else:
+            parts: list[tuple[int, int, str, tuple | None, int | None, float]] = []
+            for g in parted:
+                mode, lo, hi = g[4], g[5], g[6]
+                if mode in REPLICA_MODES:
+                    # One row per share slot: consecutive slots of one reservation make one segment.
+                    if parts and parts[-1][3] is not None and parts[-1][3][1] == g[1] and parts[-1][1] == lo:
+                        p = parts.pop()
+                        memory = (p[4] or 0) + (g[9] or 0) if g[9] is not None else None
+                        parts.append((p[0], hi, "", p[3], memory, p[5] + g[11]))
+                    else:
+                        parts.append((lo, hi, "", g, g[9], g[11]))
+                elif mode == SharingMode.MIG:
+                    parts.append((lo, hi, g[7], g, g[9], g[11]))
+                else:
+                    parts.append((lo, hi, "whole GPU", g, None, g[11]))
+            # Name the share segments once merged: "k of N shares".
+            width = 1000 // replicas if replicas else 1000
+            parts = [(lo, hi, part or f"{(hi - lo) // width} of {replicas} share{'s' if replicas > 1 else ''}", g,
+                      memory, ge) for lo, hi, part, g, memory, ge in parts]
+            free = _free_parts(pool.sharing_mode, replicas, gpu.model_name, config, layouts,
+                               [(lo, hi) for lo, hi, *_ in parts])
+            merged = sorted([*parts, *((lo, hi, part, None, None, None) for lo, hi, part in free)], key=lambda p: p[0])
+            rows_of = (("", tuple(segment(lo, hi, part, g, memory, ge) for lo, hi, part, g, memory, ge in merged)),)
+        bars.append(GpuBar(gpu_id=gpu.pk, label=f"{gpu.node.name}:{gpu.index}", uuid=gpu.uuid, model=gpu.model_name,
+                           memory_mib=gpu.memory_mib, usable=gpu.healthy and gpu.node.healthy and gpu.node.schedulable,
+                           rows=rows_of))
+    return bars
+
+
+def _free_parts(mode: str, replicas: int, model: str, config: dict, layouts: dict, busy: list[tuple[int, int]]
+                ) -> list[tuple[int, int, str]]:
+    """The parts of a GPU's share space the pool's unit offers and nothing holds: free share slots (runs of
+    them as one part), free MIG instances of the layout, or the whole card."""
+    def clear(lo, hi):
+        return all(hi <= b_lo or b_hi <= lo for b_lo, b_hi in busy)
+
+    if mode in REPLICA_MODES and replicas:
+        free: list[tuple[int, int, str]] = []
+        for i in range(replicas):
+            lo, hi = booking.share_slot(i, replicas)
+            if not clear(lo, hi):
+                continue
+            if free and free[-1][1] == lo:
+                free[-1] = (free[-1][0], hi, "")
+            else:
+                free.append((lo, hi, ""))
+        width = 1000 // replicas
+        return [(lo, hi, f"{(hi - lo) // width} share{'s' if hi - lo > width else ''} free") for lo, hi, _ in free]
+    if mode == SharingMode.MIG:
+        if model not in layouts:
+            layout = mig_layout_names(config)
+            try:
+                layouts[model] = booking.layout_of(model, layout if isinstance(layout, str) else tuple(layout))
+            except mig.LayoutError:
+                layouts[model] = []
+        return [(*booking.mig_part(profile, start), f"{profile.name} free") for profile, start in layouts[model]
+                if clear(*booking.mig_part(profile, start))]
+    return [(0, 1000, "free")] if clear(0, 1000) else []

@@ -53,6 +53,7 @@ urlpatterns = [
     path("", views.dashboard, name="dashboard"),
     path("reserve/", views.reserve, name="reserve"),
     path("reserve/availability/", views.availability_partial, name="availability"),
+    path("reserve/fields/", views.reserve_fields, name="reserve-fields"),
     path("reservations/", views.reservations, name="reservations"),
     path("reservations/<int:reservation_id>/", views.reservation_detail, name="reservation"),
     path("reservations/<int:reservation_id>/release/", views.reservation_release, name="reservation-release"),

@@ -5,7 +5,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
-from allocations.selectors import pools_visible_to
+from allocations.selectors import pool_gpu_bars, pools_visible_to
 from common.errors import ServiceUnavailable
 from monitoring import hot, selectors
 from teams.selectors import teams_of
@@ -42,8 +42,22 @@ def pool_live(request: HttpRequest, slug: str) -> HttpResponse:
             for g in pool.gpus.select_related("node").order_by("node__name", "index")]
     context = _chart_context(gpus, pool.name, f"/ws/pools/{pool.slug}/")
     context.update(pool=pool, alerts=selectors.alerts_visible_to(request.user).filter(
-        pool=pool, state__in=["pending", "firing"])[:50])
+        pool=pool, state__in=["pending", "firing"])[:50],
+        gpu_bars=_with_memory_used(pool_gpu_bars(pool, request.user), context["rows"]))
     return render(request, "monitoring/pool.html", context)
+
+
+def _with_memory_used(bars: list, rows: list) -> list[tuple]:
+    """Each GPU bar with the card's memory in use now, (used, total) MiB from the hot values (None when
+    unknown); live-charts.js moves it with every sample."""
+    latest = {gpu_id: sample for gpu_id, _, sample in rows}
+    out = []
+    for bar in bars:
+        sample = latest.get(bar.gpu_id)
+        used = getattr(sample, "mem_used", None)
+        total = getattr(sample, "mem_total", None) or bar.memory_mib
+        out.append((bar, (used, total) if used is not None and total else None))
+    return out
 
 
 @login_required

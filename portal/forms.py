@@ -23,20 +23,79 @@ def _local(dt) -> str:
     return timezone.localtime(dt).strftime(DATETIME_LOCAL)
 
 
+def _ge(value: float) -> str:
+    return f"{value:.2f}".rstrip("0").rstrip(".") if value else "0"
+
+
 class ReservationForm(forms.Form):
+    """Team, pool, the amount in the pool's unit and the window. The amount fields are the pool's mode's
+    (those of the API, so the service's refusals name them): exclusive `gpus`; time_slicing and mps
+    `shares`; mig `mig_profile` and `count`; vgpu `gpu_memory_mib` or `gpu_memory_pct`, `gpu_cores_pct`
+    and `gpus`. `offer` (allocations.selectors.PoolOffer) is what the chosen pool offers."""
+
     team = forms.ChoiceField()
     pool = forms.ChoiceField()
-    gpus = forms.IntegerField(min_value=1, max_value=1024, initial=1, label="GPUs")
     starts_at = forms.DateTimeField(required=False, widget=DateTimeLocalInput(), label="Starts (UTC)",
                                     help_text="Leave empty to start now.")
     ends_at = forms.DateTimeField(widget=DateTimeLocalInput(), label="Ends (UTC)")
 
-    def __init__(self, *args, teams=(), pools=(), **kwargs):
+    def __init__(self, *args, teams=(), pools=(), offer=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["team"].choices = [(t.slug, t.name) for t in teams]
-        self.fields["pool"].choices = [(p.slug, f"{p.name} ({p.sharing_mode})") for p in pools]
+        self.fields["pool"].choices = [(p.slug, f"{p.name} ({p.get_sharing_mode_display()})") for p in pools]
+        self.offer = offer
+        self.amount_names = list(self._amount_fields(offer))
+        self.order_fields(["team", "pool", *self.amount_names, "starts_at", "ends_at"])
         if not self.is_bound:
             self.initial.setdefault("ends_at", _local(timezone.now() + timedelta(hours=4)))
+
+    def _amount_fields(self, offer):
+        """Add the amount fields of the pool's mode; yield their names."""
+        mode = offer.mode if offer is not None else "exclusive"
+        fields = self.fields
+        if mode in ("time_slicing", "mps"):
+            n = offer.replicas
+            fields["shares"] = forms.IntegerField(
+                min_value=1, max_value=max(n, 1), initial=1, label=f"Shares (of {n} per GPU)",
+                help_text=f"One share is 1/{n} of a GPU: {_ge(offer.share_ge)} GE. All the shares sit on one GPU.")
+            yield "shares"
+        elif mode == "mig":
+            fields["mig_profile"] = forms.ChoiceField(
+                label="MIG profile", choices=[(name, f"{name} ({_ge(ge)} GE each)")
+                                              for name, ge, _ in offer.mig_profiles])
+            fields["count"] = forms.IntegerField(min_value=1, max_value=1024, initial=1, label="Instances")
+            yield from ("mig_profile", "count")
+        elif mode == "vgpu":
+            fields["gpu_memory_mib"] = forms.IntegerField(
+                min_value=1, max_value=2**31 - 1, required=False, label="Memory per GPU (MiB)",
+                initial=offer.default_memory_mib,
+                help_text=f"Of {offer.gpu_memory_mib} MiB per card." if offer.gpu_memory_mib else "")
+            fields["gpu_memory_pct"] = forms.IntegerField(min_value=1, max_value=100, required=False,
+                                                          label="or memory per GPU (% of the card)")
+            fields["gpu_cores_pct"] = forms.IntegerField(
+                min_value=1, max_value=100, required=False, label="Cores per GPU (%)",
+                initial=offer.default_cores_pct,
+                help_text="Leave empty for the pool's default, else the memory's share.")
+            fields["gpus"] = forms.IntegerField(
+                min_value=1, max_value=1024, initial=1, required=False, label="GPUs (of one node)",
+                help_text=f"Each GPU costs the larger of its memory and cores shares × {_ge(offer.weight)} GE.")
+            yield from ("gpu_memory_mib", "gpu_memory_pct", "gpu_cores_pct", "gpus")
+        else:
+            weight = offer.weight if offer is not None else 1.0
+            fields["gpus"] = forms.IntegerField(min_value=1, max_value=1024, initial=1, label="GPUs",
+                                                help_text=f"Whole GPUs: {_ge(weight)} GE each.")
+            yield "gpus"
+
+    def amounts(self) -> dict:
+        """The amount fields given, by the API's names."""
+        return {name: self.cleaned_data[name] for name in self.amount_names
+                if self.cleaned_data.get(name) not in (None, "")}
+
+    def amount_fields(self):
+        return [self[name] for name in self.amount_names]
+
+    def other_fields(self, *names):
+        return [self[name] for name in names]
 
 
 class ExtendForm(forms.Form):
@@ -60,6 +119,14 @@ class AvailabilityForm(forms.Form):
     pool = forms.SlugField()
     start = forms.DateTimeField(required=False, widget=DateTimeLocalInput())
     range = forms.ChoiceField(choices=[(k, k) for k in RANGES], required=False)
+    # The shape to count, by the API's names (the reserve form's amount fields); see AvailabilityQuery.
+    gpus = forms.IntegerField(min_value=1, max_value=1024, required=False)
+    shares = forms.IntegerField(min_value=1, max_value=64, required=False)
+    mig_profile = forms.CharField(max_length=32, required=False)
+    count = forms.IntegerField(min_value=1, max_value=1024, required=False)
+    gpu_memory_mib = forms.IntegerField(min_value=1, max_value=2**31 - 1, required=False)
+    gpu_memory_pct = forms.IntegerField(min_value=1, max_value=100, required=False)
+    gpu_cores_pct = forms.IntegerField(min_value=1, max_value=100, required=False)
 
     def clean_start(self):
         start = self.cleaned_data.get("start")

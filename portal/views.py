@@ -6,11 +6,11 @@ request comes back as the same form with the message next to the field it names.
 from __future__ import annotations
 
 from datetime import timedelta
+from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.db.models import Prefetch
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
@@ -19,20 +19,21 @@ from django.views.decorators.http import require_POST
 from allocations import selectors as alloc_selectors
 from allocations import services as alloc_services
 from allocations.filters import ReservationFilterSet
-from allocations.models import Allocation, Reservation
+from allocations.models import Reservation
 from common.errors import ApplicationError
 from monitoring import views as monitoring_views
 from portal.forms import AvailabilityForm, ExtendForm, MemberAddForm, MemberRemoveForm, ReservationForm
+from portal.templatetags.portal_units import booked_words, ge
 from teams import services as team_services
 from teams.selectors import can_manage_team, teams_of
 
 LIVE_RESERVATIONS_PER_PAGE = 50
-ALLOCATIONS = Prefetch("allocations", queryset=Allocation.objects.select_related("gpu__node"))
 
 
 def _form_error(form, error: ApplicationError) -> None:
     for item in error.errors:
-        form.add_error(item.field if item.field in form.fields else None, item.message)
+        field = FORM_FIELD_OF.get(item.field, item.field)
+        form.add_error(field if field in form.fields else None, item.message)
 
 
 def _pools(user):
@@ -45,12 +46,13 @@ def dashboard(request: HttpRequest) -> HttpResponse:
     mine = (
         alloc_selectors.reservations_visible_to(request.user)
         .filter(state__in=Reservation.LIVE_STATES + (Reservation.State.RELEASING,))
-        .prefetch_related(ALLOCATIONS).order_by("starts_at")
+        .order_by("starts_at")
     )
     pools = list(_pools(request.user))
     for pool_ge in alloc_selectors.pools_ge(pools, now):
         pool_ge.pool.ge = pool_ge
     teams = list(teams_of(request.user).order_by("slug"))
+    mine = alloc_selectors.with_allocated_gpus(list(mine))
     return render(request, "portal/dashboard.html", {
         "pools": pools,
         "active": [r for r in mine if r.starts_at <= now],
@@ -61,52 +63,105 @@ def dashboard(request: HttpRequest) -> HttpResponse:
     })
 
 
-def _availability_context(user, data) -> dict:
+# Where a service refusal's field has no input of its own on the form.
+FORM_FIELD_OF = {"gpu_memory_mib or gpu_memory_pct": "gpu_memory_mib"}
+
+
+def _availability_context(user, data, pool=None) -> dict:
+    """The timeline of a pool for the shape in `data` (the reserve form's amount fields, by the API's names),
+    counted by the selector the availability API answers with."""
+    if pool is not None:
+        data = {**data, "pool": pool.slug}
     form = AvailabilityForm(data)
     if not form.is_valid():
         if "start" in form.errors:
             return {"availability_error": form.errors["start"][0]}
-        return {"availability_error": "Pick a pool to see when its GPUs are free."}
-    pool = alloc_selectors.pools_visible_to(user).filter(slug=form.cleaned_data["pool"]).first()
+        if "pool" in form.errors:
+            return {"availability_error": "Pick a pool to see when it has room."}
+    if pool is None:
+        pool = alloc_selectors.pools_visible_to(user).filter(slug=form.cleaned_data["pool"]).first()
     if pool is None:
         return {"availability_error": "That pool is not one you can reserve from."}
-    span, slot = AvailabilityForm.RANGES[form.cleaned_data.get("range") or "24h"]
+    shape_fields = {name: form.cleaned_data.get(name) for name in alloc_selectors.SHAPE_FIELDS
+                    if name in form.cleaned_data and form.cleaned_data.get(name) not in (None, "")}
+    context = {"pool": pool, "range": form.cleaned_data.get("range") or "24h",
+               "ranges": list(AvailabilityForm.RANGES), "shape_query": urlencode(shape_fields)}
+    bad = [f"{name}: {' '.join(errors)}" for name, errors in form.errors.items()]
+    if bad:
+        return {**context, "availability_error": "The timeline needs valid amounts (" + "; ".join(bad) + ")."}
+    span, slot = AvailabilityForm.RANGES[context["range"]]
     start = max(form.cleaned_data.get("start") or timezone.now(), timezone.now())
     start = start.replace(minute=0, second=0, microsecond=0)
-    slots = alloc_selectors.pool_availability(pool, start, start + span, slot)
-    total = pool.gpus.usable().count()
-    return {"pool": pool, "slots": slots, "total": total,
-            "range": form.cleaned_data.get("range") or "24h", "ranges": list(AvailabilityForm.RANGES)}
+    try:
+        answer = alloc_selectors.availability(pool, start, start + span, slot,
+                                              alloc_selectors.ShapeQuery(**shape_fields))
+    except ApplicationError as error:
+        return {**context, "availability_error": f"No timeline for that amount: {error.message}"}
+    return {**context, "slots": answer.slots, "total": answer.capacity, "shape": answer.shape,
+            "unit": answer.slots[0].unit if answer.slots else "GPUs"}
+
+
+def _chosen_pool(pools, slug: str):
+    """The pool the form books from: the one named, else the first the user may use."""
+    return next((p for p in pools if p.slug == slug), pools[0] if pools else None)
 
 
 @login_required
 def reserve(request: HttpRequest) -> HttpResponse:
     teams = list(teams_of(request.user))
     pools = list(alloc_selectors.pools_visible_to(request.user).order_by("slug"))
-    form = ReservationForm(request.POST or None, teams=teams, pools=pools,
-                           initial={"pool": request.GET.get("pool", "")})
+    pool = _chosen_pool(pools, request.POST.get("pool") or request.GET.get("pool", ""))
+    offer = alloc_selectors.pool_offer(pool) if pool is not None else None
+    form = ReservationForm(request.POST or None, teams=teams, pools=pools, offer=offer,
+                           initial={"pool": pool.slug if pool else ""})
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
         try:
             reservation = alloc_services.reservation_create(actor=request.user, request=alloc_services.ReservationRequest(
-                team=data["team"], pool=data["pool"],
-                gpus=data["gpus"], starts_at=data["starts_at"], ends_at=data["ends_at"],
+                team=data["team"], pool=data["pool"], starts_at=data["starts_at"], ends_at=data["ends_at"],
+                **form.amounts(),
             ))
         except ApplicationError as error:
             _form_error(form, error)
         else:
-            messages.success(request, f"Reserved {reservation.gpus} GPU(s) of {reservation.pool.name} "
-                                      f"(reservation #{reservation.pk}).")
+            messages.success(request, f"Reserved {booked_words(reservation)} of {pool.name} "
+                                      f"(reservation #{reservation.pk}, {ge(reservation.ge)} GE).")
             return redirect("reservations")
-    selected = form["pool"].value() or (pools[0].slug if pools else "")
-    context = {"form": form, "no_choice": not teams or not pools}
-    context.update(_availability_context(request.user, {"pool": selected, "range": request.GET.get("range", "24h")}))
+    context = {"form": form, "no_choice": not teams or not pools, "offer": offer, "chosen_pool": pool}
+    if pool is not None:
+        context.update(_availability_context(request.user, {"range": request.GET.get("range", "24h"),
+                                                            **_form_shape(form)}, pool))
     return render(request, "portal/reserve.html", context, status=400 if form.errors else 200)
+
+
+def _form_shape(form: ReservationForm) -> dict:
+    """The amount fields the form shows (posted, else initial), by the API's names, for the timeline."""
+    shape = {}
+    for field in form.amount_fields():
+        value = field.value()
+        if value not in (None, ""):
+            shape[field.name] = value
+    return shape
+
+
+@login_required
+def reserve_fields(request: HttpRequest) -> HttpResponse:
+    """The amount fields of the chosen pool's mode, and its timeline (out of band), for HTMX to swap in when
+    the pool changes."""
+    pools = list(alloc_selectors.pools_visible_to(request.user).order_by("slug"))
+    pool = _chosen_pool(pools, request.GET.get("pool", ""))
+    if pool is None:
+        raise Http404("No pool you can reserve from.")
+    form = ReservationForm(teams=(), pools=pools, offer=alloc_selectors.pool_offer(pool), initial={"pool": pool.slug})
+    context = {"form": form, "offer": form.offer, "oob": True}
+    context.update(_availability_context(request.user, {"range": request.GET.get("range", "24h"),
+                                                        **_form_shape(form)}, pool))
+    return render(request, "portal/_amount_fields.html", context)
 
 
 @login_required
 def availability_partial(request: HttpRequest) -> HttpResponse:
-    """The timeline alone, for HTMX to swap in when the pool or range changes."""
+    """The timeline alone, for HTMX to swap in when the range or the amount changes."""
     return render(request, "portal/_availability.html", _availability_context(request.user, request.GET))
 
 
@@ -118,12 +173,15 @@ def reservations(request: HttpRequest) -> HttpResponse:
     filters = ReservationFilterSet(request.GET, queryset=alloc_selectors.reservations_visible_to(request.user))
     visible = filters.qs
     live = visible.filter(state__in=Reservation.LIVE_STATES + (Reservation.State.RELEASING,))
+    # Newest ended first through reservation_team_ended: the page must not sort a team's whole history.
     # Pages of live ones: staff see the whole fleet's, which can run into thousands.
     # get_page answers a missing, malformed or too-large ?page= with the first or last page.
-    live_page = Paginator(live.prefetch_related(ALLOCATIONS).order_by("starts_at", "id"),
+    live_page = Paginator(live.order_by("starts_at", "id"),
                           LIVE_RESERVATIONS_PER_PAGE).get_page(request.GET.get("page"))
-    # Newest ended first through reservation_team_ended: the page must not sort a team's whole history.
-    ended = visible.filter(state__in=Reservation.FINAL_STATES).order_by("-ended_at", "-id")[:50]
+    # Each row's grants (shares per GPU, MIG instances, vGPU memory and cores): one query for the page.
+    live_page.object_list = alloc_selectors.with_allocated_gpus(list(live_page.object_list))
+    ended = alloc_selectors.with_allocated_gpus(
+        list(visible.filter(state__in=Reservation.FINAL_STATES).order_by("-ended_at", "-id")[:50]))
     kept = request.GET.copy()
     kept.pop("page", None)
     return render(request, "portal/reservations.html", {
@@ -134,7 +192,7 @@ def reservations(request: HttpRequest) -> HttpResponse:
         "filter_pools": alloc_selectors.pools_visible_to(request.user).order_by("slug").values_list("slug", flat=True),
         "states": Reservation.State.choices,
         "live": live_page,
-        "ended": ended.prefetch_related(ALLOCATIONS),
+        "ended": ended,
         "extend_form": ExtendForm(),
         "now": timezone.now(),
     })
@@ -149,10 +207,10 @@ def _visible_reservation(request: HttpRequest, reservation_id: int) -> Reservati
 
 @login_required
 def reservation_detail(request: HttpRequest, reservation_id: int) -> HttpResponse:
-    reservation = _visible_reservation(request, reservation_id)
+    reservation = alloc_selectors.with_allocated_gpus([_visible_reservation(request, reservation_id)])[0]
     return render(request, "portal/reservation_detail.html", {
         "reservation": reservation,
-        "allocations": reservation.allocations.select_related("gpu__node"),
+        "grants": reservation.grants,
         "events": reservation.events.select_related("actor"),
         "apply_jobs": reservation.apply_jobs.select_related("cluster"),
         "extend_form": ExtendForm(initial={"ends_at": timezone.localtime(reservation.ends_at + timedelta(hours=1))}),

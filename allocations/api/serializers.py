@@ -54,17 +54,43 @@ def _before_latest(value):
 
 
 class AvailabilityQuery(serializers.Serializer):
+    """The window, the slot length and the shape to count, in the pool's unit. Only the fields of the pool's
+    mode apply (another mode's field is a 400 `not_for_mode`); without them the timeline counts one of the
+    pool's unit. Other query parameters are ignored (query strings often carry extras)."""
+
     start = serializers.DateTimeField(required=False, validators=[_before_latest])
     end = serializers.DateTimeField(required=False, validators=[_before_latest])
     slot = serializers.IntegerField(required=False, min_value=60, max_value=7 * 86400, default=3600,
                                     help_text="Slot length in seconds")
+    gpus = serializers.IntegerField(min_value=1, max_value=MAX_GPUS_PER_REQUEST, required=False,
+                                    help_text="exclusive: whole GPUs wanted together (default 1); vgpu: GPUs of one "
+                                              "node that must each have the memory and cores free (default 1)")
+    shares = serializers.IntegerField(min_value=1, max_value=64, required=False,
+                                      help_text="time_slicing, mps: shares wanted on one GPU (default 1)")
+    mig_profile = serializers.CharField(max_length=32, required=False,
+                                        help_text="mig: the profile to count (default: the layout's smallest)")
+    count = serializers.IntegerField(min_value=1, max_value=MAX_GPUS_PER_REQUEST, required=False,
+                                     help_text="mig: instances wanted (default 1)")
+    gpu_memory_mib = serializers.IntegerField(min_value=1, max_value=2**31 - 1, required=False,
+                                              help_text="vgpu: memory free on each GPU, MiB (default: the pool's)")
+    gpu_memory_pct = serializers.IntegerField(min_value=1, max_value=100, required=False,
+                                              help_text="vgpu: memory free on each GPU, % of the card")
+    gpu_cores_pct = serializers.IntegerField(min_value=1, max_value=100, required=False,
+                                             help_text="vgpu: cores free on each GPU, % (default: the pool's, "
+                                                       "else the memory's share)")
 
 
 class SlotSerializer(serializers.Serializer):
     start = serializers.DateTimeField()
     end = serializers.DateTimeField()
-    free = serializers.IntegerField()
-    free_on_one_node = serializers.IntegerField()
+    free = serializers.IntegerField(help_text="How much of the pool's unit is free for the whole slot: whole GPUs "
+                                              "(exclusive), shares (time_slicing, mps), instances of the profile "
+                                              "(mig), GPUs with the memory and cores free (vgpu)")
+    free_on_one_node = serializers.IntegerField(help_text="The same as most_together (kept for compatibility)")
+    unit = serializers.CharField(help_text="What free counts: GPUs, shares or instances")
+    most_together = serializers.IntegerField(help_text="The most one request could get: on one GPU (shares), on "
+                                                       "one node (GPUs, instances)")
+    fits = serializers.BooleanField(help_text="Whether the shape asked could be booked for the slot")
 
 
 class ReservationCreateInput(RefusesUnknownFields, serializers.Serializer):

@@ -127,7 +127,12 @@ class PoolViewSet(viewsets.ModelViewSet):
     def get_queryset(self):
         return selectors.with_occupancy(selectors.pools_visible_to(self.request.user))
 
-    @extend_schema(parameters=[AvailabilityQuery], responses=SlotSerializer(many=True))
+    @extend_schema(parameters=[AvailabilityQuery], responses=SlotSerializer(many=True), description=(
+        "What the pool has free per slot of [start, end) (default: now to a day later, hourly), in the pool's "
+        "unit, for the shape in the query: whole GPUs (`gpus`), shares (`shares`), instances of a MIG profile "
+        "(`mig_profile`, `count`) or GPUs with `gpu_memory_mib` (or `gpu_memory_pct`) and `gpu_cores_pct` free "
+        "(vgpu). `fits` says whether that shape could be booked for the slot. A field of another mode, a profile "
+        "not in the pool's layout or a value out of range is a 400 naming the field and the rule."))
     # A timeline, not a list of resources: every slot of the window in one array (the window's slot count
     # is bounded by AvailabilityQuery), so not paged, and the schema says so.
     @action(detail=True, methods=["get"], pagination_class=None)
@@ -137,7 +142,9 @@ class PoolViewSet(viewsets.ModelViewSet):
         query.is_valid(raise_exception=True)
         start = query.validated_data.get("start") or timezone.now()
         end = query.validated_data.get("end") or start + timedelta(days=1)
-        slots = selectors.pool_availability(pool, start, end, timedelta(seconds=query.validated_data["slot"]))
+        amounts = {name: query.validated_data[name] for name in selectors.SHAPE_FIELDS if name in query.validated_data}
+        slots = selectors.pool_availability(pool, start, end, timedelta(seconds=query.validated_data["slot"]),
+                                            selectors.ShapeQuery(**amounts))
         return Response(SlotSerializer(slots, many=True).data)
 
 

@@ -40,6 +40,12 @@
                           idx, data.window);
     }
     for (const s of rows) {
+      // The pool page's GPU bars: the card's memory in use against the holders' parts.
+      const used = document.querySelector(`.gpu-bar[data-gpu="${s.gpu}"] .mem-used`);
+      if (used && s.mem_total) {
+        used.style.width = `${Math.min(100, (100 * s.mem_used) / s.mem_total).toFixed(1)}%`;
+        used.parentElement.title = `memory in use: ${s.mem_used} of ${s.mem_total} MiB`;
+      }
       const tr = document.querySelector(`#gpu-table tr[data-gpu="${s.gpu}"]`);
       if (!tr) continue;
       tr.querySelector('[data-f="util"]').textContent = s.util;

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from allocations.models import Reservation
 from tests.factories import PASSWORD, window
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -18,7 +19,8 @@ def test_no_page_is_wider_than_a_phone(world, live_server, page, api):
     page.fill("input[name=password]", PASSWORD)
     page.click("button[type=submit]")
     page.wait_for_url(f"{live_server.url}/")
-    for path in ("/", "/reserve/", "/reservations/", "/teams/ml/"):
+    first = Reservation.objects.order_by("pk").first()
+    for path in ("/", "/reserve/", "/reservations/", "/teams/ml/", "/pools/a100/", f"/reservations/{first.pk}/"):
         page.goto(f"{live_server.url}{path}")
         page.wait_for_load_state("networkidle")
         width = page.evaluate("document.documentElement.scrollWidth")

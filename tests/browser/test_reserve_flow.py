@@ -25,13 +25,14 @@ def test_a_member_reserves_and_releases_a_gpu_in_the_browser(world, live_server,
     assert page.locator("#availability .slot").count() == 24
     page.select_option("select[name=team]", "ml")
     page.select_option("select[name=pool]", "a100")
+    page.wait_for_load_state("networkidle")  # choosing a pool swaps in its amount fields (HTMX)
     page.fill("input[name=gpus]", "2")
     ends_at = timezone.localtime(timezone.now() + timedelta(hours=3)).strftime("%Y-%m-%dT%H:%M")
     page.fill("input[name=ends_at]", ends_at)
     page.click("#reserve-form button[type=submit]")
 
     page.wait_for_url(f"{live_server.url}/reservations/")
-    assert "Reserved 2 GPU(s) of A100" in page.locator(".flash").inner_text()
+    assert "Reserved 2 GPUs of A100" in page.locator(".flash").inner_text()
     reservation = Reservation.objects.get()
     row = page.locator(f"#reservation-{reservation.pk}")
     assert "A100" in row.inner_text() and "node-a:0" in row.inner_text()

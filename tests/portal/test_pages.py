@@ -41,7 +41,7 @@ def test_the_reserve_form_books_gpus_and_redirects(world, browser):
                                          "ends_at": local(timezone.now() + timedelta(hours=3))})
     assert response.status_code == 302
     assert Reservation.objects.get().gpus == 2
-    assert "Reserved 2 GPU(s)" in client.get("/reservations/").content.decode()
+    assert "Reserved 2 GPUs of A100" in client.get("/reservations/").content.decode()
 
 
 def test_a_refused_form_shows_the_reason_next_to_the_field(world, browser):
