@@ -14,9 +14,10 @@ from django.db.models import Count, DateTimeField, DurationField, F, OuterRef, Q
 from django.db.models.functions import Coalesce, Greatest, Least
 from django.utils import timezone
 
-from allocations import booking, quota_math, units
+from allocations import booking, quota_math, shapes, units
 from allocations.models import Allocation, AllocationQuerySet, Quota, Reservation
 from allocations.placement import mig
+from allocations.shapes import Amounts
 from common import sql
 from common.errors import ValidationFailed
 from inventory.models import Gpu, GpuPool
@@ -239,14 +240,12 @@ class Slot:
     fits: bool = False
 
 
-def availability_shape(pool: GpuPool, snapshot: booking.PoolSnapshot, request: ShapeQuery | None = None
+def availability_shape(pool: GpuPool, snapshot: booking.PoolSnapshot, request: Amounts | None = None
                        ) -> booking.Shape:
     """The shape the timeline counts, in the pool's unit: `request`'s amount fields where given, else
     one of the pool's unit (1 GPU, 1 share, 1 instance of the layout's smallest profile, the pool's
     default vGPU memory and cores). Bad values are the service's 400s, naming the field and the rule."""
-    from allocations import services  # services reads these selectors: imported on use
-
-    request = request or ShapeQuery()
+    request = request or Amounts()
     mode = pool.sharing_mode
     defaults: dict = {}
     if mode == SharingMode.EXCLUSIVE and request.gpus is None and not request.given():
@@ -258,8 +257,7 @@ def availability_shape(pool: GpuPool, snapshot: booking.PoolSnapshot, request: S
         if offered:
             defaults["mig_profile"] = offered[0]
     asked = dataclasses.replace(request, **defaults)
-    return services.reservation_shape(pool, services.ReservationRequest(
-        team="", pool=pool.slug, ends_at=snapshot.end, **asked.amounts()), snapshot)
+    return shapes.shape_for(pool, asked, snapshot)
 
 
 def mig_profiles_offered(pool: GpuPool, snapshot: booking.PoolSnapshot) -> list[str]:
@@ -321,27 +319,6 @@ def pool_offer(pool: GpuPool) -> PoolOffer:
                      default_cores_pct=config.get("default_cores_pct"))
 
 
-@dataclass(frozen=True)
-class ShapeQuery:
-    """The amount fields of an availability query (those of services.ReservationRequest; None: not given)."""
-
-    gpus: int | None = None
-    shares: int | None = None
-    mig_profile: str | None = None
-    count: int | None = None
-    gpu_memory_mib: int | None = None
-    gpu_memory_pct: int | None = None
-    gpu_cores_pct: int | None = None
-
-    def amounts(self) -> dict:
-        """The fields given, by name."""
-        return {name: value for name, value in dataclasses.asdict(self).items() if value is not None}
-
-    def given(self) -> bool:
-        return bool(self.amounts())
-
-
-SHAPE_FIELDS = tuple(field.name for field in dataclasses.fields(ShapeQuery))
 
 
 def _fits(shape: booking.Shape, room: booking.Room, snapshot: booking.PoolSnapshot) -> bool:
@@ -363,7 +340,7 @@ def _fits(shape: booking.Shape, room: booking.Room, snapshot: booking.PoolSnapsh
 
 
 def pool_availability(pool: GpuPool, start: datetime, end: datetime, slot: timedelta,
-                      request: ShapeQuery | None = None) -> list[Slot]:
+                      request: Amounts | None = None) -> list[Slot]:
     """What the pool has free of a shape per slot of [start, end), in the pool's unit (see availability)."""
     return availability(pool, start, end, slot, request).slots
 
@@ -376,7 +353,7 @@ class Availability:
 
 
 def availability(pool: GpuPool, start: datetime, end: datetime, slot: timedelta,
-                 request: ShapeQuery | None = None) -> Availability:
+                 request: Amounts | None = None) -> Availability:
     """What the pool has free of a shape per slot of [start, end), in the pool's unit.
 
     The shape is `request`'s amount (or one of the pool's unit, see availability_shape). The pool

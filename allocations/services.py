@@ -8,7 +8,6 @@ so a task never sees a reservation that was rolled back.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -17,18 +16,18 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, transaction
 from django.utils import timezone
 
-from allocations import booking, quota_math, selectors, units
+from allocations import booking, quota_math, selectors, shapes, units
 from allocations.apply import jobs
-from allocations.models import Allocation, ApplyJob, Quota, Reservation
+from allocations.models import ApplyJob, Quota, Reservation
 from allocations.transitions import ending_state
+from allocations.shapes import Amounts
 from allocations.transitions import move as _move
 from allocations.transitions import record as _record
 from common import sql
 from common.dispatch import enqueue_after_commit
 from common.errors import Conflict, FieldError, NotFound, PermissionDenied, ValidationFailed
 from inventory.models import Gpu, GpuPool
-from allocations.placement import mig
-from inventory.sharing import REPLICA_MODES, SharingMode, mig_layout_names
+from inventory.sharing import SharingMode
 from teams.models import Team
 
 State = Reservation.State
@@ -123,36 +122,16 @@ def _check_quota(quota: QuotaLimits, *, ge: float, asked: str, field: str, start
 
 # --- commands ------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class ReservationRequest:
-    """What a member asks for, as the API takes it: pool and team by slug, the amount in the pool's unit
-    (which fields apply depends on its sharing mode; `reservation_shape` checks them)."""
+@dataclass(frozen=True, kw_only=True)
+class ReservationRequest(Amounts):
+    """What a member asks for, as the API takes it: pool and team by slug, the window, and the amount in
+    the pool's unit (which of Amounts' fields apply depends on its sharing mode; shapes.shape_for
+    checks them)."""
 
     team: str
     pool: str
     ends_at: datetime
     starts_at: datetime | None = None
-    gpus: int | None = None
-    shares: int | None = None
-    mig_profile: str | None = None
-    count: int | None = None
-    gpu_memory_mib: int | None = None
-    gpu_memory_pct: int | None = None
-    gpu_cores_pct: int | None = None
-
-
-# The request fields each sharing mode takes (the rest are refused with `not_for_mode`).
-MODE_FIELDS = {
-    SharingMode.EXCLUSIVE: ("gpus",),
-    SharingMode.TIME_SLICING: ("shares",),
-    SharingMode.MPS: ("shares",),
-    SharingMode.MIG: ("mig_profile", "count"),
-    SharingMode.VGPU: ("gpus", "gpu_memory_mib", "gpu_memory_pct", "gpu_cores_pct"),
-}
-# The field a refusal for lack of room or quota names, per mode.
-AMOUNT_FIELD = {SharingMode.EXCLUSIVE: "gpus", SharingMode.TIME_SLICING: "shares", SharingMode.MPS: "shares",
-                SharingMode.MIG: "count", SharingMode.VGPU: "gpus"}
-_AMOUNT_FIELDS = ("gpus", "shares", "mig_profile", "count", "gpu_memory_mib", "gpu_memory_pct", "gpu_cores_pct")
 
 
 @dataclass(frozen=True)
@@ -196,81 +175,6 @@ def _lock_pool_for(request: ReservationRequest, actor: AbstractBaseUser) -> _Ask
         ge_hours_per_month=None if ge_hours is None else float(ge_hours),
         team_max_ge=None if team_max_ge is None else float(team_max_ge)) if has_quota else None
     return _Asked(pool=pool, team=team, role=role, quota=quota)
-
-
-def reservation_shape(pool: GpuPool, request: ReservationRequest, snapshot: booking.PoolSnapshot) -> booking.Shape:
-    """The request in the pool's unit, checked against the pool: 400 naming the field and the rule for a
-    field that does not belong to the pool's mode, a missing one, or an amount no GPU of the pool
-    could ever give."""
-    mode, config = pool.sharing_mode, pool.sharing_config or {}
-    takes = MODE_FIELDS.get(mode, ())
-    given = [name for name in _AMOUNT_FIELDS if getattr(request, name) is not None]
-    wrong = [name for name in given if name not in takes]
-    if wrong:
-        errors = [FieldError(field=name, rule="not_for_mode",
-                             message=f"{name} does not apply to pool {pool.slug}, which shares GPUs by {mode}; it "
-                                     f"takes {' and '.join(takes)}.") for name in wrong]
-        raise ValidationFailed(errors[0].message, errors=errors)
-    usable = [gpu for gpu in snapshot.gpus if gpu.usable] or list(snapshot.gpus)
-
-    def required(name: str) -> ValidationFailed:
-        return ValidationFailed(f"Pool {pool.slug} shares GPUs by {mode}: give {name}.", field=name, rule="required")
-
-    if mode in REPLICA_MODES:
-        if request.shares is None:
-            raise required("shares")
-        replicas = int(config.get("replicas") or 0)
-        if request.shares > replicas:
-            raise ValidationFailed(f"Pool {pool.slug} offers each GPU as {replicas} shares; {request.shares} "
-                                   "requested.", field="shares", rule="max_value")
-        return booking.Shape(mode=mode, shares=request.shares, replicas=replicas)
-    if mode == SharingMode.MIG:
-        if not request.mig_profile:
-            raise required("mig_profile")
-        layout = mig_layout_names(config)
-        layout = layout if isinstance(layout, str) else tuple(layout)
-        offered: set[str] = set()
-        for model in sorted({gpu.model for gpu in usable}):
-            try:
-                offered |= {profile.name for profile, _ in booking.layout_of(model, layout)}
-            except mig.LayoutError:
-                continue
-        if request.mig_profile not in offered:
-            known = set().union(*(mig.profiles_for(gpu.model) for gpu in usable)) if usable else set()
-            rule = "not_in_layout" if request.mig_profile in known else "unknown_profile"
-            what = ("is not in the layout of" if rule == "not_in_layout" else "is not a MIG profile of the GPUs of")
-            raise ValidationFailed(
-                f"{request.mig_profile!r} {what} pool {pool.slug} (it offers {', '.join(sorted(offered)) or 'none'}).",
-                field="mig_profile", rule=rule)
-        return booking.Shape(mode=mode, mig_profile=request.mig_profile, mig_count=request.count or 1,
-                             mig_layout=layout)
-    if mode == SharingMode.VGPU:
-        if request.gpu_memory_mib is not None and request.gpu_memory_pct is not None:
-            raise ValidationFailed("Give gpu_memory_mib or gpu_memory_pct, not both.", field="gpu_memory_pct",
-                                   rule="exclusive_with")
-        memory_mib = request.gpu_memory_mib
-        memory_pct = request.gpu_memory_pct
-        if memory_mib is None and memory_pct is None:
-            memory_mib = config.get("default_memory_mib")
-            if memory_mib is None:
-                raise required("gpu_memory_mib or gpu_memory_pct")
-        largest = max((gpu.memory_mib for gpu in usable), default=0)
-        if memory_mib is not None and memory_mib > largest:
-            raise ValidationFailed(f"{memory_mib} MiB is more than the memory of any GPU of pool {pool.slug} "
-                                   f"({largest} MiB).", field="gpu_memory_mib", rule="exceeds_gpu_memory")
-        cores = request.gpu_cores_pct or config.get("default_cores_pct")
-        if cores is None:
-            # A share of the memory gets the same share of the cores, so it counts as it is used.
-            share = memory_pct if memory_pct is not None else 100 * memory_mib / max(largest, 1)
-            cores = max(1, min(100, math.ceil(share)))
-        return booking.Shape(mode=mode, gpus=request.gpus or 1, memory_mib=memory_mib or 0,
-                             memory_pct=memory_pct or 0, cores_pct=int(cores))
-    if request.gpus is None:
-        raise required("gpus")
-    if request.gpus > len(snapshot.gpus):
-        raise ValidationFailed(f"Pool {pool.slug} has {len(snapshot.gpus)} GPUs; {request.gpus} requested.",
-                               field="gpus", rule="exceeds_pool_size")
-    return booking.Shape(mode=SharingMode.EXCLUSIVE, gpus=request.gpus)
 
 
 def _insert_reservation(*, asked: _Asked, actor: AbstractBaseUser, shape: booking.Shape,
@@ -325,8 +229,8 @@ def reservation_create(*, actor: AbstractBaseUser, request: ReservationRequest,
                 raise PermissionDenied(f"Team {team.slug} has no quota in pool {pool.slug}.", field="pool",
                                        rule="no_quota")
             snapshot = booking.pool_snapshot(pool.pk, starts_at, ends_at)
-            shape = reservation_shape(pool, request, snapshot)
-            field = AMOUNT_FIELD[shape.mode]
+            shape = shapes.shape_for(pool, request, snapshot)
+            field = shapes.AMOUNT_FIELD[shape.mode]
             try:
                 grants = booking.choose(snapshot, shape, policy=pool.placement_policy)
             except booking.BookingRefused as refused:

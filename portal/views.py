@@ -18,6 +18,7 @@ from django.views.decorators.http import require_POST
 
 from allocations import selectors as alloc_selectors
 from allocations import services as alloc_services
+from allocations import shapes as alloc_shapes
 from allocations.filters import ReservationFilterSet
 from allocations.models import Reservation
 from common.errors import ApplicationError
@@ -82,7 +83,7 @@ def _availability_context(user, data, pool=None) -> dict:
         pool = alloc_selectors.pools_visible_to(user).filter(slug=form.cleaned_data["pool"]).first()
     if pool is None:
         return {"availability_error": "That pool is not one you can reserve from."}
-    shape_fields = {name: form.cleaned_data.get(name) for name in alloc_selectors.SHAPE_FIELDS
+    shape_fields = {name: form.cleaned_data.get(name) for name in alloc_shapes.AMOUNT_FIELDS
                     if name in form.cleaned_data and form.cleaned_data.get(name) not in (None, "")}
     context = {"pool": pool, "range": form.cleaned_data.get("range") or "24h",
                "ranges": list(AvailabilityForm.RANGES), "shape_query": urlencode(shape_fields)}
@@ -94,7 +95,7 @@ def _availability_context(user, data, pool=None) -> dict:
     start = start.replace(minute=0, second=0, microsecond=0)
     try:
         answer = alloc_selectors.availability(pool, start, start + span, slot,
-                                              alloc_selectors.ShapeQuery(**shape_fields))
+                                              alloc_shapes.Amounts(**shape_fields))
     except ApplicationError as error:
         return {**context, "availability_error": f"No timeline for that amount: {error.message}"}
     return {**context, "slots": answer.slots, "total": answer.capacity, "shape": answer.shape,

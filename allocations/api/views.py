@@ -12,7 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from allocations import selectors, services
+from allocations import selectors, services, shapes
 from allocations.api.serializers import (
     ApplyJobSerializer,
     AvailabilityQuery,
@@ -142,9 +142,9 @@ class PoolViewSet(viewsets.ModelViewSet):
         query.is_valid(raise_exception=True)
         start = query.validated_data.get("start") or timezone.now()
         end = query.validated_data.get("end") or start + timedelta(days=1)
-        amounts = {name: query.validated_data[name] for name in selectors.SHAPE_FIELDS if name in query.validated_data}
+        amounts = {name: query.validated_data[name] for name in shapes.AMOUNT_FIELDS if name in query.validated_data}
         slots = selectors.pool_availability(pool, start, end, timedelta(seconds=query.validated_data["slot"]),
-                                            selectors.ShapeQuery(**amounts))
+                                            shapes.Amounts(**amounts))
         return Response(SlotSerializer(slots, many=True).data)
 
 

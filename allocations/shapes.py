@@ -1,0 +1,124 @@
+"""A request's amount in its pool's unit: which fields each sharing mode takes, and the booking.Shape they
+make, checked against the pool. The create (services) and the availability timeline (selectors) both
+read requests through here, so they refuse the same fields with the same rules."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from allocations import booking
+from allocations.placement import mig
+from common.errors import FieldError, ValidationFailed
+from inventory.models import GpuPool
+from inventory.sharing import REPLICA_MODES, SharingMode, mig_layout_names
+
+
+@dataclass(frozen=True)
+class Amounts:
+    """The amount fields of a request (None: not given); which apply depends on the pool's mode."""
+
+    gpus: int | None = None
+    shares: int | None = None
+    mig_profile: str | None = None
+    count: int | None = None
+    gpu_memory_mib: int | None = None
+    gpu_memory_pct: int | None = None
+    gpu_cores_pct: int | None = None
+
+    def amounts(self) -> dict:
+        """The amount fields given, by name."""
+        return {name: getattr(self, name) for name in AMOUNT_FIELDS if getattr(self, name) is not None}
+
+    def given(self) -> bool:
+        return bool(self.amounts())
+
+
+AMOUNT_FIELDS = tuple(field.name for field in dataclasses.fields(Amounts))
+
+# The request fields each sharing mode takes (the rest are refused with `not_for_mode`).
+MODE_FIELDS = {
+    SharingMode.EXCLUSIVE: ("gpus",),
+    SharingMode.TIME_SLICING: ("shares",),
+    SharingMode.MPS: ("shares",),
+    SharingMode.MIG: ("mig_profile", "count"),
+    SharingMode.VGPU: ("gpus", "gpu_memory_mib", "gpu_memory_pct", "gpu_cores_pct"),
+}
+# The field a refusal for lack of room or quota names, per mode.
+AMOUNT_FIELD = {SharingMode.EXCLUSIVE: "gpus", SharingMode.TIME_SLICING: "shares", SharingMode.MPS: "shares",
+                SharingMode.MIG: "count", SharingMode.VGPU: "gpus"}
+
+
+def shape_for(pool: GpuPool, request: Amounts, snapshot: booking.PoolSnapshot) -> booking.Shape:
+    """The request in the pool's unit, checked against the pool: 400 naming the field and the rule for a
+    field that does not belong to the pool's mode, a missing one, or an amount no GPU of the pool
+    could ever give."""
+    mode, config = pool.sharing_mode, pool.sharing_config or {}
+    takes = MODE_FIELDS.get(mode, ())
+    given = list(request.amounts())
+    wrong = [name for name in given if name not in takes]
+    if wrong:
+        errors = [FieldError(field=name, rule="not_for_mode",
+                             message=f"{name} does not apply to pool {pool.slug}, which shares GPUs by {mode}; it "
+                                     f"takes {' and '.join(takes)}.") for name in wrong]
+        raise ValidationFailed(errors[0].message, errors=errors)
+    usable = [gpu for gpu in snapshot.gpus if gpu.usable] or list(snapshot.gpus)
+
+    def required(name: str) -> ValidationFailed:
+        return ValidationFailed(f"Pool {pool.slug} shares GPUs by {mode}: give {name}.", field=name, rule="required")
+
+    if mode in REPLICA_MODES:
+        if request.shares is None:
+            raise required("shares")
+        replicas = int(config.get("replicas") or 0)
+        if request.shares > replicas:
+            raise ValidationFailed(f"Pool {pool.slug} offers each GPU as {replicas} shares; {request.shares} "
+                                   "requested.", field="shares", rule="max_value")
+        return booking.Shape(mode=mode, shares=request.shares, replicas=replicas)
+    if mode == SharingMode.MIG:
+        if not request.mig_profile:
+            raise required("mig_profile")
+        layout = mig_layout_names(config)
+        layout = layout if isinstance(layout, str) else tuple(layout)
+        offered: set[str] = set()
+        for model in sorted({gpu.model for gpu in usable}):
+            try:
+                offered |= {profile.name for profile, _ in booking.layout_of(model, layout)}
+            except mig.LayoutError:
+                continue
+        if request.mig_profile not in offered:
+            known = set().union(*(mig.profiles_for(gpu.model) for gpu in usable)) if usable else set()
+            rule = "not_in_layout" if request.mig_profile in known else "unknown_profile"
+            what = ("is not in the layout of" if rule == "not_in_layout" else "is not a MIG profile of the GPUs of")
+            raise ValidationFailed(
+                f"{request.mig_profile!r} {what} pool {pool.slug} (it offers {', '.join(sorted(offered)) or 'none'}).",
+                field="mig_profile", rule=rule)
+        return booking.Shape(mode=mode, mig_profile=request.mig_profile, mig_count=request.count or 1,
+                             mig_layout=layout)
+    if mode == SharingMode.VGPU:
+        if request.gpu_memory_mib is not None and request.gpu_memory_pct is not None:
+            raise ValidationFailed("Give gpu_memory_mib or gpu_memory_pct, not both.", field="gpu_memory_pct",
+                                   rule="exclusive_with")
+        memory_mib = request.gpu_memory_mib
+        memory_pct = request.gpu_memory_pct
+        if memory_mib is None and memory_pct is None:
+            memory_mib = config.get("default_memory_mib")
+            if memory_mib is None:
+                raise required("gpu_memory_mib or gpu_memory_pct")
+        largest = max((gpu.memory_mib for gpu in usable), default=0)
+        if memory_mib is not None and memory_mib > largest:
+            raise ValidationFailed(f"{memory_mib} MiB is more than the memory of any GPU of pool {pool.slug} "
+                                   f"({largest} MiB).", field="gpu_memory_mib", rule="exceeds_gpu_memory")
+        cores = request.gpu_cores_pct or config.get("default_cores_pct")
+        if cores is None:
+            # A share of the memory gets the same share of the cores, so it counts as it is used.
+            share = memory_pct if memory_pct is not None else 100 * memory_mib / max(largest, 1)
+            cores = max(1, min(100, math.ceil(share)))
+        return booking.Shape(mode=mode, gpus=request.gpus or 1, memory_mib=memory_mib or 0,
+                             memory_pct=memory_pct or 0, cores_pct=int(cores))
+    if request.gpus is None:
+        raise required("gpus")
+    if request.gpus > len(snapshot.gpus):
+        raise ValidationFailed(f"Pool {pool.slug} has {len(snapshot.gpus)} GPUs; {request.gpus} requested.",
+                               field="gpus", rule="exceeds_pool_size")
+    return booking.Shape(mode=SharingMode.EXCLUSIVE, gpus=request.gpus)
