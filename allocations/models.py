@@ -132,9 +132,10 @@ class Allocation(models.Model):
     made). A row written by hand SQL without these columns is a whole GPU (the database defaults).
 
     A vgpu grant holds memory and cores of its GPU, not a part of the share space: its share
-    columns span the whole card and the exclusion constraint leaves it out; a trigger keeps the
-    memory and cores of a GPU's overlapping vgpu grants within the card, and keeps vgpu grants
-    and other grants of one GPU from overlapping in time (migration 0009).
+    columns span the whole card and the share exclusion constraint leaves it out; a second one
+    keeps vgpu grants and other grants of one GPU from overlapping in time, and a trigger on vgpu
+    rows keeps the memory and cores of a GPU's overlapping vgpu grants within the card
+    (migration 0009).
     """
 
     objects = AllocationQuerySet.as_manager()

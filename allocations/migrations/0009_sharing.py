@@ -7,15 +7,17 @@
   its grants were charged (existing ones: whole GPUs of weight 1.0, so `gpus`).
 - A grant records its mode and the GE it was charged (existing: whole GPUs, 1.0).
 - On PostgreSQL, vgpu grants (memory MiB + cores % of a GPU, no part of the share space) leave
-  the exclusion constraint; a trigger guards them instead: under a lock on the GPU's row it
-  refuses a write that makes the GPU's overlapping vgpu grants hold more memory than the card
-  has or more than 100 % of its cores at some instant, or that makes a vgpu grant and any
-  other grant of the GPU overlap in time. SQLite serializes writers instead.
+  the share exclusion constraint. A second exclusion constraint keeps a vgpu grant and a grant
+  of any other mode from holding one GPU at overlapping times, and a trigger on vgpu rows only,
+  under a lock on the GPU's row, refuses a write that makes the GPU's overlapping vgpu grants
+  hold more memory than the card has or more than 100 % of its cores at some instant. Grants of
+  the other modes pay nothing more than before. SQLite serializes writers instead.
 """
 from django.core.validators import MinValueValidator
 from django.db import migrations, models
 
 EXCLUSION = "allocation_no_overlapping_share"
+MODES_APART = "allocation_vgpu_apart"
 
 GUARD_FUNCTION = """
 CREATE OR REPLACE FUNCTION allocation_vgpu_guard() RETURNS trigger AS $$
@@ -29,17 +31,6 @@ BEGIN
     END IF;
     -- One writer per GPU at a time: the sums below then see every committed grant.
     SELECT memory_mib INTO card_memory FROM inventory_gpu WHERE id = NEW.gpu_id FOR UPDATE;
-    -- A vgpu grant and a grant of any other mode never hold one GPU at the same time.
-    PERFORM 1 FROM allocations_allocation a
-     WHERE a.gpu_id = NEW.gpu_id AND a.id <> NEW.id AND (a.mode = 'vgpu') <> (NEW.mode = 'vgpu')
-       AND a.starts_at < NEW.ends_at AND a.ends_at > NEW.starts_at AND a.ends_at > a.starts_at;
-    IF FOUND THEN
-        RAISE EXCEPTION 'GPU % is held by a vgpu grant and a grant of another mode at once', NEW.gpu_id
-            USING ERRCODE = 'exclusion_violation', CONSTRAINT = 'allocation_vgpu_guard';
-    END IF;
-    IF NEW.mode <> 'vgpu' THEN
-        RETURN NULL;
-    END IF;
     -- The peak of a sum of windows is reached where one of them starts: add up, at each start
     -- inside the new window, the vgpu grants that hold the GPU then.
     SELECT max(held.memory), max(held.cores) INTO peak_memory, peak_cores FROM (
@@ -70,10 +61,15 @@ def guard_vgpu(apps, schema_editor):
         "(gpu_id WITH =, int4range(share_from, share_to, '[)') WITH &&, "
         "tstzrange(starts_at, ends_at, '[)') WITH &&) WHERE (mode <> 'vgpu')"
     )
+    schema_editor.execute(
+        f"ALTER TABLE allocations_allocation ADD CONSTRAINT {MODES_APART} EXCLUDE USING gist "
+        "(gpu_id WITH =, (mode = 'vgpu') WITH <>, tstzrange(starts_at, ends_at, '[)') WITH &&)"
+    )
     schema_editor.execute(GUARD_FUNCTION, params=None)  # the body has % signs of its own
     schema_editor.execute(
         "CREATE TRIGGER allocation_vgpu_guard AFTER INSERT OR UPDATE OF gpu_id, starts_at, ends_at, mode, "
-        "memory_mib, cores_pct ON allocations_allocation FOR EACH ROW EXECUTE FUNCTION allocation_vgpu_guard()"
+        "memory_mib, cores_pct ON allocations_allocation FOR EACH ROW WHEN (NEW.mode = 'vgpu') "
+        "EXECUTE FUNCTION allocation_vgpu_guard()"
     )
 
 
@@ -82,6 +78,7 @@ def unguard_vgpu(apps, schema_editor):
         return
     schema_editor.execute("DROP TRIGGER IF EXISTS allocation_vgpu_guard ON allocations_allocation")
     schema_editor.execute("DROP FUNCTION IF EXISTS allocation_vgpu_guard()")
+    schema_editor.execute(f"ALTER TABLE allocations_allocation DROP CONSTRAINT IF EXISTS {MODES_APART}")
     schema_editor.execute(f"ALTER TABLE allocations_allocation DROP CONSTRAINT IF EXISTS {EXCLUSION}")
     schema_editor.execute(
         f"ALTER TABLE allocations_allocation ADD CONSTRAINT {EXCLUSION} EXCLUDE USING gist "

@@ -87,7 +87,7 @@ def test_allocations_become_whole_gpu_grants_and_back_without_a_change_in_meanin
         assert rows == [(gpu_id, 0, 1000, 1000, "") for gpu_id in gpu_ids]
         if connection.vendor != "postgresql":
             return
-        assert _exclusion_constraints() == {"allocation_no_overlapping_share"}
+        assert _exclusion_constraints() == {"allocation_no_overlapping_share", "allocation_vgpu_apart"}
         # A whole card still refuses any other holder at the same time...
         with pytest.raises(IntegrityError), transaction.atomic():
             _insert(gpu_ids[0], rid, share=(500, 1000))
