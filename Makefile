@@ -8,7 +8,7 @@ PORT ?= 8000
 TEST_DATABASE_URL ?= postgres://gpupool:gpupool@127.0.0.1:5432/gpupool
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/14
 
-.PHONY: run test venv dev-venv services benchmark-api benchmark-api-cpu benchmark-api-floor benchmark-history benchmark-telemetry-history benchmark-apply clean
+.PHONY: run test venv dev-venv services benchmark-api benchmark-api-cpu benchmark-api-floor benchmark-history benchmark-sharing benchmark-telemetry-history benchmark-apply clean
 
 $(VENV)/.runtime: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,12 @@ benchmark-api-floor: $(VENV)/.dev services
 	PGPASSWORD=gpupool createdb -h 127.0.0.1 -U gpupool gpupool_bench 2>/dev/null || true
 	DATABASE_URL=$(BENCH_DATABASE_URL) REDIS_URL=redis://127.0.0.1:6379/13 SECRET_KEY=bench-only \
 		$(PY) -m benchmarks.api_floor --processes 2 --connections 16 --seconds 20 --json benchmarks/results/api-floor.json
+
+# Fractional and MIG requests from the gpushare40 trace through the reservation service vs the engine alone.
+benchmark-sharing: $(VENV)/.dev services
+	PGPASSWORD=gpupool createdb -h 127.0.0.1 -U gpupool gpupool_bench 2>/dev/null || true
+	DATABASE_URL=$(BENCH_DATABASE_URL) REDIS_URL=redis://127.0.0.1:6379/13 SECRET_KEY=bench-only \
+		$(PY) -m benchmarks.sharing --rounds 5 --json benchmarks/results/sharing.json
 
 benchmark-history: $(VENV)/.dev services
 	PGPASSWORD=gpupool createdb -h 127.0.0.1 -U gpupool gpupool_bench 2>/dev/null || true
