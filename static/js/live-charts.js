@@ -46,12 +46,49 @@
         used.style.width = `${Math.min(100, (100 * s.mem_used) / s.mem_total).toFixed(1)}%`;
         used.parentElement.title = `memory in use: ${s.mem_used} of ${s.mem_total} MiB`;
       }
+      if (s.shares) showShares(s);
       const tr = document.querySelector(`#gpu-table tr[data-gpu="${s.gpu}"]`);
       if (!tr) continue;
       tr.querySelector('[data-f="util"]').textContent = s.util;
       tr.querySelector('[data-f="mem"]').textContent = `${s.mem_used} / ${s.mem_total}`;
       tr.querySelector('[data-f="temp"]').textContent = s.temp;
       tr.querySelector('[data-f="power"]').textContent = s.power;
+    }
+  }
+
+  // Each holder's memory in use against what its share allows (per-process memory the agent attributed to
+  // the reservation): a thin line under its part of the bar, red when it uses more than its share, and the
+  // figures in its line of the holders' list. Parts of other teams' reservations (no id shown) are left as they are.
+  function showShares(s) {
+    const bar = document.querySelector(`.gpu-bar[data-gpu="${s.gpu}"]`);
+    if (!bar) return;
+    const byReservation = new Map();
+    for (const share of s.shares) {
+      const sum = byReservation.get(share.reservation) || {allocated: 0, used: 0};
+      sum.allocated += share.allocated;
+      sum.used += share.used;
+      byReservation.set(share.reservation, sum);
+    }
+    for (const [reservation, sum] of byReservation) {
+      const over = sum.used > sum.allocated;
+      const text = `uses ${sum.used} of ${sum.allocated} MiB`;
+      for (const seg of bar.querySelectorAll(`.seg[data-reservation="${reservation}"]`)) {
+        const line = seg.querySelector('.seg-used');
+        if (!line) continue;
+        line.style.width = `${sum.allocated ? Math.min(100, (100 * sum.used) / sum.allocated).toFixed(1) : 0}%`;
+        line.classList.toggle('over', over);
+        seg.title = text;
+      }
+      for (const li of bar.querySelectorAll(`ul.holders li[data-reservation="${reservation}"]`)) {
+        let use = li.querySelector('.share-use');
+        if (!use) {
+          use = document.createElement('span');
+          use.className = 'share-use';
+          li.append(' · ', use);
+        }
+        use.textContent = text;
+        use.classList.toggle('over', over);
+      }
     }
   }
 

@@ -54,3 +54,39 @@ def test_the_pool_charts_extend_in_place_as_samples_arrive(world, asgi_server, p
     page.wait_for_function("document.getElementById('chart-util').data[0].x.length >= 6")
     assert page.evaluate("document.getElementById('chart-util').data[0].y") == [10, 20, 30, 40, 50, 60]
     assert page.locator('#gpu-table tr[data-gpu] [data-f="util"]').first.inner_text() == "60"
+
+
+def test_the_pool_page_shows_each_holders_memory_against_its_share_live(world, asgi_server, page):
+    from tests.monitoring.test_shares import proc, reserve
+
+    world.pool.sharing_mode, world.pool.sharing_config = "time_slicing", {"replicas": 4}
+    world.pool.save()
+    node = Node.objects.get(name="node-a")
+    gpu = node.gpus.order_by("index").first()
+    mine = reserve(world, world.member, world.team, "time_slicing", gpu, slots=[0])
+    reserve(world, world.outsider, world.other_team, "time_slicing", gpu, slots=[1, 2])
+    _, key = services.host_token_create(actor=world.staff, cluster=node.cluster, host_name=node.name)
+    agent = httpx.Client(base_url=asgi_server, headers={"Authorization": f"Host {key}"})
+    client = Client()
+    client.force_login(world.member)
+    page.context.add_cookies([{"name": "sessionid", "value": client.cookies["sessionid"].value, "url": asgi_server}])
+    page.goto(f"{asgi_server}/pools/a100/")
+    page.wait_for_function("document.getElementById('live-status').textContent === 'connected'")
+
+    # member's process uses more than its one share of four (81559 / 4 = 20389 MiB); the other team's less.
+    processes = [proc(100, 30000, user="member"), proc(200, 10000, user="outsider")]
+    body = payload(batch([sample(gpu.uuid, processes=processes)], t=time.time()))
+    assert agent.post("/api/v1/agent/telemetry/", json=body).status_code == 200
+    mine_seg = f'.gpu-bar[data-gpu="{gpu.pk}"] .seg[data-reservation="{mine.pk}"]'
+    page.wait_for_selector(f"{mine_seg} .seg-used.over")
+    assert page.locator(f"{mine_seg} .seg-used").evaluate("e => e.style.width") == "100%"
+    holder = page.locator(f'.gpu-bar[data-gpu="{gpu.pk}"] ul.holders li[data-reservation="{mine.pk}"] .share-use')
+    assert holder.inner_text() == "uses 30000 of 20389 MiB"
+    # The other team's parts show no reservation id to this member, and no use either.
+    assert page.locator(f'.gpu-bar[data-gpu="{gpu.pk}"] .share-use').count() == 1
+
+    # Back within its share: the line shrinks and is no longer red.
+    body = payload(batch([sample(gpu.uuid, processes=[proc(100, 10000, user="member")])], t=time.time() + 1))
+    assert agent.post("/api/v1/agent/telemetry/", json=body).status_code == 200
+    page.wait_for_function(f"!document.querySelector('{mine_seg} .seg-used').classList.contains('over')")
+    assert holder.inner_text() == "uses 10000 of 20389 MiB"
