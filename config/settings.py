@@ -234,6 +234,10 @@ KUBE_REQUEST_TIMEOUT_SECONDS = env.float("KUBE_REQUEST_TIMEOUT_SECONDS", default
 # Shared secret the admission webhooks require (Authorization: Bearer, or the last path
 # segment of the webhook URL); empty = no token (protect the route at the ingress instead).
 KUBE_WEBHOOK_TOKEN = env.str("KUBE_WEBHOOK_TOKEN", default="")
+# Where the portal writes the device-plugin and mig-parted ConfigMaps on every Kubernetes cluster:
+# the namespace NVIDIA's device plugin and MIG manager read theirs from (with the GPU Operator,
+# its own namespace, e.g. gpu-operator).
+KUBE_SYSTEM_NAMESPACE = env.str("KUBE_SYSTEM_NAMESPACE", default="gpupool-system")
 
 # --- telemetry and alerts (monitoring) ------------------------------------------------------
 # History: raw 1 Hz samples, then 1-minute and 1-hour aggregates, each kept this long.

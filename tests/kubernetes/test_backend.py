@@ -296,3 +296,12 @@ def test_manifests_are_pure_and_valid():
         validate_manifest(manifest)
     assert manifests[0]["metadata"]["name"] == "gpupool-weird-team-name"
     assert json.loads(json.dumps(manifests)) == manifests
+
+
+def test_the_sharing_configmaps_go_where_the_setting_says(settings, db):
+    # With the GPU Operator the device plugin reads its ConfigMap from the operator's namespace.
+    from allocations.apply.backends import backend_for
+    from tests.factories import ClusterFactory
+
+    settings.KUBE_SYSTEM_NAMESPACE = "gpu-operator"
+    assert backend_for(ClusterFactory(slug="east", kind="kubernetes")).system_namespace == "gpu-operator"

@@ -15,9 +15,11 @@ def backend_name(cluster) -> str:  # cluster: inventory.models.Cluster
 def backend_for(cluster) -> ApplyBackend:
     """The backend that applies to `cluster` (imported lazily: the Kubernetes client is heavy)."""
     if backend_name(cluster) == "kubernetes":
+        from django.conf import settings
+
         from allocations.apply.backends.kubernetes import KubernetesBackend
 
-        return KubernetesBackend(cluster)
+        return KubernetesBackend(cluster, system_namespace=settings.KUBE_SYSTEM_NAMESPACE)
     from allocations.apply.backends.agent import AgentBackend
 
     return AgentBackend(cluster)
