@@ -330,11 +330,21 @@ def _is_free(part: tuple[int, int], busy: Sequence[tuple[int, int]]) -> bool:
 
 
 def share_slot(index: int, replicas: int) -> tuple[int, int]:
-    """Share slot `index` of a GPU offered as `replicas` shares, as a part of its share space. Every
-    slot is 1000 // replicas wide, so k slots are worth the same wherever they sit; what is left
-    over at the top of the space (1000 % replicas) is never granted."""
-    width = units.MILLI_PER_GPU // replicas
+    """Share slot `index` of a GPU offered as `replicas` shares, as a part of its share space
+    (units.share_slot_width wide)."""
+    width = units.share_slot_width(replicas)
     return index * width, (index + 1) * width
+
+
+def slot_runs(slots: Sequence[int]) -> list[tuple[int, int]]:
+    """Ascending slot indexes as runs of adjacent slots, (first, count) each: a grant row is one run."""
+    runs: list[tuple[int, int]] = []
+    for index in slots:
+        if runs and runs[-1][0] + runs[-1][1] == index:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((index, 1))
+    return runs
 
 
 def _free_share_slots(snapshot: PoolSnapshot, replicas: int) -> dict[int, list[int]]:
@@ -347,7 +357,7 @@ def _free_share_slots(snapshot: PoolSnapshot, replicas: int) -> dict[int, list[i
 def _choose_shares(snapshot: PoolSnapshot, shape: Shape, policy: str) -> list[NewGrant]:
     """k shares of one GPU. The engine picks the GPU with the pool's policy, seeing each share as
     1000 // replicas milli and the unusable rest of each card as held; the shares are the GPU's
-    lowest free slots."""
+    lowest free slots, written as one grant per run of adjacent slots (usually one)."""
     replicas, wanted = shape.replicas, shape.shares
     free_slots = _free_share_slots(snapshot, replicas)
     total = sum(len(slots) for slots in free_slots.values())
@@ -358,7 +368,7 @@ def _choose_shares(snapshot: PoolSnapshot, shape: Shape, policy: str) -> list[Ne
                                                f"has {wanted} (the most on one GPU is {most}).")
         raise BookingRefused("insufficient_capacity", f"{wanted} shares requested but only {total} are free for "
                                                       "that window.")
-    width = units.MILLI_PER_GPU // replicas
+    width = units.share_slot_width(replicas)
     rest = units.MILLI_PER_GPU - replicas * width
     unusable = [Holding(node_id=gpu.node_id, gpu_id=gpu.id, start=snapshot.start, end=snapshot.end, milli=rest)
                 for gpu in snapshot.gpus if rest and gpu.id in free_slots]
@@ -375,10 +385,11 @@ def _choose_shares(snapshot: PoolSnapshot, shape: Shape, policy: str) -> list[Ne
     by_id = {gpu.id: gpu for gpu in snapshot.gpus}
     gpu = by_id[gpu_id]
     mps = shape.mode == SharingMode.MPS
-    return [NewGrant(gpu_id=gpu_id, ge=gpu.weight / replicas, mode=shape.mode, share_from=lo, share_to=hi,
-                     milli=width, memory_mib=gpu.memory_mib // replicas if mps else None,
-                     cores_pct=max(1, 100 // replicas) if mps else None)
-            for lo, hi in (share_slot(i, replicas) for i in free_slots[gpu_id][:wanted])]
+    return [NewGrant(gpu_id=gpu_id, ge=gpu.weight * count / replicas, mode=shape.mode,
+                     share_from=share_slot(first, replicas)[0], share_to=share_slot(first + count - 1, replicas)[1],
+                     milli=width * count, memory_mib=count * (gpu.memory_mib // replicas) if mps else None,
+                     cores_pct=count * max(1, 100 // replicas) if mps else None)
+            for first, count in slot_runs(free_slots[gpu_id][:wanted])]
 
 
 MIG_SLICE_MILLI = units.MILLI_PER_GPU // mig.MIG_SLICES  # one memory slice of the share space

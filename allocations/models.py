@@ -122,8 +122,8 @@ class Allocation(models.Model):
     """A grant: what one reservation holds of one GPU over [starts_at, ends_at).
 
     What it holds is the part [share_from, share_to) of the card's share space, in milli-GPU
-    (0-1000; allocations.units): the whole card is [0, 1000), slot i of N time-slicing or MPS
-    replicas its N-th, a MIG instance the memory slices it occupies (125 each). Two grants on one
+    (0-1000; allocations.units): the whole card is [0, 1000), k adjacent share slots of N
+    time-slicing or MPS replicas k slots of 1000 // N each (units.share_slots), a MIG instance the memory slices it occupies (125 each). Two grants on one
     GPU whose windows overlap must hold disjoint parts: on PostgreSQL an exclusion constraint
     says so (migration 0007), whatever the code does. `milli` is what the grant is worth in
     milli-GPU (a MIG instance counts its compute slices out of 7, not its memory slices);

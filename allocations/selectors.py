@@ -128,6 +128,7 @@ class HeldRow(NamedTuple):
     starts_at: datetime
     ends_at: datetime
     mode: str
+    milli: int
     mig_profile: str
     mig_start: int | None
     memory_mib: int | None
@@ -141,8 +142,8 @@ def set_grants(reservations: list[Reservation], held: Sequence[HeldRow]) -> list
     """Set `allocated_gpus` and `grants` on each reservation from its HeldRows (in node, index, slice
     order). `allocated_gpus`: its GPUs as plain rows (uuid, node, index, model_name, starts_at,
     ends_at), one per GPU and window. `grants`: the same with the mode's share of each GPU
-    (time-slicing and MPS shares held on one GPU add up to one grant), MIG instances by their
-    stable name, and the GE charged."""
+    (time-slicing and MPS shares held on one GPU add up to one grant, whatever runs of slots its
+    rows hold), MIG instances by their stable name, and the GE charged."""
     gpus: dict[int, list[dict]] = {r.pk: [] for r in reservations}
     grants: dict[int, list[dict]] = {r.pk: [] for r in reservations}
     for row in held:
@@ -153,7 +154,7 @@ def set_grants(reservations: list[Reservation], held: Sequence[HeldRow]) -> list
         last = grants[row.reservation_id][-1] if grants[row.reservation_id] else None
         if (row.mode in REPLICA_MODES and last is not None and last["uuid"] == row.uuid
                 and (last["starts_at"], last["ends_at"]) == (row.starts_at, row.ends_at)):
-            last["shares"] += 1  # one row per share slot: shares of one GPU add up to one grant
+            last["shares"] += units.share_slots(row.milli, row.replicas or 1)  # a further run of slots
             last["ge"] += row.ge
             if row.memory_mib is not None:
                 last["gpu_memory_mib"] = (last["gpu_memory_mib"] or 0) + row.memory_mib
@@ -161,7 +162,8 @@ def set_grants(reservations: list[Reservation], held: Sequence[HeldRow]) -> list
             continue
         replica = row.mode in REPLICA_MODES
         grants[row.reservation_id].append({
-            **gpu, "mode": row.mode, "shares": 1 if replica else None, "replicas": row.replicas if replica else None,
+            **gpu, "mode": row.mode, "shares": units.share_slots(row.milli, row.replicas or 1) if replica else None,
+            "replicas": row.replicas if replica else None,
             "mig_profile": row.mig_profile or None,
             "mig_instance": (booking.mig_instance_id(row.uuid, row.mig_devices, row.mig_profile, row.mig_start)
                              if row.mig_profile else None),
@@ -180,7 +182,7 @@ def with_allocated_gpus(reservations: list[Reservation]) -> list[Reservation]:
     if reservations:
         rows = sql.fetch_all(
             'SELECT a.reservation_id, g.uuid, n.name, g."index", g.model_name, a.starts_at, a.ends_at, a.mode, '
-            "a.mig_profile, a.mig_start, a.memory_mib, a.cores_pct, a.ge, g.mig_devices, p.sharing_config "
+            "a.milli, a.mig_profile, a.mig_start, a.memory_mib, a.cores_pct, a.ge, g.mig_devices, p.sharing_config "
             "FROM allocations_allocation a JOIN inventory_gpu g ON g.id = a.gpu_id "
             "JOIN inventory_node n ON n.id = g.node_id "
             "JOIN allocations_reservation r ON r.id = a.reservation_id "
@@ -189,11 +191,11 @@ def with_allocated_gpus(reservations: list[Reservation]) -> list[Reservation]:
             'ORDER BY a.reservation_id, g.node_id, g."index", a.mig_start, a.share_from',
             [r.pk for r in reservations],
         )
-        held = [HeldRow(rid, uuid, node, index, model, sql.aware(start), sql.aware(end), mode, profile, mig_start,
-                        memory, cores, ge, sql.json_value(devices) or (),
+        held = [HeldRow(rid, uuid, node, index, model, sql.aware(start), sql.aware(end), mode, milli, profile,
+                        mig_start, memory, cores, ge, sql.json_value(devices) or (),
                         (sql.json_value(config) or {}).get("replicas"))
-                for (rid, uuid, node, index, model, start, end, mode, profile, mig_start, memory, cores, ge, devices,
-                     config) in rows]
+                for (rid, uuid, node, index, model, start, end, mode, milli, profile, mig_start, memory, cores, ge,
+                     devices, config) in rows]
     return set_grants(reservations, held)
 
 
@@ -616,7 +618,7 @@ def team_windows(team_id: int, pool_id: int | None, start: datetime, end: dateti
     index skip the team's past (`python -m benchmarks.history`: a create for a team with 200,000 past
     reservations took 3.2-4.0x as long as one for a team without before, 1.1x after)."""
     # Summed per window in the database: a reservation's grants share one window, and a share booking
-    # writes a row per share slot, so this returns a row per window instead of one per slot.
+    # may write several rows (runs of share slots, MIG instances), so this returns a row per window.
     query = ("SELECT a.starts_at, a.ends_at, sum(a.ge) FROM allocations_allocation a "
              "JOIN allocations_reservation r ON r.id = a.reservation_id "
              f"WHERE r.team_id = %s AND r.ends_at > %s AND {AllocationQuerySet.BOOKED_DURING_SQL}")
@@ -727,7 +729,7 @@ def pool_gpu_bars(pool: GpuPool, viewer: User, now: datetime | None = None) -> l
             for g in parted:
                 mode, lo, hi = g[4], g[5], g[6]
                 if mode in REPLICA_MODES:
-                    # One row per share slot: consecutive slots of one reservation make one segment.
+                    # A row per run of share slots: adjacent runs of one reservation make one segment.
                     if parts and parts[-1][3] is not None and parts[-1][3][1] == g[1] and parts[-1][1] == lo:
                         p = parts.pop()
                         memory = (p[4] or 0) + (g[9] or 0) if g[9] is not None else None
@@ -739,7 +741,7 @@ def pool_gpu_bars(pool: GpuPool, viewer: User, now: datetime | None = None) -> l
                 else:
                     parts.append((lo, hi, "whole GPU", g, None, g[11]))
             # Name the share segments once merged: "k of N shares".
-            width = 1000 // replicas if replicas else 1000
+            width = units.share_slot_width(replicas) if replicas else units.MILLI_PER_GPU
             parts = [(lo, hi, part or f"{(hi - lo) // width} of {replicas} share{'s' if replicas > 1 else ''}", g,
                       memory, ge) for lo, hi, part, g, memory, ge in parts]
             free = _free_parts(pool.sharing_mode, replicas, gpu.model_name, config, layouts,
@@ -769,7 +771,7 @@ def _free_parts(mode: str, replicas: int, model: str, config: dict, layouts: dic
                 free[-1] = (free[-1][0], hi, "")
             else:
                 free.append((lo, hi, ""))
-        width = 1000 // replicas
+        width = units.share_slot_width(replicas)
         return [(lo, hi, f"{(hi - lo) // width} share{'s' if hi - lo > width else ''} free") for lo, hi, _ in free]
     if mode == SharingMode.MIG:
         if model not in layouts:

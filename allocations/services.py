@@ -251,7 +251,8 @@ def reservation_create(*, actor: AbstractBaseUser, request: ReservationRequest,
                                          g.share_from))
     selectors.set_grants([reservation], [
         selectors.HeldRow(reservation.pk, by_id[g.gpu_id].uuid, by_id[g.gpu_id].node_name, by_id[g.gpu_id].index,
-                          by_id[g.gpu_id].model, starts_at, ends_at, g.mode, g.mig_profile, g.mig_start, g.memory_mib,
+                          by_id[g.gpu_id].model, starts_at, ends_at, g.mode, g.milli, g.mig_profile, g.mig_start,
+                          g.memory_mib,
                           g.cores_pct, g.ge, by_id[g.gpu_id].mig_devices, shape.replicas or None)
         for g in held])
     return reservation

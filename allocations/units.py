@@ -24,6 +24,18 @@ def mig_milli(compute_slices: int) -> int:
     return round(MILLI_PER_GPU * compute_slices / MIG_COMPUTE_SLICES)
 
 
+def share_slot_width(replicas: int) -> int:
+    """Milli-GPU of one share of a card offered as `replicas` shares (time-slicing, MPS): every share is
+    this wide, so k of them are worth the same wherever they sit; the rest of the card
+    (1000 % replicas) is never granted."""
+    return MILLI_PER_GPU // max(1, replicas)
+
+
+def share_slots(milli: int, replicas: int) -> int:
+    """How many shares a time-slicing or MPS grant of `milli` holds (a grant is a run of adjacent slots)."""
+    return milli // share_slot_width(replicas)
+
+
 def ge(milli: int, weight: float = 1.0) -> float:
     """GPU-equivalents of `milli` thousandths of a GPU whose model weighs `weight`."""
     return milli / MILLI_PER_GPU * weight

@@ -137,7 +137,7 @@ RELEASE_RESERVATION = (
     "UPDATE allocations_reservation SET state = %s, reason = %s, updated_at = %s, ended_at = %s WHERE id = %s")
 ALLOCATED_GPUS = (
     'SELECT a.reservation_id, g.uuid, n.name, g."index", g.model_name, a.starts_at, a.ends_at, a.mode, '
-    "a.mig_profile, a.mig_start, a.memory_mib, a.cores_pct, a.ge, g.mig_devices, p.sharing_config "
+    "a.milli, a.mig_profile, a.mig_start, a.memory_mib, a.cores_pct, a.ge, g.mig_devices, p.sharing_config "
     "FROM allocations_allocation a JOIN inventory_gpu g ON g.id = a.gpu_id JOIN inventory_node n ON n.id = g.node_id "
     "JOIN allocations_reservation r ON r.id = a.reservation_id JOIN inventory_gpupool p ON p.id = r.pool_id "
     'WHERE a.reservation_id = %s ORDER BY a.reservation_id, g.node_id, g."index", a.mig_start, a.share_from')

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import NamedTuple
 
+from allocations import units
 from allocations.booking import mig_instance_id
 from allocations.models import Allocation
 
@@ -83,7 +84,7 @@ def share_memory_mib(mode: str, gpu_memory_mib: int, rows: list[tuple[int | None
         return sum(caps)
     if mode in REPLICA_MODES or mode == "vgpu":
         if mode in REPLICA_MODES and replicas:
-            return gpu_memory_mib * len(rows) // replicas
+            return gpu_memory_mib * sum(units.share_slots(milli, replicas) for _, milli in rows) // replicas
         return gpu_memory_mib * sum(milli for _, milli in rows) // 1000  # rows without caps: their worth
     return gpu_memory_mib
 

@@ -29,7 +29,7 @@ class Grant:
 
     Built from the grant rows (allocations.models.Allocation) of the reservation on that GPU:
     exclusive and vgpu have one row per GPU (units 1; vgpu with the row's memory and cores);
-    time_slicing/mps have one row per share slot, so k slots are one Grant with units k (mps:
+    time_slicing/mps rows hold runs of share slots, k in all one Grant with units k (mps:
     memory and cores summed over the slots); mig has one row per instance, so the Grant of a
     profile counts its instances (memory summed).
     """

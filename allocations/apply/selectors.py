@@ -8,9 +8,11 @@ from typing import Any
 
 from django.utils import timezone
 
+from allocations import units
 from allocations.apply.desired import ClusterDesired, Grant, PoolDesired, TeamDesired
 from allocations.models import Allocation, Quota, Reservation
 from inventory.models import Cluster, Gpu, GpuPool
+from inventory.sharing import REPLICA_MODES
 
 # Reservations a cluster should enforce: being applied or applied. Releasing ones are being
 # undone, so they are already absent from what should exist.
@@ -66,30 +68,33 @@ def cluster_desired(cluster: Cluster, *, now: datetime | None = None,
 
 # The grant row's columns a Grant is made of, in the order _grants_from_rows reads them.
 GRANT_COLUMNS = ("reservation_id", "gpu__uuid", "gpu__node__name", "reservation__pool__slug", "mode", "ends_at",
-                 "mig_profile", "memory_mib", "cores_pct")
+                 "mig_profile", "memory_mib", "cores_pct", "milli", "reservation__pool__sharing_config")
 
 
 def _grants_from_rows(rows: Iterable[tuple]) -> list[tuple[Any, Grant]]:
     """(key, Grant) per reservation, GPU, mode and MIG profile, from (key, *GRANT_COLUMNS) rows.
 
-    The grant rows' contract (allocations.models.Allocation): k time-slicing or MPS share slots of
-    one reservation on one GPU are k rows, so they make one Grant of k units (MPS memory and
-    cores summed); MIG has a row per instance, so n instances of one profile are n units; an
+    The grant rows' contract (allocations.models.Allocation): the time-slicing or MPS rows of one
+    reservation on one GPU hold runs of share slots, k in all, so they make one Grant of k units
+    (MPS memory and cores summed); MIG has a row per instance, so n instances of one profile are n units; an
     exclusive or vgpu row is one GPU (vgpu with its memory and cores). The mode is the row's
     (its pool's mode when it was booked), not the pool's now. `key` (the team, or anything the
     caller needs) is passed through from the first row of each Grant.
     """
     merged: dict[tuple, list] = {}
-    for key, reservation_id, gpu_uuid, node_name, pool_slug, mode, ends_at, profile, memory, cores in rows:
+    for key, reservation_id, gpu_uuid, node_name, pool_slug, mode, ends_at, profile, memory, cores, milli, config in rows:
+        # A time-slicing or MPS row holds a run of share slots (units.share_slots); any other row is one unit.
+        count = (units.share_slots(milli, int((config or {}).get("replicas") or 1)) if mode in REPLICA_MODES
+                 else 1)
         ident = (reservation_id, gpu_uuid, mode, profile or "")
         entry = merged.get(ident)
         if entry is None:
             merged[ident] = [key, dict(reservation_id=reservation_id, gpu_uuid=gpu_uuid, node_name=node_name,
-                                       pool_slug=pool_slug, sharing_mode=mode, ends_at=ends_at, units=1,
+                                       pool_slug=pool_slug, sharing_mode=mode, ends_at=ends_at, units=count,
                                        mig_profile=profile or "", memory_mib=memory or 0, cores_pct=cores or 0)]
             continue
         fields = entry[1]
-        fields["units"] += 1
+        fields["units"] += count
         fields["memory_mib"] += memory or 0
         fields["cores_pct"] += cores or 0
         fields["ends_at"] = min(fields["ends_at"], ends_at)

@@ -69,8 +69,22 @@ def test_time_slicing_grants_shares_of_one_gpu_worth_k_of_n(api, member):
     [grant] = body["grants"]
     assert (grant["shares"], grant["replicas"], grant["mig_instance"]) == (3, 4, None)
     assert grant["ge"] == pytest.approx(0.75) and body["ge"] == pytest.approx(0.75)
+    # One row for the run of three adjacent slots.
     rows = list(Allocation.objects.order_by("share_from").values_list("share_from", "share_to", "milli", "mode"))
-    assert rows == [(0, 250, 250, "time_slicing"), (250, 500, 250, "time_slicing"), (500, 750, 250, "time_slicing")]
+    assert rows == [(0, 750, 750, "time_slicing")]
+
+
+def test_shares_around_a_held_slot_are_two_runs_of_one_grant(api, member):
+    shared_pool("ts", "time_slicing", {"replicas": 4}, gpus=1)
+    first = reserve(api, member, "ts", shares=1).json()["id"]
+    middle = reserve(api, member, "ts", shares=1).json()["id"]
+    assert api(member).post(f"{URL}{first}/release/").status_code == 200  # frees slot 0; slot 1 stays held
+    body = reserve(api, member, "ts", shares=3).json()  # slots 0, 2 and 3
+    assert [(g["shares"], g["replicas"]) for g in body["grants"]] == [(3, 4)] and body["ge"] == pytest.approx(0.75)
+    rows = list(Allocation.objects.filter(reservation_id=body["id"]).order_by("share_from")
+                .values_list("share_from", "share_to", "milli"))
+    assert rows == [(0, 250, 250), (500, 1000, 500)]
+    assert Reservation.objects.get(pk=middle).allocations.get().share_from == 250
 
 
 def test_shares_that_fit_on_no_single_gpu_are_refused_as_fragmented(api, member):

@@ -86,7 +86,7 @@ def _book(user, asks, now, outcomes) -> None:
 def _expected_ge(row) -> float:
     mode, milli, profile, memory, cores, replicas = row
     if mode in ("time_slicing", "mps"):
-        return 0.6 / replicas
+        return units.share_slots(milli, replicas) / replicas * 0.6
     if mode == "mig":
         return mig.profile_for(A100, profile).compute_slices / units.MIG_COMPUTE_SLICES * 0.6
     if mode == "vgpu":

@@ -25,6 +25,7 @@ from datetime import datetime
 from django.db.models import Q
 from django.utils import timezone
 
+from allocations import units
 from allocations.apply.backends.base import BackendPending, BackendRejected, SyncReport
 from allocations.apply.desired import ClusterDesired
 from common.dispatch import enqueue_after_commit
@@ -51,7 +52,7 @@ def host_leases(node: Node, *, now: datetime | None = None) -> list[dict]:
     """The leases `node`'s agent should hold now, in the form the agent API sends them.
 
     One lease per reservation and GPU for exclusive, time_slicing, mps and vgpu grants: the k
-    share rows of one reservation on one GPU are one lease with "shares": k of "replicas": N
+    shares of one reservation on one GPU (its rows, each a run of slots) are one lease with "shares": k of "replicas": N
     (the pool's sharing_config), and for mps/vgpu "memory_mib" and "cores_pct" (summed over the
     rows; k/N of the card where the rows carry none). One lease per instance for mig grants,
     with "mig_profile", "mig_start", "mig_uuid" and "memory_mib". Every lease says its "mode"
@@ -63,11 +64,12 @@ def host_leases(node: Node, *, now: datetime | None = None) -> list[dict]:
         .order_by("reservation_id", "gpu__index", "mig_start", "share_from")
         .values_list("reservation_id", "reservation__team__slug", "reservation__requested_by__username",
                      "reservation__pool__sharing_config", "gpu__uuid", "gpu__index", "gpu__memory_mib",
-                     "gpu__mig_devices", "mode", "mig_profile", "mig_start", "memory_mib", "cores_pct", "ends_at")
+                     "gpu__mig_devices", "mode", "mig_profile", "mig_start", "memory_mib", "cores_pct", "ends_at",
+                     "milli")
     )
     leases: dict[str, dict] = {}
     for (reservation_id, team, username, config, gpu_uuid, gpu_index, gpu_memory, mig_devices, mode, mig_profile,
-         mig_start, memory_mib, cores_pct, ends_at) in rows:
+         mig_start, memory_mib, cores_pct, ends_at, milli) in rows:
         lease = {"reservation": reservation_id, "team": team, "user": username or "", "gpu_uuid": gpu_uuid,
                  "gpu_index": gpu_index, "ends_at": ends_at.isoformat(), "mode": mode}
         if mode == "mig":
@@ -87,7 +89,7 @@ def host_leases(node: Node, *, now: datetime | None = None) -> list[dict]:
         elif ends_at.isoformat() > held["ends_at"]:
             held["ends_at"] = ends_at.isoformat()  # rows of one reservation end together; the last counts
         if mode in ("time_slicing", "mps"):
-            held["shares"] += 1
+            held["shares"] += units.share_slots(milli, held["replicas"])  # a row holds a run of slots
         if mode in ("mps", "vgpu"):
             held["memory_mib"] += memory_mib or 0
             held["cores_pct"] += cores_pct or 0
