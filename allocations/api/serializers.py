@@ -47,6 +47,25 @@ class PoolSerializer(CleanModelSerializer):
         return attrs
 
 
+# The limits of a request's amount fields (allocations.shapes.Amounts), the same for a booking and for the
+# availability query that asks what a booking could get; which apply depends on the pool's mode.
+_AMOUNT_LIMITS = {
+    "gpus": {"min_value": 1, "max_value": MAX_GPUS_PER_REQUEST},
+    "shares": {"min_value": 1, "max_value": 64},
+    "count": {"min_value": 1, "max_value": MAX_GPUS_PER_REQUEST},
+    "gpu_memory_mib": {"min_value": 1, "max_value": 2**31 - 1},
+    "gpu_memory_pct": {"min_value": 1, "max_value": 100},
+    "gpu_cores_pct": {"min_value": 1, "max_value": 100},
+}
+
+
+def amount_field(name: str, help_text: str) -> serializers.Field:
+    """An optional amount field of a request, with its limits."""
+    if name == "mig_profile":
+        return serializers.CharField(max_length=32, required=False, help_text=help_text)
+    return serializers.IntegerField(required=False, help_text=help_text, **_AMOUNT_LIMITS[name])
+
+
 def _before_latest(value):
     if value >= LATEST_INSTANT:
         raise serializers.ValidationError(f"Must be before {LATEST_INSTANT:%Y-%m-%d}.", code="max_value")
@@ -62,23 +81,15 @@ class AvailabilityQuery(serializers.Serializer):
     end = serializers.DateTimeField(required=False, validators=[_before_latest])
     slot = serializers.IntegerField(required=False, min_value=60, max_value=7 * 86400, default=3600,
                                     help_text="Slot length in seconds")
-    gpus = serializers.IntegerField(min_value=1, max_value=MAX_GPUS_PER_REQUEST, required=False,
-                                    help_text="exclusive: whole GPUs wanted together (default 1); vgpu: GPUs of one "
-                                              "node that must each have the memory and cores free (default 1)")
-    shares = serializers.IntegerField(min_value=1, max_value=64, required=False,
-                                      help_text="time_slicing, mps: shares wanted on one GPU (default 1)")
-    mig_profile = serializers.CharField(max_length=32, required=False,
-                                        help_text="mig: the profile to count (default: the layout's smallest)")
-    count = serializers.IntegerField(min_value=1, max_value=MAX_GPUS_PER_REQUEST, required=False,
-                                     help_text="mig: instances wanted (default 1)")
-    gpu_memory_mib = serializers.IntegerField(min_value=1, max_value=2**31 - 1, required=False,
-                                              help_text="vgpu: memory free on each GPU, MiB (default: the pool's)")
-    gpu_memory_pct = serializers.IntegerField(min_value=1, max_value=100, required=False,
-                                              help_text="vgpu: memory free on each GPU, % of the card")
-    gpu_cores_pct = serializers.IntegerField(min_value=1, max_value=100, required=False,
-                                             help_text="vgpu: cores free on each GPU, % (default: the pool's, "
-                                                       "else the memory's share)")
-
+    gpus = amount_field("gpus", "exclusive: whole GPUs wanted together (default 1); vgpu: GPUs of one node that must "
+                                "each have the memory and cores free (default 1)")
+    shares = amount_field("shares", "time_slicing, mps: shares wanted on one GPU (default 1)")
+    mig_profile = amount_field("mig_profile", "mig: the profile to count (default: the layout's smallest)")
+    count = amount_field("count", "mig: instances wanted (default 1)")
+    gpu_memory_mib = amount_field("gpu_memory_mib", "vgpu: memory free on each GPU, MiB (default: the pool's)")
+    gpu_memory_pct = amount_field("gpu_memory_pct", "vgpu: memory free on each GPU, % of the card")
+    gpu_cores_pct = amount_field("gpu_cores_pct", "vgpu: cores free on each GPU, % (default: the pool's, else the "
+                                                  "memory's share)")
 
 class SlotSerializer(serializers.Serializer):
     start = serializers.DateTimeField()
@@ -100,22 +111,15 @@ class ReservationCreateInput(RefusesUnknownFields, serializers.Serializer):
     # Slugs, resolved by the service in the statement that locks the pool (not one query each here).
     pool = serializers.SlugField(max_length=64, help_text="The pool's slug")
     team = serializers.SlugField(max_length=64, help_text="The team's slug")
-    gpus = serializers.IntegerField(min_value=1, max_value=MAX_GPUS_PER_REQUEST, required=False,
-                                    help_text="exclusive: whole GPUs (required); vgpu: GPUs of one node (default 1)")
-    shares = serializers.IntegerField(min_value=1, max_value=64, required=False,
-                                      help_text="time_slicing, mps: shares of one GPU, at most the pool's replicas")
-    mig_profile = serializers.CharField(max_length=32, required=False,
-                                        help_text="mig: the instance profile, e.g. 1g.10gb or 3g.40gb")
-    count = serializers.IntegerField(min_value=1, max_value=MAX_GPUS_PER_REQUEST, required=False,
-                                     help_text="mig: how many instances of mig_profile (default 1)")
-    gpu_memory_mib = serializers.IntegerField(min_value=1, max_value=2**31 - 1, required=False,
-                                              help_text="vgpu: GPU memory on each GPU, MiB (default: the pool's)")
-    gpu_memory_pct = serializers.IntegerField(min_value=1, max_value=100, required=False,
-                                              help_text="vgpu: GPU memory on each GPU, % of the card "
-                                                        "(instead of gpu_memory_mib)")
-    gpu_cores_pct = serializers.IntegerField(min_value=1, max_value=100, required=False,
-                                             help_text="vgpu: compute on each GPU, % of its cores (default: the "
-                                                       "pool's, else the memory's share)")
+    gpus = amount_field("gpus", "exclusive: whole GPUs (required); vgpu: GPUs of one node (default 1)")
+    shares = amount_field("shares", "time_slicing, mps: shares of one GPU, at most the pool's replicas")
+    mig_profile = amount_field("mig_profile", "mig: the instance profile, e.g. 1g.10gb or 3g.40gb")
+    count = amount_field("count", "mig: how many instances of mig_profile (default 1)")
+    gpu_memory_mib = amount_field("gpu_memory_mib", "vgpu: GPU memory on each GPU, MiB (default: the pool's)")
+    gpu_memory_pct = amount_field("gpu_memory_pct", "vgpu: GPU memory on each GPU, % of the card (instead of "
+                                                    "gpu_memory_mib)")
+    gpu_cores_pct = amount_field("gpu_cores_pct", "vgpu: compute on each GPU, % of its cores (default: the pool's, "
+                                                  "else the memory's share)")
     starts_at = serializers.DateTimeField(required=False, allow_null=True)
     ends_at = serializers.DateTimeField()
 
