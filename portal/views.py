@@ -6,6 +6,7 @@ request comes back as the same form with the message next to the field it names.
 from __future__ import annotations
 
 from datetime import timedelta
+from datetime import timezone as dt_timezone
 from urllib.parse import urlencode
 
 from django.contrib import messages
@@ -98,7 +99,8 @@ def _availability_context(user, data, pool=None) -> dict:
                                               alloc_shapes.Amounts(**shape_fields))
     except ApplicationError as error:
         return {**context, "availability_error": f"No timeline for that amount: {error.message}"}
-    return {**context, "slots": answer.slots, "total": answer.capacity, "shape": answer.shape,
+    return {**context, "slots": answer.slots, "timeline": _timeline_labels(answer.slots), "total": answer.capacity,
+            "shape": answer.shape,
             "unit": answer.slots[0].unit if answer.slots else "GPUs"}
 
 
@@ -133,6 +135,23 @@ def reserve(request: HttpRequest) -> HttpResponse:
         context.update(_availability_context(request.user, {"range": request.GET.get("range", "24h"),
                                                             **_form_shape(form)}, pool))
     return render(request, "portal/reserve.html", context, status=400 if form.errors else 200)
+
+
+# At most this many hour labels under a timeline: more run into each other at a phone's width.
+TIMELINE_HOUR_LABELS = 8
+
+
+def _timeline_labels(slots) -> list[tuple]:
+    """(slot, day label, hour label, start for the form) per slot: the day where a new date begins (and at
+    the first slot), the hour on every n-th slot only, so no two labels overlap."""
+    every = max(1, -(-len(slots) // TIMELINE_HOUR_LABELS))
+    out, previous = [], None
+    for i, slot in enumerate(slots):
+        utc = slot.start.astimezone(dt_timezone.utc)
+        day = f"{utc:%a} {utc.day}" if previous is None or utc.date() != previous.date() else ""
+        out.append((slot, day, f"{utc:%H}h" if i % every == 0 else "", f"{utc:%Y-%m-%dT%H:%M}"))
+        previous = utc
+    return out
 
 
 def _form_shape(form: ReservationForm) -> dict:

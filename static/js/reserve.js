@@ -1,0 +1,27 @@
+// The reserve page: a click (or Enter) on a slot of the availability timeline starts the reservation
+// then, keeping its length when it had one (the form stays plain HTML without this).
+(function () {
+  function pick(slot) {
+    const starts = document.querySelector('#reserve-form [name=starts_at]');
+    const ends = document.querySelector('#reserve-form [name=ends_at]');
+    if (!starts || !slot.dataset.start) return;
+    const before = starts.value ? Date.parse(starts.value + 'Z') : Date.now();
+    const length = ends && ends.value ? Date.parse(ends.value + 'Z') - before : 0;
+    starts.value = slot.dataset.start;
+    if (ends) {
+      const start = Date.parse(slot.dataset.start + 'Z');
+      const keep = length > 0 ? length : 2 * 3600 * 1000;
+      ends.value = new Date(start + keep).toISOString().slice(0, 16);
+    }
+    document.querySelectorAll('.timeline .slot.picked').forEach((s) => s.classList.remove('picked'));
+    slot.classList.add('picked');
+  }
+  document.addEventListener('click', (event) => {
+    const slot = event.target.closest('.timeline .slot[data-start]');
+    if (slot) pick(slot);
+  });
+  document.addEventListener('keydown', (event) => {
+    const slot = event.target.closest && event.target.closest('.timeline .slot[data-start]');
+    if (slot && (event.key === 'Enter' || event.key === ' ')) { event.preventDefault(); pick(slot); }
+  });
+})();
