@@ -60,6 +60,8 @@ INSTALLED_APPS = [
     "rest_framework",
     "django_filters",
     "drf_spectacular",
+    # Swagger UI and ReDoc shipped as our own static files, pinned: /api/v1/docs/ works without internet.
+    "drf_spectacular_sidecar",
     "channels",
     "axes",
     "teams",
@@ -256,8 +258,10 @@ TELEMETRY_MAX_FUTURE_SECONDS = env.float("TELEMETRY_MAX_FUTURE_SECONDS", default
 # A GPU at or below this utilization counts as idle ("allocated but idle").
 TELEMETRY_IDLE_UTIL_PCT = env.float("TELEMETRY_IDLE_UTIL_PCT", default=1.0)
 ALERT_EVALUATE_SECONDS = env.float("ALERT_EVALUATE_SECONDS", default=15.0)
-# Links in alert mails point here.
-PORTAL_BASE_URL = env.str("PORTAL_BASE_URL", default="http://127.0.0.1:8000").rstrip("/")
+# Links in mails (alerts, failovers) point here. Unset: this machine on the port the portal serves on
+# (PORT, which `make run` and the web server read), not a fixed 8000 that may be another program's.
+PORTAL_BASE_URL = (env.str("PORTAL_BASE_URL", default="").rstrip("/")
+                   or f"http://127.0.0.1:{env.int('PORT', default=8000)}")
 
 # --- reservations ---------------------------------------------------------------------
 # A starts_at up to this far in the past is taken as "now" (clock skew, slow forms).
@@ -326,6 +330,10 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Reserve whole GPUs from shared pools; manage teams, pools and quotas.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # The docs page loads Swagger UI from our static files (drf-spectacular-sidecar), never a CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
                              "config.api_schema.declare_error_responses"],

@@ -1,6 +1,8 @@
 """Every URL of the portal: pages, the REST API under /api/v1/, admin, health and metrics."""
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
+from django.http import HttpRequest, HttpResponseRedirect
+from django.templatetags.static import static
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
@@ -49,7 +51,15 @@ handler404 = "config.exception_handler.not_found"
 handler400 = "config.exception_handler.bad_request"
 handler500 = "config.exception_handler.server_error"
 
+
+
+def favicon(request: HttpRequest) -> HttpResponseRedirect:
+    """Browsers ask /favicon.ico whatever the page links: send them to the SVG icon the pages link to."""
+    return HttpResponseRedirect(static("favicon.svg"))
+
+
 urlpatterns = [
+    path("favicon.ico", favicon, name="favicon"),
     path("", views.dashboard, name="dashboard"),
     path("reserve/", views.reserve, name="reserve"),
     path("reserve/availability/", views.availability_partial, name="availability"),

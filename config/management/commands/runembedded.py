@@ -22,6 +22,12 @@ from common.private_files import write_private
 from config.demo import check_admin_password, load_demo
 
 
+def base_url(host: str, port: int) -> str:
+    """The URL a person on this machine opens for a server bound to host:port (any-address: loopback)."""
+    address = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    return f"http://[{address}]:{port}" if ":" in address else f"http://{address}:{port}"
+
+
 class Command(BaseCommand):
     help = "Run web, Celery worker and beat in one process with the embedded database and broker."
 
@@ -36,6 +42,9 @@ class Command(BaseCommand):
         if not settings.EMBEDDED:
             raise CommandError("runembedded is the embedded mode; unset REDIS_URL, or run the Procfile processes.")
         self._check_demo_admin_password()
+        if not os.environ.get("PORTAL_BASE_URL"):
+            # Mail links name the address served below (--host/--port may differ from PORT).
+            settings.PORTAL_BASE_URL = base_url(host, port)
         call_command("migrate", interactive=False, verbosity=0)
         self._demo(no_demo)
         self._start_celery()
@@ -75,8 +84,7 @@ class Command(BaseCommand):
 
         # Three agents post every second; keep their requests out of the access log.
         logging.getLogger("uvicorn.access").addFilter(lambda record: "/api/v1/agent/" not in record.getMessage())
-        address = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-        agents = start_demo_agents(f"http://{address}:{port}")
+        agents = start_demo_agents(base_url(host, port))
         if agents:
             self.stdout.write(f"{len(agents)} simulated host agent(s) stream live telemetry (SIMULATED GPUs)")
 
