@@ -18,7 +18,7 @@ from teams.models import Team
 MAX_GPUS_PER_REQUEST = 1024
 
 
-class PoolSerializer(CleanModelSerializer):
+class PoolSerializer(RefusesUnknownFields, CleanModelSerializer):
     placement_policy = serializers.ChoiceField(
         choices=sorted(POLICY_NAMES), default=DEFAULT_POLICY,
         help_text=f"How reservations are placed; {DEFAULT_POLICY} (the default) packs to keep large requests placeable",
