@@ -105,6 +105,13 @@ class Reservation(models.Model):
     def is_live(self) -> bool:
         return self.state in self.LIVE_STATES
 
+    @property
+    def ended_early(self) -> bool:
+        """Whether it ended (released, cancelled, failed) before its booked end: `ends_at` keeps the booked
+        end, so the pages must show `ended_at` beside it or an early release reads as a full window. One
+        that expired ends a little after its booked end (the sweep's delay), which is not worth showing."""
+        return self.ended_at is not None and self.ended_at < self.ends_at
+
 
 class AllocationQuerySet(models.QuerySet):
     # booked_during in SQL, over an allocation aliased `a`, with the window's end and then its start as

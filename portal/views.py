@@ -234,6 +234,7 @@ def reservation_detail(request: HttpRequest, reservation_id: int) -> HttpRespons
         "events": reservation.events.select_related("actor"),
         "apply_jobs": reservation.apply_jobs.select_related("cluster"),
         "extend_form": ExtendForm(initial={"ends_at": timezone.localtime(reservation.ends_at + timedelta(hours=1))}),
+        "now": timezone.now(),
     })
 
 
@@ -241,6 +242,13 @@ def reservation_detail(request: HttpRequest, reservation_id: int) -> HttpRespons
 @require_POST
 def reservation_release(request: HttpRequest, reservation_id: int) -> HttpResponse:
     reservation = _visible_reservation(request, reservation_id)
+    if request.POST.get("confirm") != "yes":
+        # One click must not end a running job's GPUs: without `confirm=yes` (which the button's JavaScript
+        # dialog adds) the answer is a page that asks, so the no-JavaScript path asks too.
+        return render(request, "portal/release_confirm.html", {
+            "reservation": reservation, "next": request.POST.get("next") or "",
+            "cancel": reservation.starts_at > timezone.now(),
+        })
     try:
         released = alloc_services.reservation_release(actor=request.user, reservation_id=reservation.pk)
     except ApplicationError as error:

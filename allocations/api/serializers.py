@@ -18,7 +18,7 @@ from teams.models import Team
 MAX_GPUS_PER_REQUEST = 1024
 
 
-class PoolSerializer(CleanModelSerializer):
+class PoolSerializer(RefusesUnknownFields, CleanModelSerializer):
     placement_policy = serializers.ChoiceField(
         choices=sorted(POLICY_NAMES), default=DEFAULT_POLICY,
         help_text=f"How reservations are placed; {DEFAULT_POLICY} (the default) packs to keep large requests placeable",
@@ -202,7 +202,10 @@ class ReservationSerializer(serializers.Serializer):
     grants = GrantSerializer(many=True, read_only=True)
     created_at = _time()
     updated_at = _time()
-    ended_at = _time(allow_null=True, help_text=Reservation._meta.get_field("ended_at").help_text)
+    ended_at = _time(allow_null=True, help_text=(
+        "When it really ended: released, cancelled, expired or failed; null while it is live. `ends_at` keeps "
+        "the booked end, so a reservation released or cancelled early has an `ended_at` before its `ends_at`; "
+        "one that expired has an `ended_at` at or a little after it (when the sweep got to it)."))
 
 
 # DRF deep-copies a serializer's declared fields into every instance it makes: ~1 ms of CPU for this

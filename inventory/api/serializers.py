@@ -6,7 +6,7 @@ from inventory import services
 from inventory.models import Cluster, Gpu, GpuPool, HostToken, Node
 
 
-class ClusterSerializer(CleanModelSerializer):
+class ClusterSerializer(RefusesUnknownFields, CleanModelSerializer):
     """Kubernetes credentials are write-only: `kubeconfig` is stored encrypted and never shown back;
     `has_credentials` says whether one (or in_cluster) is set."""
 
@@ -45,7 +45,7 @@ class DiscoveryReportSerializer(serializers.Serializer):
     changes = serializers.ListField(child=serializers.CharField(), help_text="What changed in the inventory")
 
 
-class NodeSerializer(CleanModelSerializer):
+class NodeSerializer(RefusesUnknownFields, CleanModelSerializer):
     cluster = SlugLookupField(slug_field="slug", queryset=Cluster.objects.all())
 
     class Meta:
@@ -55,7 +55,7 @@ class NodeSerializer(CleanModelSerializer):
         read_only_fields = ["last_seen_at"]
 
 
-class GpuSerializer(CleanModelSerializer):
+class GpuSerializer(RefusesUnknownFields, CleanModelSerializer):
     pool = SlugLookupField(slug_field="slug", queryset=GpuPool.objects.all(), allow_null=True,
                                         required=False)
 
@@ -69,7 +69,7 @@ class GpuSerializer(CleanModelSerializer):
         return services.gpu_update(actor=self.context["request"].user, gpu=instance, **validated_data)
 
 
-class HostTokenSerializer(serializers.ModelSerializer):
+class HostTokenSerializer(RefusesUnknownFields, serializers.ModelSerializer):
     cluster = SlugLookupField(slug_field="slug", queryset=Cluster.objects.all())
     created_by = serializers.CharField(source="created_by.username", default=None, read_only=True,
                                        allow_null=True)  # None once the account is deleted

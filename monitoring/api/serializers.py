@@ -2,12 +2,12 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from common.api import CleanModelSerializer, SlugLookupField
+from common.api import CleanModelSerializer, RefusesUnknownFields, SlugLookupField
 from inventory.models import GpuPool
 from monitoring.models import Alert, AlertRule, Silence
 
 
-class AlertRuleSerializer(CleanModelSerializer):
+class AlertRuleSerializer(RefusesUnknownFields, CleanModelSerializer):
     pool = SlugLookupField(slug_field="slug", queryset=GpuPool.objects.all(), required=False,
                                         allow_null=True)
 
@@ -33,7 +33,7 @@ class AlertSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class SilenceSerializer(CleanModelSerializer):
+class SilenceSerializer(RefusesUnknownFields, CleanModelSerializer):
     """Mutes the notifications of matching alerts (rule, subject, pool; empty matches all) until ends_at."""
 
     rule = serializers.PrimaryKeyRelatedField(queryset=AlertRule.objects.all(), required=False, allow_null=True)

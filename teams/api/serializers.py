@@ -25,16 +25,16 @@ class MembershipSerializer(serializers.ModelSerializer):
         fields = ["username", "role", "joined_at"]
 
 
-class MembershipAddInput(serializers.Serializer):
+class MembershipAddInput(RefusesUnknownFields, serializers.Serializer):
     username = serializers.CharField(max_length=150)
     role = serializers.ChoiceField(choices=Membership.Role.choices, default=Membership.Role.MEMBER)
 
 
-class MembershipChangeInput(serializers.Serializer):
+class MembershipChangeInput(RefusesUnknownFields, serializers.Serializer):
     role = serializers.ChoiceField(choices=Membership.Role.choices)
 
 
-class TokenInput(serializers.Serializer):
+class TokenInput(RefusesUnknownFields, serializers.Serializer):
     username = serializers.CharField(max_length=150)
     password = serializers.CharField(max_length=4096, style={"input_type": "password"}, trim_whitespace=False)
     name = serializers.CharField(max_length=64, required=False, default="", allow_blank=True,

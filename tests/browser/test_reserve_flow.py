@@ -42,6 +42,13 @@ def test_a_member_reserves_and_releases_a_gpu_in_the_browser(world, live_server,
     page.reload()
     assert page.locator(f"#reservation-{reservation.pk} .state").inner_text() == "active"
 
+    # Release asks first: dismissed, nothing happens; accepted, it posts with confirm=yes and releases.
+    asked = []
+    page.once("dialog", lambda dialog: (asked.append(dialog.message), dialog.dismiss()))
+    page.click(f"#reservation-{reservation.pk} button.danger")
+    assert asked == [f"Release reservation #{reservation.pk} of team ml, 2 GPUs of A100, now?"]
+    assert Reservation.objects.get().state == "active" and page.url == f"{live_server.url}/reservations/"
+    page.once("dialog", lambda dialog: dialog.accept())
     page.click(f"#reservation-{reservation.pk} button.danger")
     assert f"Reservation #{reservation.pk} released." in page.locator(".flash").inner_text()
     wait_for(lambda: Reservation.objects.get().state == "released", message="release finished by the worker")

@@ -126,6 +126,7 @@ def test_a_member_books_a_mig_slice_and_half_a_gpu_and_releases_them(shared, liv
     # Release both; the bars are free again.
     page.goto(f"{live_server.url}/reservations/")
     for reservation in (mig, ts):
+        page.once("dialog", lambda dialog: dialog.accept())  # "Release reservation #… now?"
         page.click(f"#reservation-{reservation.pk} button.danger")
         assert f"Reservation #{reservation.pk} released." in page.locator(".flash").inner_text()
     assert set(Reservation.objects.values_list("state", flat=True)) == {"released"}

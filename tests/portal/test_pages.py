@@ -75,7 +75,7 @@ def test_release_and_extend_from_my_reservations(world, browser):
     client.post(f"/reservations/{reservation.pk}/extend/", {"ends_at": local(new_end)})
     reservation.refresh_from_db()
     assert local(reservation.ends_at) == local(new_end)
-    client.post(f"/reservations/{reservation.pk}/release/")
+    client.post(f"/reservations/{reservation.pk}/release/", {"confirm": "yes"})
     reservation.refresh_from_db()
     assert reservation.state in ("releasing", "released")
 
@@ -138,7 +138,8 @@ def test_a_release_after_the_window_ended_says_it_expires(world, browser, api):
     ended = timezone.now() - timedelta(minutes=1)
     Reservation.objects.filter(pk=rid).update(starts_at=ended - timedelta(hours=1), ends_at=ended)
     Reservation.objects.get(pk=rid).allocations.update(starts_at=ended - timedelta(hours=1), ends_at=ended)
-    page = browser(world.member).post(f"/reservations/{rid}/release/", follow=True).content.decode()
+    page = browser(world.member).post(f"/reservations/{rid}/release/", {"confirm": "yes"},
+                                      follow=True).content.decode()
     assert f"Reservation #{rid} had already ended; it expires now." in page
     assert Reservation.objects.get(pk=rid).state == Reservation.State.EXPIRED
 
@@ -193,3 +194,61 @@ def test_the_team_page_and_the_dashboard_show_use_in_ge_by_mode_and_model(world,
     assert f"{held:.2f}" in teams and "10.00 (" in teams and f"vgpu · {A100}: 0.40" in teams
     # The pools table: ml's H100s weigh 2 each, 6 of 16 GE held (infra holds one too).
     assert "6.00 / 16.00" in dashboard
+
+
+def test_an_early_release_shows_when_it_ended_beside_its_booked_end(world, browser, api):
+    _, end = window(0, 3)
+    client = api(world.member)
+    early = client.post("/api/v1/reservations/", {"pool": "a100", "team": "ml", "gpus": 1,
+                                                  "ends_at": end.isoformat()}, format="json").json()["id"]
+    assert client.post(f"/api/v1/reservations/{early}/release/").status_code == 200
+    released = Reservation.objects.get(pk=early)
+    assert released.ended_at is not None and released.ended_early
+    booked, ended = (timezone.localtime(t).strftime("%Y-%m-%d %H:%M") for t in (released.ends_at, released.ended_at))
+    # A reservation that ran its whole window shows no second end.
+    full = client.post("/api/v1/reservations/", {"pool": "a100", "team": "ml", "gpus": 1,
+                                                 "ends_at": end.isoformat()}, format="json").json()["id"]
+    Reservation.objects.filter(pk=full).update(state=Reservation.State.EXPIRED, ended_at=end + timedelta(seconds=30))
+
+    listing = browser(world.member).get("/reservations/").content.decode()
+    row = listing[listing.index(f'id="reservation-{early}"'):]
+    row = row[:row.index("</tr>")]
+    assert booked in row and f"ended {ended}" in row
+    full_row = listing[listing.index(f'id="reservation-{full}"'):]
+    assert "ended-early" not in full_row[:full_row.index("</tr>")]
+
+    detail = browser(world.member).get(f"/reservations/{early}/").content.decode()
+    assert "Booked window (UTC)" in detail and booked in detail
+    assert f'<dd id="ended-at">{ended}' in detail
+    assert 'id="ended-at"' not in browser(world.member).get(f"/reservations/{full}/").content.decode()
+
+
+def test_release_without_confirm_asks_and_changes_nothing(world, browser, api):
+    _, end = window(0, 2)
+    rid = api(world.member).post("/api/v1/reservations/", {"pool": "a100", "team": "ml", "gpus": 2,
+                                                           "ends_at": end.isoformat()}, format="json").json()["id"]
+    state = Reservation.objects.get(pk=rid).state
+    client = browser(world.member)
+    answer = client.post(f"/reservations/{rid}/release/", {"next": f"/reservations/{rid}/"})
+    assert answer.status_code == 200
+    page = answer.content.decode()
+    assert f"Release reservation #{rid} of team ml, 2 GPUs of A100, now?" in page
+    assert 'name="confirm" value="yes"' in page and f'name="next" value="/reservations/{rid}/"' in page
+    assert Reservation.objects.get(pk=rid).state == state and Reservation.objects.get(pk=rid).ended_at is None
+    # The page's own button posts again with confirm=yes: that releases.
+    answer = client.post(f"/reservations/{rid}/release/", {"confirm": "yes", "next": f"/reservations/{rid}/"})
+    assert answer.status_code == 302 and answer["Location"] == f"/reservations/{rid}/"
+    assert Reservation.objects.get(pk=rid).state in ("releasing", "released")
+
+
+def test_a_future_reservation_is_cancelled_after_asking(world, browser, api):
+    start, end = window(5, 7)
+    rid = api(world.member).post("/api/v1/reservations/", {"pool": "a100", "team": "ml", "gpus": 1,
+                                                           "starts_at": start.isoformat(), "ends_at": end.isoformat()},
+                                 format="json").json()["id"]
+    client = browser(world.member)
+    page = client.post(f"/reservations/{rid}/release/").content.decode()
+    assert f"Cancel reservation #{rid} of team ml, 1 GPU of A100, now?" in page
+    assert Reservation.objects.get(pk=rid).state == Reservation.State.SCHEDULED
+    client.post(f"/reservations/{rid}/release/", {"confirm": "yes"})
+    assert Reservation.objects.get(pk=rid).state in ("releasing", "released")  # a cancel is a release
