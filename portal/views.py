@@ -15,6 +15,7 @@ from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from allocations import selectors as alloc_selectors
@@ -154,6 +155,16 @@ def _timeline_labels(slots) -> list[tuple]:
     return out
 
 
+def _next_page(request: HttpRequest) -> str | None:
+    """The page a form asks to go back to (`next`), only when it is one of the portal's own: anything else
+    (another host, a scheme) would make the portal an open redirect."""
+    target = request.POST.get("next") or ""
+    if target and url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()},
+                                                  require_https=request.is_secure()):
+        return target
+    return None
+
+
 def _form_shape(form: ReservationForm) -> dict:
     """The amount fields the form shows (posted, else initial), by the API's names, for the timeline."""
     shape = {}
@@ -246,7 +257,7 @@ def reservation_release(request: HttpRequest, reservation_id: int) -> HttpRespon
         # One click must not end a running job's GPUs: without `confirm=yes` (which the button's JavaScript
         # dialog adds) the answer is a page that asks, so the no-JavaScript path asks too.
         return render(request, "portal/release_confirm.html", {
-            "reservation": reservation, "next": request.POST.get("next") or "",
+            "reservation": reservation, "next": _next_page(request) or "",
             "cancel": reservation.starts_at > timezone.now(),
         })
     try:
@@ -258,7 +269,7 @@ def reservation_release(request: HttpRequest, reservation_id: int) -> HttpRespon
             messages.success(request, f"Reservation #{reservation.pk} had already ended; it expires now.")
         else:
             messages.success(request, f"Reservation #{reservation.pk} released.")
-    return redirect(request.POST.get("next") or "reservations")
+    return redirect(_next_page(request) or "reservations")
 
 
 @login_required
@@ -277,7 +288,7 @@ def reservation_extend(request: HttpRequest, reservation_id: int) -> HttpRespons
         else:
             messages.success(request, f"Reservation #{reservation.pk} now ends "
                                       f"{timezone.localtime(form.cleaned_data['ends_at']):%Y-%m-%d %H:%M} UTC.")
-    return redirect(request.POST.get("next") or "reservations")
+    return redirect(_next_page(request) or "reservations")
 
 
 @login_required

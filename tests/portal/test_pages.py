@@ -252,3 +252,15 @@ def test_a_future_reservation_is_cancelled_after_asking(world, browser, api):
     assert Reservation.objects.get(pk=rid).state == Reservation.State.SCHEDULED
     client.post(f"/reservations/{rid}/release/", {"confirm": "yes"})
     assert Reservation.objects.get(pk=rid).state in ("releasing", "released")  # a cancel is a release
+
+
+def test_a_release_goes_back_only_to_the_portals_own_pages(world, browser, api):
+    # `next` came from the form as posted: a link to another site made the portal an open redirect.
+    _, end = window(0, 2)
+    rid = api(world.member).post("/api/v1/reservations/", {"pool": "a100", "team": "ml", "gpus": 1,
+                                                           "ends_at": end.isoformat()}, format="json").json()["id"]
+    client = browser(world.member)
+    asked = client.post(f"/reservations/{rid}/release/", {"next": "https://evil.example/phish"}).content.decode()
+    assert "evil.example" not in asked
+    answer = client.post(f"/reservations/{rid}/release/", {"confirm": "yes", "next": "//evil.example/x"})
+    assert answer.status_code == 302 and answer["Location"] == "/reservations/"
