@@ -18,9 +18,9 @@ from __future__ import annotations
 import logging
 import math
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Sequence
 
 from allocations import units
 from allocations.placement import mig
@@ -277,9 +277,8 @@ def shape_of(reservation, pool) -> Shape:
     if reservation.mode in (SharingMode.TIME_SLICING, SharingMode.MPS):
         return Shape(mode=reservation.mode, shares=reservation.shares or 1, replicas=int(config.get("replicas") or 1))
     if reservation.mode == SharingMode.MIG:
-        layout = mig_layout_names(config)
         return Shape(mode=reservation.mode, mig_profile=reservation.mig_profile, mig_count=reservation.mig_count or 1,
-                     mig_layout=layout if isinstance(layout, str) else tuple(layout))
+                     mig_layout=mig_layout_names(config))
     if reservation.mode == SharingMode.VGPU:
         return Shape(mode=reservation.mode, gpus=reservation.gpus, memory_mib=reservation.gpu_memory_mib or 0,
                      cores_pct=reservation.gpu_cores_pct or 100)
@@ -401,10 +400,27 @@ def layout_of(model: str, layout: str | Sequence[str]) -> list[tuple[mig.MigProf
     return mig.layout_instances(model, names)
 
 
+def layout_offered(model: str, layout: str | Sequence[str]) -> list[tuple[mig.MigProfile, int]]:
+    """layout_of, or nothing where the layout does not fit the model: a GPU it cannot carve offers no
+    instance (pool writes refuse such a layout; a GPU of another model may join the pool later)."""
+    try:
+        return layout_of(model, layout)
+    except mig.LayoutError:
+        return []
+
+
+def layout_profiles(models: Iterable[str], layout: str | Sequence[str]) -> list[mig.MigProfile]:
+    """The profiles a MIG layout offers on GPUs of `models`, smallest first, each name once."""
+    profiles: dict[str, mig.MigProfile] = {}
+    for model in sorted(models):
+        for profile, _ in layout_offered(model, layout):
+            profiles.setdefault(profile.name, profile)
+    return sorted(profiles.values(), key=lambda p: (p.size, p.memory_mib, p.name))
+
+
 def mig_layout_problem(layout: str | Sequence[str], models: Sequence[str]) -> str | None:
     """Why a MIG layout cannot carve the pool's GPU models (each must take it), or None. A pool without
     GPUs yet: the layout must fit some MIG-capable model."""
-    layout = layout if isinstance(layout, str) else list(layout)
     if not models:
         problems = []
         for model in mig.MIG_GEOMETRY:
@@ -439,10 +455,7 @@ def _free_mig_instances(snapshot: PoolSnapshot, shape: Shape
         if not gpu.usable:
             continue
         if gpu.model not in layouts:
-            try:
-                layouts[gpu.model] = layout_of(gpu.model, shape.mig_layout)
-            except mig.LayoutError:
-                layouts[gpu.model] = []  # the pool's layout does not fit this model: it offers nothing
+            layouts[gpu.model] = layout_offered(gpu.model, shape.mig_layout)
         for profile, start in layouts[gpu.model]:
             if _is_free(mig_part(profile, start), busy[gpu.id]):
                 free_on_gpu[gpu.id] += 1

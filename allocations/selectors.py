@@ -270,17 +270,7 @@ def mig_profiles_offered(pool: GpuPool, snapshot: booking.PoolSnapshot) -> list[
 
 def _layout_profiles(pool: GpuPool, models: set[str]) -> list[mig.MigProfile]:
     """The profiles of the pool's MIG layout on GPUs of `models`, smallest first, each name once."""
-    layout = mig_layout_names(pool.sharing_config or {})
-    layout = layout if isinstance(layout, str) else tuple(layout)
-    profiles: dict[str, mig.MigProfile] = {}
-    for model in sorted(models):
-        try:
-            instances = booking.layout_of(model, layout)
-        except mig.LayoutError:
-            continue
-        for profile, _ in instances:
-            profiles.setdefault(profile.name, profile)
-    return sorted(profiles.values(), key=lambda p: (p.size, p.memory_mib, p.name))
+    return booking.layout_profiles(models, mig_layout_names(pool.sharing_config or {}))
 
 
 @dataclass(frozen=True)
@@ -775,11 +765,7 @@ def _free_parts(mode: str, replicas: int, model: str, config: dict, layouts: dic
         return [(lo, hi, f"{(hi - lo) // width} share{'s' if hi - lo > width else ''} free") for lo, hi, _ in free]
     if mode == SharingMode.MIG:
         if model not in layouts:
-            layout = mig_layout_names(config)
-            try:
-                layouts[model] = booking.layout_of(model, layout if isinstance(layout, str) else tuple(layout))
-            except mig.LayoutError:
-                layouts[model] = []
+            layouts[model] = booking.layout_offered(model, mig_layout_names(config))
         return [(*booking.mig_part(profile, start), f"{profile.name} free") for profile, start in layouts[model]
                 if clear(*booking.mig_part(profile, start))]
     return [(0, 1000, "free")] if clear(0, 1000) else []

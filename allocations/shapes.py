@@ -79,13 +79,7 @@ def shape_for(pool: GpuPool, request: Amounts, snapshot: booking.PoolSnapshot) -
         if not request.mig_profile:
             raise required("mig_profile")
         layout = mig_layout_names(config)
-        layout = layout if isinstance(layout, str) else tuple(layout)
-        offered: set[str] = set()
-        for model in sorted({gpu.model for gpu in usable}):
-            try:
-                offered |= {profile.name for profile, _ in booking.layout_of(model, layout)}
-            except mig.LayoutError:
-                continue
+        offered = {profile.name for profile in booking.layout_profiles({gpu.model for gpu in usable}, layout)}
         if request.mig_profile not in offered:
             known = set().union(*(mig.profiles_for(gpu.model) for gpu in usable)) if usable else set()
             rule = "not_in_layout" if request.mig_profile in known else "unknown_profile"

@@ -28,14 +28,14 @@ RESERVABLE_MODES = frozenset(SharingMode)
 REPLICA_MODES = frozenset({SharingMode.TIME_SLICING, SharingMode.MPS})
 
 
-def mig_layout_names(config: dict) -> list[str] | str:
-    """A mig pool's layout as written: a named layout (a string) or one GPU's profile names (a list)."""
+def mig_layout_names(config: dict) -> tuple[str, ...] | str:
+    """A mig pool's layout as written: a named layout (a string) or one GPU's profile names (a tuple)."""
     if config.get("mig_layout"):
         return str(config["mig_layout"])
-    profiles = config.get("profiles") or []
+    profiles = config.get("profiles") or ()
     if isinstance(profiles, dict):
-        return [name for name, count in sorted(profiles.items()) for _ in range(int(count))]
-    return list(profiles)
+        return tuple(name for name, count in sorted(profiles.items()) for _ in range(int(count)))
+    return tuple(profiles)
 
 
 def _is_int(value: Any) -> bool:

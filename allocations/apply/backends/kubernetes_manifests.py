@@ -104,8 +104,8 @@ def mig_layout_profiles(pool: PoolDesired) -> list[str]:
     a model the layout does not fit adds nothing, and an ``all-<profile>`` name on a pool whose
     models are unknown still names its profile, so the quota lists it."""
     layout = mig_layout_names(pool.sharing_config)
-    if isinstance(layout, list):
-        return layout
+    if not isinstance(layout, str):
+        return list(layout)
     profiles: list[str] = []
     for model in pool.gpu_models:
         try:
