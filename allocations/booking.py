@@ -36,7 +36,7 @@ from allocations.placement import (
 )
 from allocations.models import AllocationQuerySet
 from common import sql
-from inventory.sharing import SharingMode, mig_layout_names
+from inventory.sharing import REPLICA_MODES, SharingMode, mig_layout_names, replicas_of
 
 log = logging.getLogger(__name__)
 
@@ -261,7 +261,7 @@ class Shape:
 
     def in_words(self) -> str:
         """The request in its own unit, for messages: "4 × 3g.40gb", "3 of 4 shares", ..."""
-        if self.mode in (SharingMode.TIME_SLICING, SharingMode.MPS):
+        if self.mode in REPLICA_MODES:
             return f"{self.shares} of {self.replicas} shares of a GPU"
         if self.mode == SharingMode.MIG:
             return f"{self.mig_count} × {self.mig_profile}"
@@ -274,8 +274,8 @@ class Shape:
 def shape_of(reservation, pool) -> Shape:
     """What a booked reservation holds, as a Shape (failover places it again)."""
     config = pool.sharing_config or {}
-    if reservation.mode in (SharingMode.TIME_SLICING, SharingMode.MPS):
-        return Shape(mode=reservation.mode, shares=reservation.shares or 1, replicas=int(config.get("replicas") or 1))
+    if reservation.mode in REPLICA_MODES:
+        return Shape(mode=reservation.mode, shares=reservation.shares or 1, replicas=replicas_of(config) or 1)
     if reservation.mode == SharingMode.MIG:
         return Shape(mode=reservation.mode, mig_profile=reservation.mig_profile, mig_count=reservation.mig_count or 1,
                      mig_layout=mig_layout_names(config))
@@ -304,7 +304,7 @@ class NewGrant:
 def choose(snapshot: PoolSnapshot, shape: Shape, *, policy: str = DEFAULT_POLICY) -> list[NewGrant]:
     """The grants that give `shape` for the snapshot's window, or BookingRefused with the reason in the
     request's own unit."""
-    if shape.mode in (SharingMode.TIME_SLICING, SharingMode.MPS):
+    if shape.mode in REPLICA_MODES:
         return _choose_shares(snapshot, shape, policy)
     if shape.mode == SharingMode.MIG:
         return _choose_mig(snapshot, shape)
@@ -597,7 +597,7 @@ class Room:
 def room(snapshot: PoolSnapshot, shape: Shape) -> Room:
     """What `choose` could give of `shape` for the window: the same arithmetic, counted instead of
     chosen (the availability timeline asks this once per slot)."""
-    if shape.mode in (SharingMode.TIME_SLICING, SharingMode.MPS):
+    if shape.mode in REPLICA_MODES:
         counts = [len(slots) for slots in _free_share_slots(snapshot, shape.replicas).values()]
         return Room(sum(counts), max(counts, default=0), "shares")
     if shape.mode == SharingMode.MIG:

@@ -28,6 +28,15 @@ RESERVABLE_MODES = frozenset(SharingMode)
 REPLICA_MODES = frozenset({SharingMode.TIME_SLICING, SharingMode.MPS})
 
 
+def replicas_of(config: Any) -> int | None:
+    """N of a time-slicing or MPS pool's config ({"replicas": N}); None where it names no positive number."""
+    try:
+        replicas = int((config or {}).get("replicas"))
+    except (TypeError, ValueError, AttributeError):
+        return None
+    return replicas if replicas > 0 else None
+
+
 def mig_layout_names(config: dict) -> tuple[str, ...] | str:
     """A mig pool's layout as written: a named layout (a string) or one GPU's profile names (a tuple)."""
     if config.get("mig_layout"):

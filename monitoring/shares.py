@@ -27,9 +27,9 @@ from typing import NamedTuple
 from allocations import units
 from allocations.booking import mig_instance_id
 from allocations.models import Allocation
+from inventory.sharing import REPLICA_MODES, replicas_of
 
 MIG = "mig"
-REPLICA_MODES = ("time_slicing", "mps")
 
 
 class Holder(NamedTuple):
@@ -63,14 +63,6 @@ class Share:
 
     def holder(self) -> Holder:
         return Holder(self.reservation_id, self.team_id, self.user, self.instance, self.allocated_mib)
-
-
-def _replicas(config) -> int | None:
-    try:
-        replicas = int((config or {}).get("replicas"))
-    except (TypeError, ValueError, AttributeError):
-        return None
-    return replicas if replicas > 0 else None
 
 
 def share_memory_mib(mode: str, gpu_memory_mib: int, rows: list[tuple[int | None, int]], replicas: int | None,
@@ -110,7 +102,7 @@ def shares_now(now: datetime, gpu_ids: Iterable[int] | None = None) -> list[Shar
             share = found[key] = Share(reservation_id, team_id, team, user or "", pool_id, gpu_id, gpu_uuid, mode,
                                        instance, mig_profile or "", mig_start,
                                        gi if isinstance(gi, int) else None)
-            extra[key] = (gpu_memory, _replicas(config), device.get("memory_mib"))
+            extra[key] = (gpu_memory, replicas_of(config), device.get("memory_mib"))
         share.rows.append((memory_mib, milli))
     for key, share in found.items():
         gpu_memory, replicas, instance_memory = extra[key]

@@ -8,6 +8,7 @@ from django.utils import timezone
 
 from allocations.selectors import LATEST_INSTANT
 from teams.models import Membership
+from inventory.sharing import REPLICA_MODES
 
 DATETIME_LOCAL = "%Y-%m-%dT%H:%M"
 
@@ -53,7 +54,7 @@ class ReservationForm(forms.Form):
         """Add the amount fields of the pool's mode; yield their names."""
         mode = offer.mode if offer is not None else "exclusive"
         fields = self.fields
-        if mode in ("time_slicing", "mps"):
+        if mode in REPLICA_MODES:
             n = offer.replicas
             fields["shares"] = forms.IntegerField(
                 min_value=1, max_value=max(n, 1), initial=1, label=f"Shares (of {n} per GPU)",

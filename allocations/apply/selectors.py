@@ -12,7 +12,7 @@ from allocations import units
 from allocations.apply.desired import ClusterDesired, Grant, PoolDesired, TeamDesired
 from allocations.models import Allocation, Quota, Reservation
 from inventory.models import Cluster, Gpu, GpuPool
-from inventory.sharing import REPLICA_MODES
+from inventory.sharing import REPLICA_MODES, replicas_of
 
 # Reservations a cluster should enforce: being applied or applied. Releasing ones are being
 # undone, so they are already absent from what should exist.
@@ -84,7 +84,7 @@ def _grants_from_rows(rows: Iterable[tuple]) -> list[tuple[Any, Grant]]:
     merged: dict[tuple, list] = {}
     for key, reservation_id, gpu_uuid, node_name, pool_slug, mode, ends_at, profile, memory, cores, milli, config in rows:
         # A time-slicing or MPS row holds a run of share slots (units.share_slots); any other row is one unit.
-        count = (units.share_slots(milli, int((config or {}).get("replicas") or 1)) if mode in REPLICA_MODES
+        count = (units.share_slots(milli, replicas_of(config) or 1) if mode in REPLICA_MODES
                  else 1)
         ident = (reservation_id, gpu_uuid, mode, profile or "")
         entry = merged.get(ident)

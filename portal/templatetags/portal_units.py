@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from django import template
 
+from inventory.sharing import REPLICA_MODES, SharingMode
+
 register = template.Library()
 
 
@@ -33,7 +35,7 @@ def booked_words(reservation) -> str:
     """A reservation's amount in its pool's unit. Replicas come from its grants (set by
     selectors.with_allocated_gpus) or else its pool's sharing_config."""
     mode = reservation.mode
-    if mode in ("time_slicing", "mps"):
+    if mode in REPLICA_MODES:
         grants = getattr(reservation, "grants", None) or ()
         replicas = next((g["replicas"] for g in grants if g.get("replicas")), None)
         if replicas is None:
@@ -56,7 +58,7 @@ def booked(reservation) -> str:
 def grant_part(grant: dict) -> str:
     """What one grant (selectors.with_allocated_gpus) holds of its GPU."""
     mode = grant.get("mode")
-    if mode in ("time_slicing", "mps"):
+    if mode in REPLICA_MODES:
         words = f"{grant['shares']} of {grant.get('replicas') or '?'} shares"
         if mode == "mps" and grant.get("gpu_memory_mib"):
             words += f" (≤ {memory(grant['gpu_memory_mib'])}, {grant.get('gpu_cores_pct')} % SMs)"
@@ -77,8 +79,6 @@ def memory_share(mib, replicas) -> str:
 @register.filter
 def mode_label(mode) -> str:
     """A sharing mode as people read it (inventory.sharing.SharingMode's labels)."""
-    from inventory.sharing import SharingMode
-
     try:
         return SharingMode(mode).label
     except ValueError:

@@ -34,6 +34,7 @@ from allocations.booking import mig_instance_id
 from allocations.models import Allocation, ApplyJob, HostLeaseReport, Reservation
 from common.channel_layer import send_to_groups
 from inventory.models import Cluster, Node
+from inventory.sharing import REPLICA_MODES, replicas_of
 
 log = logging.getLogger(__name__)
 
@@ -82,13 +83,13 @@ def host_leases(node: Node, *, now: datetime | None = None) -> list[dict]:
         held = leases.get(key)
         if held is None:
             held = leases[key] = {"key": key, **lease}
-            if mode in ("time_slicing", "mps"):
-                held.update(shares=0, replicas=_replicas(config))
+            if mode in REPLICA_MODES:
+                held.update(shares=0, replicas=replicas_of(config) or 1)
             if mode in ("mps", "vgpu"):
                 held.update(memory_mib=0, cores_pct=0)
         elif ends_at.isoformat() > held["ends_at"]:
             held["ends_at"] = ends_at.isoformat()  # rows of one reservation end together; the last counts
-        if mode in ("time_slicing", "mps"):
+        if mode in REPLICA_MODES:
             held["shares"] += units.share_slots(milli, held["replicas"])  # a row holds a run of slots
         if mode in ("mps", "vgpu"):
             held["memory_mib"] += memory_mib or 0
@@ -101,14 +102,6 @@ def host_leases(node: Node, *, now: datetime | None = None) -> list[dict]:
             lease["memory_mib"] = lease["memory_mib"] or int(gpu_memory * share)
             lease["cores_pct"] = min(100, lease["cores_pct"] or max(1, int(100 * share)))
     return list(leases.values())
-
-
-def _replicas(config) -> int:
-    """N of a time-slicing or MPS pool (its sharing_config {"replicas": N}); 1 when it names none."""
-    try:
-        return max(1, int((config or {}).get("replicas") or 1))
-    except (TypeError, ValueError, AttributeError):
-        return 1
 
 
 def wanted_lease_keys(grants) -> dict[str, set[str]]:

@@ -47,7 +47,7 @@ from allocations.apply.desired import (
     TeamDesired,
 )
 from allocations.placement.mig import LayoutError, named_layout
-from inventory.sharing import mig_layout_names
+from inventory.sharing import REPLICA_MODES, mig_layout_names
 
 QUOTA_NAME = "gpupool"
 SYSTEM_NAMESPACE = "gpupool-system"
@@ -88,7 +88,7 @@ def mig_resource(profile: str) -> str:
 def grant_resources(grant: Grant) -> dict[str, int]:
     """What one grant counts as, per resource name of its sharing mode."""
     mode = grant.sharing_mode
-    if mode in ("time_slicing", "mps"):
+    if mode in REPLICA_MODES:
         return {SHARED: grant.units}
     if mode == "mig":
         return {mig_resource(grant.mig_profile): grant.units} if grant.mig_profile else {}
@@ -121,7 +121,7 @@ def mig_layout_profiles(pool: PoolDesired) -> list[str]:
 def pool_resource_names(pool: PoolDesired) -> set[str]:
     """The resource names a pool's GPUs are offered under on Kubernetes."""
     mode = pool.sharing_mode
-    if mode in ("time_slicing", "mps"):
+    if mode in REPLICA_MODES:
         return {SHARED}
     if mode == "mig":
         return {mig_resource(p) for p in mig_layout_profiles(pool)}
