@@ -490,9 +490,9 @@ def _choose_mig(snapshot: PoolSnapshot, shape: Shape) -> list[NewGrant]:
             for gpu, profile, start in chosen]
 
 
-def vgpu_memory(shape: Shape, gpu: PoolGpu) -> int:
-    """The memory a vgpu request takes on `gpu`, in MiB."""
-    return shape.memory_mib or gpu.memory_mib * shape.memory_pct // 100
+def vgpu_memory(shape: Shape, gpu_memory_mib: int) -> int:
+    """The memory a vgpu request takes on a card of `gpu_memory_mib`, in MiB."""
+    return shape.memory_mib or gpu_memory_mib * shape.memory_pct // 100
 
 
 def vgpu_fraction(memory_mib: int, cores_pct: int, gpu_memory_mib: int) -> float:
@@ -525,7 +525,7 @@ def _vgpu_fits(snapshot: PoolSnapshot, shape: Shape, free: dict[int, tuple[int, 
     by_id = {gpu.id: gpu for gpu in snapshot.gpus}
     per_node: dict[int, list[int]] = defaultdict(list)
     for gpu_id, (memory, cores) in (free if free is not None else _vgpu_free(snapshot)).items():
-        if memory >= vgpu_memory(shape, by_id[gpu_id]) and cores >= shape.cores_pct:
+        if memory >= vgpu_memory(shape, by_id[gpu_id].memory_mib) and cores >= shape.cores_pct:
             per_node[by_id[gpu_id].node_id].append(gpu_id)
     return per_node
 
@@ -570,7 +570,7 @@ def _choose_vgpu(snapshot: PoolSnapshot, shape: Shape, policy: str) -> list[NewG
     grants = []
     for gpu_id in chosen:
         gpu = by_id[gpu_id]
-        memory = vgpu_memory(shape, gpu)
+        memory = vgpu_memory(shape, gpu.memory_mib)
         fraction = vgpu_fraction(memory, shape.cores_pct, gpu.memory_mib)
         grants.append(NewGrant(gpu_id=gpu_id, ge=fraction * gpu.weight, mode=SharingMode.VGPU,
                                milli=max(1, min(units.MILLI_PER_GPU, math.ceil(fraction * units.MILLI_PER_GPU))),
@@ -579,10 +579,10 @@ def _choose_vgpu(snapshot: PoolSnapshot, shape: Shape, policy: str) -> list[NewG
 
 
 def _vgpu_request(shape: Shape, snapshot: PoolSnapshot, gpu_memory_mib: int) -> PlacementRequest:
-    memory = shape.memory_mib or gpu_memory_mib * shape.memory_pct // 100
     if shape.cores_pct >= 100:
         return PlacementRequest(gpus=1, start=snapshot.start, end=snapshot.end)
-    return PlacementRequest(milli=10 * shape.cores_pct, gpu_memory_mib=memory, start=snapshot.start, end=snapshot.end)
+    return PlacementRequest(milli=10 * shape.cores_pct, gpu_memory_mib=vgpu_memory(shape, gpu_memory_mib),
+                            start=snapshot.start, end=snapshot.end)
 
 
 @dataclass(frozen=True)

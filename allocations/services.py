@@ -73,6 +73,13 @@ class QuotaLimits:
     ge_hours_per_month: float | None
     team_max_ge: float | None = None
 
+    @classmethod
+    def of(cls, *, max_ge, ge_hours_per_month, team_max_ge, **names) -> QuotaLimits:
+        """From the database's decimals (the checks add floats to them), with the ids and slugs in `names`."""
+        return cls(**names, max_ge=float(max_ge),
+                   ge_hours_per_month=None if ge_hours_per_month is None else float(ge_hours_per_month),
+                   team_max_ge=None if team_max_ge is None else float(team_max_ge))
+
 
 def _ge(value: float) -> str:
     return f"{value:.2f}"
@@ -170,10 +177,9 @@ def _lock_pool_for(request: ReservationRequest, actor: AbstractBaseUser) -> _Ask
     pool = GpuPool.from_db(DEFAULT_DB_ALIAS, ["id", "slug", "sharing_mode", "sharing_config", "placement_policy"],
                            [pool_id, request.pool, sharing_mode, sql.json_value(config) or {}, policy])
     team = Team.from_db(DEFAULT_DB_ALIAS, ["id", "slug"], [team_id, request.team])
-    quota = QuotaLimits(
-        team_id=team_id, team_slug=request.team, pool_id=pool_id, pool_slug=request.pool, max_ge=float(max_ge),
-        ge_hours_per_month=None if ge_hours is None else float(ge_hours),
-        team_max_ge=None if team_max_ge is None else float(team_max_ge)) if has_quota else None
+    quota = QuotaLimits.of(
+        team_id=team_id, team_slug=request.team, pool_id=pool_id, pool_slug=request.pool, max_ge=max_ge,
+        ge_hours_per_month=ge_hours, team_max_ge=team_max_ge) if has_quota else None
     return _Asked(pool=pool, team=team, role=role, quota=quota)
 
 
@@ -311,12 +317,9 @@ def _quota_limits(reservation: Reservation) -> QuotaLimits:
     quota = Quota.objects.filter(team_id=reservation.team_id, pool_id=reservation.pool_id).order_by().first()
     if quota is None:
         raise PermissionDenied(f"Team {team} has no quota in pool {pool}.", field="pool", rule="no_quota")
-    team_max_ge = reservation.team.max_ge
-    return QuotaLimits(team_id=reservation.team_id, team_slug=team, pool_id=reservation.pool_id, pool_slug=pool,
-                       max_ge=float(quota.max_ge),
-                       ge_hours_per_month=(None if quota.ge_hours_per_month is None
-                                           else float(quota.ge_hours_per_month)),
-                       team_max_ge=None if team_max_ge is None else float(team_max_ge))
+    return QuotaLimits.of(team_id=reservation.team_id, team_slug=team, pool_id=reservation.pool_id, pool_slug=pool,
+                          max_ge=quota.max_ge, ge_hours_per_month=quota.ge_hours_per_month,
+                          team_max_ge=reservation.team.max_ge)
 
 
 @transaction.atomic
