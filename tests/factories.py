@@ -105,6 +105,22 @@ def add_node(pool: GpuPool, name: str, gpus: int, cluster: Cluster | None = None
     return node
 
 
+A100 = "NVIDIA A100-SXM4-80GB"
+
+
+def add_shared_pool(slug: str, mode: str, config: dict, *, team: str = "vision", nodes: int = 1, gpus: int = 2,
+                    model: str = A100, memory_mib: int = 81920, max_ge: float = 8) -> GpuPool:
+    """A pool of `mode` (its `config`) with `nodes` x `gpus` cards of `model`, and `team`'s quota in it."""
+    pool = PoolFactory(slug=slug, sharing_mode=mode, sharing_config=config)
+    cluster = ClusterFactory(slug="lab")
+    for n in range(nodes):
+        node = NodeFactory(cluster=cluster, name=f"{slug}-node-{n}")
+        for index in range(gpus):
+            GpuFactory(node=node, pool=pool, index=index, model_name=model, memory_mib=memory_mib)
+    QuotaFactory(team=TeamFactory(slug=team), pool=pool, max_ge=max_ge)
+    return pool
+
+
 def window(hours_from_now: float = 0, hours: float = 2):
     """(starts_at, ends_at) as aware datetimes, starting `hours_from_now` ahead."""
     start = timezone.now() + timedelta(hours=hours_from_now)
@@ -113,5 +129,5 @@ def window(hours_from_now: float = 0, hours: float = 2):
 
 __all__ = [
     "PASSWORD", "UserFactory", "TeamFactory", "MembershipFactory", "ClusterFactory", "NodeFactory",
-    "PoolFactory", "GpuFactory", "QuotaFactory", "Reservation", "add_node", "window",
+    "PoolFactory", "GpuFactory", "QuotaFactory", "Reservation", "add_node", "add_shared_pool", "window", "A100",
 ]

@@ -8,17 +8,12 @@ import pytest
 from django.utils import timezone
 
 from tests.factories import (
-    ClusterFactory,
-    GpuFactory,
     MembershipFactory,
-    NodeFactory,
-    PoolFactory,
-    QuotaFactory,
     TeamFactory,
     UserFactory,
+    add_shared_pool,
 )
 
-A100 = "NVIDIA A100-SXM4-80GB"
 
 
 @pytest.fixture
@@ -28,13 +23,7 @@ def member(db):
     return user
 
 
-def shared_pool(slug: str, mode: str, config: dict, *, gpus: int = 2, memory_mib: int = 81920):
-    pool = PoolFactory(slug=slug, sharing_mode=mode, sharing_config=config)
-    node = NodeFactory(cluster=ClusterFactory(slug="lab"), name=f"{slug}-node")
-    for index in range(gpus):
-        GpuFactory(node=node, pool=pool, index=index, model_name=A100, memory_mib=memory_mib)
-    QuotaFactory(team=TeamFactory(slug="vision"), pool=pool, max_ge=8)
-    return pool
+shared_pool = add_shared_pool
 
 
 def hour(n: int) -> str:

@@ -11,19 +11,15 @@ from django.utils import timezone
 from allocations.models import Allocation, Reservation
 from inventory.models import GpuModel
 from tests.factories import (
-    ClusterFactory,
-    GpuFactory,
+    A100,
     MembershipFactory,
-    NodeFactory,
-    PoolFactory,
-    QuotaFactory,
     TeamFactory,
     UserFactory,
+    add_shared_pool,
     window,
 )
 
 URL = "/api/v1/reservations/"
-A100 = "NVIDIA A100-SXM4-80GB"
 
 
 @pytest.fixture
@@ -33,16 +29,7 @@ def member(db):
     return user
 
 
-def shared_pool(slug: str, mode: str, config: dict, *, nodes: int = 1, gpus: int = 2, model: str = A100,
-                memory_mib: int = 81920, max_ge: float = 8):
-    pool = PoolFactory(slug=slug, sharing_mode=mode, sharing_config=config)
-    cluster = ClusterFactory(slug="lab")
-    for n in range(nodes):
-        node = NodeFactory(cluster=cluster, name=f"{slug}-node-{n}")
-        for index in range(gpus):
-            GpuFactory(node=node, pool=pool, index=index, model_name=model, memory_mib=memory_mib)
-    QuotaFactory(team=TeamFactory(slug="vision"), pool=pool, max_ge=max_ge)
-    return pool
+shared_pool = add_shared_pool
 
 
 def reserve(api, user, pool, **amount):
