@@ -292,17 +292,14 @@ class PoolOffer:
 
 
 def pool_offer(pool: GpuPool) -> PoolOffer:
-    """What the reserve form offers for `pool` (two small queries: its usable GPUs' models, their weights)."""
-    from inventory.models import GpuModel
-
+    """What the reserve form offers for `pool` (two small queries: its usable GPUs' models, the weights)."""
     config = pool.sharing_config or {}
     cards = list(Gpu.objects.usable().filter(pool=pool).values_list("model_name", "memory_mib").distinct())
     if not cards:
         cards = list(Gpu.objects.filter(pool=pool).values_list("model_name", "memory_mib").distinct())
     models = {model for model, _ in cards}
-    weights = {name: float(weight) for name, weight in GpuModel.objects.filter(name__in=models)
-               .values_list("name", "weight")}
-    weight = max((weights.get(model, 1.0) for model in models), default=1.0)
+    weights = model_weights()
+    weight = max((float(weight_of(weights, model)) for model in models), default=1.0)
     profiles = (tuple((p.name, p.compute_slices / units.MIG_COMPUTE_SLICES * weight, p.memory_mib)
                       for p in _layout_profiles(pool, models)) if pool.sharing_mode == SharingMode.MIG else ())
     return PoolOffer(mode=pool.sharing_mode, replicas=int(config.get("replicas") or 0), mig_profiles=profiles,
