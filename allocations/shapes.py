@@ -35,6 +35,17 @@ class Amounts:
 
 
 AMOUNT_FIELDS = tuple(field.name for field in dataclasses.fields(Amounts))
+MAX_GPUS_PER_REQUEST = 1024
+# The bounds of the numeric amounts, the same for the API, the reserve form and the availability query (a
+# pool's own limits, e.g. shares above its replicas, are shape_for's to check).
+AMOUNT_LIMITS = {
+    "gpus": {"min_value": 1, "max_value": MAX_GPUS_PER_REQUEST},
+    "shares": {"min_value": 1, "max_value": 64},
+    "count": {"min_value": 1, "max_value": MAX_GPUS_PER_REQUEST},
+    "gpu_memory_mib": {"min_value": 1, "max_value": 2**31 - 1},
+    "gpu_memory_pct": {"min_value": 1, "max_value": 100},
+    "gpu_cores_pct": {"min_value": 1, "max_value": 100},
+}
 
 # The request fields each sharing mode takes (the rest are refused with `not_for_mode`).
 MODE_FIELDS = {

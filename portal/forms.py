@@ -7,8 +7,9 @@ from django import forms
 from django.utils import timezone
 
 from allocations.selectors import LATEST_INSTANT
-from teams.models import Membership
+from allocations.shapes import AMOUNT_LIMITS
 from inventory.sharing import REPLICA_MODES
+from teams.models import Membership
 
 DATETIME_LOCAL = "%Y-%m-%dT%H:%M"
 
@@ -64,27 +65,27 @@ class ReservationForm(forms.Form):
             fields["mig_profile"] = forms.ChoiceField(
                 label="MIG profile", choices=[(name, f"{name} ({_ge(ge)} GE each)")
                                               for name, ge, _ in offer.mig_profiles])
-            fields["count"] = forms.IntegerField(min_value=1, max_value=1024, initial=1, label="Instances")
+            fields["count"] = forms.IntegerField(initial=1, label="Instances", **AMOUNT_LIMITS["count"])
             yield from ("mig_profile", "count")
         elif mode == "vgpu":
             fields["gpu_memory_mib"] = forms.IntegerField(
-                min_value=1, max_value=2**31 - 1, required=False, label="Memory per GPU (MiB)",
+                required=False, label="Memory per GPU (MiB)", **AMOUNT_LIMITS["gpu_memory_mib"],
                 initial=offer.default_memory_mib,
                 help_text=f"Of {offer.gpu_memory_mib} MiB per card." if offer.gpu_memory_mib else "")
-            fields["gpu_memory_pct"] = forms.IntegerField(min_value=1, max_value=100, required=False,
-                                                          label="or memory per GPU (% of the card)")
+            fields["gpu_memory_pct"] = forms.IntegerField(required=False, label="or memory per GPU (% of the card)",
+                                                          **AMOUNT_LIMITS["gpu_memory_pct"])
             fields["gpu_cores_pct"] = forms.IntegerField(
-                min_value=1, max_value=100, required=False, label="Cores per GPU (%)",
+                required=False, label="Cores per GPU (%)", **AMOUNT_LIMITS["gpu_cores_pct"],
                 initial=offer.default_cores_pct,
                 help_text="Leave empty for the pool's default, else the memory's share.")
             fields["gpus"] = forms.IntegerField(
-                min_value=1, max_value=1024, initial=1, required=False, label="GPUs (of one node)",
+                initial=1, required=False, label="GPUs (of one node)", **AMOUNT_LIMITS["gpus"],
                 help_text=f"Each GPU costs the larger of its memory and cores shares × {_ge(offer.weight)} GE.")
             yield from ("gpu_memory_mib", "gpu_memory_pct", "gpu_cores_pct", "gpus")
         else:
             weight = offer.weight if offer is not None else 1.0
-            fields["gpus"] = forms.IntegerField(min_value=1, max_value=1024, initial=1, label="GPUs",
-                                                help_text=f"Whole GPUs: {_ge(weight)} GE each.")
+            fields["gpus"] = forms.IntegerField(initial=1, label="GPUs", help_text=f"Whole GPUs: {_ge(weight)} GE each.",
+                                                **AMOUNT_LIMITS["gpus"])
             yield "gpus"
 
     def amounts(self) -> dict:
@@ -121,13 +122,13 @@ class AvailabilityForm(forms.Form):
     start = forms.DateTimeField(required=False, widget=DateTimeLocalInput())
     range = forms.ChoiceField(choices=[(k, k) for k in RANGES], required=False)
     # The shape to count, by the API's names (the reserve form's amount fields); see AvailabilityQuery.
-    gpus = forms.IntegerField(min_value=1, max_value=1024, required=False)
-    shares = forms.IntegerField(min_value=1, max_value=64, required=False)
+    gpus = forms.IntegerField(required=False, **AMOUNT_LIMITS["gpus"])
+    shares = forms.IntegerField(required=False, **AMOUNT_LIMITS["shares"])
     mig_profile = forms.CharField(max_length=32, required=False)
-    count = forms.IntegerField(min_value=1, max_value=1024, required=False)
-    gpu_memory_mib = forms.IntegerField(min_value=1, max_value=2**31 - 1, required=False)
-    gpu_memory_pct = forms.IntegerField(min_value=1, max_value=100, required=False)
-    gpu_cores_pct = forms.IntegerField(min_value=1, max_value=100, required=False)
+    count = forms.IntegerField(required=False, **AMOUNT_LIMITS["count"])
+    gpu_memory_mib = forms.IntegerField(required=False, **AMOUNT_LIMITS["gpu_memory_mib"])
+    gpu_memory_pct = forms.IntegerField(required=False, **AMOUNT_LIMITS["gpu_memory_pct"])
+    gpu_cores_pct = forms.IntegerField(required=False, **AMOUNT_LIMITS["gpu_cores_pct"])
 
     def clean_start(self):
         start = self.cleaned_data.get("start")

@@ -10,12 +10,12 @@ from allocations.models import ApplyJob, Quota, Reservation, ReservationEvent
 from allocations.booking import mig_layout_problem
 from allocations.placement import DEFAULT_POLICY, POLICY_NAMES
 from allocations.selectors import LATEST_INSTANT
+from allocations.shapes import AMOUNT_LIMITS
 from common.api import CleanModelSerializer, RefusesUnknownFields, SlugLookupField
 from inventory.models import GpuPool
 from inventory.sharing import SharingMode, mig_layout_names
 from teams.models import Team
 
-MAX_GPUS_PER_REQUEST = 1024
 
 
 class PoolSerializer(RefusesUnknownFields, CleanModelSerializer):
@@ -47,23 +47,11 @@ class PoolSerializer(RefusesUnknownFields, CleanModelSerializer):
         return attrs
 
 
-# The limits of a request's amount fields (allocations.shapes.Amounts), the same for a booking and for the
-# availability query that asks what a booking could get; which apply depends on the pool's mode.
-_AMOUNT_LIMITS = {
-    "gpus": {"min_value": 1, "max_value": MAX_GPUS_PER_REQUEST},
-    "shares": {"min_value": 1, "max_value": 64},
-    "count": {"min_value": 1, "max_value": MAX_GPUS_PER_REQUEST},
-    "gpu_memory_mib": {"min_value": 1, "max_value": 2**31 - 1},
-    "gpu_memory_pct": {"min_value": 1, "max_value": 100},
-    "gpu_cores_pct": {"min_value": 1, "max_value": 100},
-}
-
-
 def amount_field(name: str, help_text: str) -> serializers.Field:
-    """An optional amount field of a request, with its limits."""
+    """An optional amount field of a request (allocations.shapes.Amounts), with its limits (AMOUNT_LIMITS)."""
     if name == "mig_profile":
         return serializers.CharField(max_length=32, required=False, help_text=help_text)
-    return serializers.IntegerField(required=False, help_text=help_text, **_AMOUNT_LIMITS[name])
+    return serializers.IntegerField(required=False, help_text=help_text, **AMOUNT_LIMITS[name])
 
 
 def _before_latest(value):
