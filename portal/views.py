@@ -140,18 +140,23 @@ def reserve(request: HttpRequest) -> HttpResponse:
 
 # At most this many hour labels under a timeline: more run into each other at a phone's width.
 TIMELINE_HOUR_LABELS = 8
+# Slots a day label ("Wed 25") may run over at the narrowest slot width: the next day label must be further.
+TIMELINE_DAY_LABEL_SLOTS = 2
 
 
 def _timeline_labels(slots) -> list[tuple]:
-    """(slot, day label, hour label, start for the form) per slot: the day where a new date begins (and at
-    the first slot), the hour on every n-th slot only, so no two labels overlap."""
+    """(slot, day label, hour label, start for the form) per slot: the day where a new date begins, and at
+    the first slot unless the next date begins too close for both to fit; the hour on every n-th slot
+    only; so no two labels overlap."""
     every = max(1, -(-len(slots) // TIMELINE_HOUR_LABELS))
-    out, previous = [], None
-    for i, slot in enumerate(slots):
-        utc = slot.start.astimezone(dt_timezone.utc)
-        day = f"{utc:%a} {utc.day}" if previous is None or utc.date() != previous.date() else ""
+    starts = [slot.start.astimezone(dt_timezone.utc) for slot in slots]
+    next_day = next((i for i in range(1, len(starts)) if starts[i].date() != starts[0].date()), len(starts))
+    out = []
+    for i, (slot, utc) in enumerate(zip(slots, starts)):
+        new_date = i > 0 and utc.date() != starts[i - 1].date()
+        first = i == 0 and next_day >= TIMELINE_DAY_LABEL_SLOTS
+        day = f"{utc:%a} {utc.day}" if new_date or first else ""
         out.append((slot, day, f"{utc:%H}h" if i % every == 0 else "", f"{utc:%Y-%m-%dT%H:%M}"))
-        previous = utc
     return out
 
 

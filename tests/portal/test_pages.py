@@ -264,3 +264,25 @@ def test_a_release_goes_back_only_to_the_portals_own_pages(world, browser, api):
     assert "evil.example" not in asked
     answer = client.post(f"/reservations/{rid}/release/", {"confirm": "yes", "next": "//evil.example/x"})
     assert answer.status_code == 302 and answer["Location"] == "/reservations/"
+
+
+def test_timeline_day_labels_never_sit_in_adjacent_slots():
+    # In the 7-day view (6-hour slots) a timeline starting at 18:00 reached the next date one slot later:
+    # "Tue 24" and "Wed 25" ran into each other. The first slot then shows only its hour.
+    from datetime import datetime, timezone
+
+    from allocations.selectors import Slot
+    from portal.views import _timeline_labels
+
+    def labels(first_hour: int, hours: int) -> list[tuple[str, str]]:
+        start = datetime(2026, 11, 24, first_hour, tzinfo=timezone.utc)
+        slots = [Slot(start=start + timedelta(hours=hours * i), end=start + timedelta(hours=hours * (i + 1)),
+                      free=1, free_on_one_node=1) for i in range(28)]
+        return [(day, hour) for _, day, hour, _ in _timeline_labels(slots)]
+
+    late = labels(18, 6)
+    assert late[0] == ("", "18h") and late[1][0] == "Wed 25"
+    days = [i for i, (day, _) in enumerate(late) if day]
+    assert all(b - a >= 2 for a, b in zip(days, days[1:]))
+    early = labels(0, 6)
+    assert early[0][0] == "Tue 24" and early[4][0] == "Wed 25"
