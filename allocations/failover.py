@@ -14,18 +14,15 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
-from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from allocations import booking
+from allocations import booking, notices, queue
 from allocations.apply import jobs
 from allocations.models import Allocation, ApplyJob, Reservation
 from allocations.transitions import move, record
-from common.notifications import mail_after_commit
 from inventory.models import GpuPool, Node
-from teams.models import Membership
 
 log = logging.getLogger(__name__)
 State = Reservation.State
@@ -88,8 +85,9 @@ def reservation_move_off_node(*, reservation_id: int, node: Node, reason: str, n
         message = (f"Its GPUs were on {node.name}, which failed ({reason}), and no healthy GPUs of pool "
                    f"{pool.slug} are free for the rest of the window: {refused.message}")
         move(reservation, State.FAILED, reason=message, now=now)
-        _notify(reservation, f"Reservation #{reservation.pk} failed: node {node.name} is down", message)
+        notices.notify_owners(reservation, f"Reservation #{reservation.pk} failed: node {node.name} is down", message)
         jobs.reconcile_enqueue(cluster=node.cluster, now=now)
+        queue.kick(pool.pk)
         return "failed"
     booking.grants_write(reservation_id=reservation.pk, grants=grants, start=start, end=reservation.ends_at)
     new_nodes = sorted(set(Node.objects.filter(gpus__id__in=[g.gpu_id for g in grants])
@@ -104,17 +102,7 @@ def reservation_move_off_node(*, reservation_id: int, node: Node, reason: str, n
         move(reservation, State.APPLYING, reason=message)
         jobs.jobs_create(reservation=reservation, action=ApplyJob.Action.APPLY, now=now)
         jobs.reconcile_enqueue(cluster=node.cluster, now=now)  # removes what the dead node's cluster still has
-    _notify(reservation, f"Reservation #{reservation.pk} moved off {node.name}", message)
+    notices.notify_owners(reservation, f"Reservation #{reservation.pk} moved off {node.name}", message)
+    queue.kick(pool.pk)  # the move may take room the queue's plan was counting on: promises are told anew
     return "moved"
 
-
-def _notify(reservation: Reservation, headline: str, detail: str) -> None:
-    """Email whoever booked it and the team's managers, after the commit."""
-    recipients = set(Membership.objects.filter(team=reservation.team, role=Membership.Role.MANAGER)
-                     .values_list("user__email", flat=True))
-    if reservation.requested_by is not None:
-        recipients.add(reservation.requested_by.email)
-    mail_after_commit(to=recipients, subject=f"[GPU Pool] {headline}", template="allocations/email/reservation_failover",
-                      context={"reservation": reservation, "headline": headline, "detail": detail,
-                               "link": f"{settings.PORTAL_BASE_URL}/reservations/{reservation.pk}/"},
-                      about=f"reservation {reservation.pk}")

@@ -76,6 +76,8 @@ class Reservation(models.Model):
     state = models.CharField(max_length=16, choices=State.choices, default=State.SCHEDULED)
     reason = models.TextField(blank=True, help_text="Why it is in its state (shown to the user)")
     ended_at = models.DateTimeField(null=True, blank=True, help_text="When it was released, expired or failed")
+    expiry_warned_at = models.DateTimeField(null=True, blank=True,
+                                            help_text="When its holders were mailed that its window ends soon")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -199,6 +201,46 @@ class ReservationEvent(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.reservation_id}: {self.from_state or '∅'} → {self.to_state}"
+
+
+class QueueEntry(models.Model):
+    """What a reservation asked of the queue, and where it stands there (allocations.queue).
+
+    A request that may wait asks for a shape and a `duration`, to start as soon as it fits
+    between `not_before` and `not_after`. While it waits (its reservation `pending`) each
+    scheduling pass writes its `position`, the `reason` it waits, `start_by` (the promise: the
+    start the plan gives if every booking runs to its booked end) and `likely_start` (the
+    estimate, from how early the pool's bookings really end), with the values of the pass
+    before. The row stays once the request started: `first_start_by` and `first_likely_start`
+    against the reservation's real start say how good the promise and the estimate were.
+    """
+
+    reservation = models.OneToOneField(Reservation, on_delete=models.CASCADE, primary_key=True,
+                                       related_name="queue_entry")
+    shape = models.JSONField(help_text="What it asks for, as allocations.booking.Shape's fields")
+    duration = models.DurationField()
+    not_before = models.DateTimeField(null=True, blank=True)
+    not_after = models.DateTimeField(null=True, blank=True, help_text="Start no later than this, else fail")
+    queued_at = models.DateTimeField()
+    priority = models.SmallIntegerField(default=0)
+    position = models.PositiveIntegerField(null=True, blank=True)
+    reason = models.CharField(max_length=32, blank=True, help_text="Why it waits, as a code")
+    reason_text = models.TextField(blank=True, help_text="Why it waits, in words")
+    start_by = models.DateTimeField(null=True, blank=True)
+    likely_start = models.DateTimeField(null=True, blank=True)
+    previous_start_by = models.DateTimeField(null=True, blank=True)
+    previous_likely_start = models.DateTimeField(null=True, blank=True)
+    first_start_by = models.DateTimeField(null=True, blank=True)
+    first_likely_start = models.DateTimeField(null=True, blank=True)
+    moved_why = models.TextField(blank=True, help_text="Why start_by last moved later")
+    planned_at = models.DateTimeField(null=True, blank=True, help_text="The last scheduling pass that planned it")
+
+    def __str__(self) -> str:
+        return f"queue entry of reservation #{self.reservation_id}"
+
+    @property
+    def duration_seconds(self) -> float:
+        return self.duration.total_seconds()
 
 
 class ApplyJob(models.Model):

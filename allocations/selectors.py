@@ -15,7 +15,7 @@ from django.db.models.functions import Coalesce, Greatest, Least
 from django.utils import timezone
 
 from allocations import booking, quota_math, shapes, units
-from allocations.models import Allocation, AllocationQuerySet, Quota, Reservation
+from allocations.models import Allocation, AllocationQuerySet, QueueEntry, Quota, Reservation
 from allocations.placement import mig
 from allocations.shapes import Amounts
 from common import sql
@@ -196,7 +196,47 @@ def with_allocated_gpus(reservations: list[Reservation]) -> list[Reservation]:
                         (sql.json_value(config) or {}).get("replicas"))
                 for (rid, uuid, node, index, model, start, end, mode, milli, profile, mig_start, memory, cores, ge,
                      devices, config) in rows]
-    return set_grants(reservations, held)
+    set_grants(reservations, held)
+    return with_queue(reservations)
+
+
+def with_queue(reservations: list[Reservation], *, every_state: bool = False) -> list[Reservation]:
+    """Set `queue_info` (its QueueEntry, or None) on each reservation: on the pending ones only unless
+    `every_state` (a reservation's own page shows how its promise turned out once it started)."""
+    asking = [r.pk for r in reservations if every_state or r.state == Reservation.State.PENDING]
+    entries = {e.pk: e for e in QueueEntry.objects.filter(pk__in=asking)} if asking else {}
+    for reservation in reservations:
+        reservation.queue_info = entries.get(reservation.pk)
+    return reservations
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    """One waiting request as a pool's queue page shows it; `reservation` None: another team's."""
+
+    position: int | None
+    team: str
+    reservation: Reservation | None
+    entry: QueueEntry
+    asked: str
+
+
+def pool_queue(pool: GpuPool, user: User) -> list[QueueRow]:
+    """The pool's waiting requests in queue order (the last pass's positions; new ones last)."""
+    mine = None if user.is_staff else set(teams_of(user).values_list("pk", flat=True))
+    waiting = list(Reservation.objects.filter(pool=pool, state=Reservation.State.PENDING)
+                   .select_related("team", "queue_entry", "requested_by"))
+    waiting.sort(key=lambda r: (r.queue_entry.position is None, r.queue_entry.position or 0, r.queue_entry.queued_at))
+    rows = []
+    for reservation in waiting:
+        visible = mine is None or reservation.team_id in mine
+        reservation.queue_info = reservation.queue_entry
+        shape = reservation.queue_entry.shape
+        rows.append(QueueRow(position=reservation.queue_entry.position,
+                             team=reservation.team.name if visible else "another team",
+                             reservation=reservation if visible else None, entry=reservation.queue_entry,
+                             asked=booking.Shape(**{**shape, "mig_layout": ()}).in_words()))
+    return rows
 
 
 def pools_visible_to(user: User) -> QuerySet[GpuPool]:

@@ -8,17 +8,19 @@ so a task never sees a reservation that was rolled back.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, transaction
+from django.db.models import F
 from django.utils import timezone
 
-from allocations import booking, quota_math, selectors, shapes, units
+from allocations import alternatives, booking, notices, queue, quotas, selectors, shapes
 from allocations.apply import jobs
-from allocations.models import ApplyJob, Quota, Reservation
+from allocations.models import ApplyJob, Quota, QueueEntry, Reservation
 from allocations.transitions import ending_state
 from allocations.shapes import Amounts
 from allocations.transitions import move as _move
@@ -61,72 +63,6 @@ def _check_duration(starts_at: datetime, ends_at: datetime) -> None:
                                field="ends_at", rule="max_duration")
 
 
-@dataclass(frozen=True)
-class QuotaLimits:
-    """A team's quota in a pool (and its team-wide cap), with the slugs its refusals name."""
-
-    team_id: int
-    team_slug: str
-    pool_id: int
-    pool_slug: str
-    max_ge: float
-    ge_hours_per_month: float | None
-    team_max_ge: float | None = None
-
-    @classmethod
-    def of(cls, *, max_ge, ge_hours_per_month, team_max_ge, **names) -> QuotaLimits:
-        """From the database's decimals (the checks add floats to them), with the ids and slugs in `names`."""
-        return cls(**names, max_ge=float(max_ge),
-                   ge_hours_per_month=None if ge_hours_per_month is None else float(ge_hours_per_month),
-                   team_max_ge=None if team_max_ge is None else float(team_max_ge))
-
-
-def _ge(value: float) -> str:
-    return f"{value:.2f}"
-
-
-def _check_quota(quota: QuotaLimits, *, ge: float, asked: str, field: str, start: datetime, end: datetime,
-                 exclude_reservation: int | None = None) -> None:
-    """Refuse when the team would hold more GE than its quota in the pool at some instant of [start, end),
-    more than its team-wide cap across pools, or book more GE-hours in a calendar month than the
-    pool's monthly budget. `ge` is what the new grants are charged; `asked` the request in its own
-    unit, for the message; `field` the request field a refusal names."""
-    team, pool = quota.team_slug, quota.pool_slug
-    windows = selectors.team_windows(quota.team_id, quota.pool_id, start, end, exclude_reservation)
-    peak, peak_at = units.peak(windows, start, end)
-    if peak + ge > quota.max_ge + 1e-9:
-        when = f" at {peak_at:%Y-%m-%d %H:%M} UTC" if peak else ""
-        raise Conflict(
-            f"Over quota: team {team} would hold {_ge(peak + ge)} GE in pool {pool}{when} (quota {_ge(quota.max_ge)}, "
-            f"{_ge(peak + ge - quota.max_ge)} over): {asked} is {_ge(ge)} GE and it holds {_ge(peak)}.",
-            field=field, rule="quota_exceeded",
-        )
-    if quota.team_max_ge is not None:
-        everywhere = selectors.team_windows(quota.team_id, None, start, end, exclude_reservation)
-        peak, peak_at = units.peak(everywhere, start, end)
-        if peak + ge > quota.team_max_ge + 1e-9:
-            when = f" at {peak_at:%Y-%m-%d %H:%M} UTC" if peak else ""
-            raise Conflict(
-                f"Over the team-wide cap: team {team} would hold {_ge(peak + ge)} GE across all pools{when} (cap "
-                f"{_ge(quota.team_max_ge)}, {_ge(peak + ge - quota.team_max_ge)} over): {asked} is {_ge(ge)} GE.",
-                field=field, rule="team_cap_exceeded",
-            )
-    if quota.ge_hours_per_month is None:
-        return
-    for month in quota_math.months_between(start, end):
-        # Not excluding the reservation being extended: its booked hours count, and [start, end) is
-        # only the extension, which its allocations do not cover yet.
-        used = selectors.month_ge_hours(quota.team_id, quota.pool_id, month)
-        wanted = ge * quota_math.overlap_hours((start, end), month)
-        if used + wanted > quota.ge_hours_per_month + 1e-6:
-            over = used + wanted - quota.ge_hours_per_month
-            raise Conflict(
-                f"Over the monthly GE-hours of team {team} in pool {pool} for {month[0]:%Y-%m}: "
-                f"{used:.1f} booked + {wanted:.1f} asked ({asked}) > {quota.ge_hours_per_month:g} ({over:.1f} over).",
-                field="ends_at", rule="ge_hours_exceeded",
-            )
-
-
 # --- commands ------------------------------------------------------------------------------
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,8 +73,68 @@ class ReservationRequest(Amounts):
 
     team: str
     pool: str
+    ends_at: datetime | None = None
+    starts_at: datetime | str | None = None  # a datetime, None (now or as soon as it fits), or EARLIEST
+    duration: timedelta | None = None  # instead of ends_at: this long, as soon as it fits (or EARLIEST)
+    not_before: datetime | None = None
+    not_after: datetime | None = None
+    queue: bool | None = None  # None: wait if the pool queues; False: now or never; True: wait (or 400)
+
+
+EARLIEST = "earliest"
+
+
+@dataclass(frozen=True)
+class _Timing:
+    """When a create asks to run: a fixed window, as soon as it fits (`asap`), or the earliest window
+    that fits, booked now (`earliest`)."""
+
+    kind: str  # "window", "asap" or "earliest"
+    starts_at: datetime
     ends_at: datetime
-    starts_at: datetime | None = None
+    duration: timedelta
+    not_before: datetime | None = None
+    not_after: datetime | None = None
+
+
+def _validated_timing(request: ReservationRequest, now: datetime) -> _Timing:
+    """Check the request's times, naming the field and the rule of the first that is wrong."""
+    if request.duration is None:
+        for name in ("not_before", "not_after"):
+            if getattr(request, name) is not None:
+                raise ValidationFailed(f"{name} goes with duration (a request that starts as soon as it fits).",
+                                       field=name, rule="needs_duration")
+        if request.starts_at == EARLIEST:
+            raise ValidationFailed('starts_at "earliest" needs a duration.', field="duration", rule="required")
+        if request.ends_at is None:
+            raise ValidationFailed("Give ends_at (a fixed window) or duration (as soon as it fits).",
+                                   field="ends_at", rule="required")
+        starts_at = _validated_window(request.starts_at, request.ends_at, now)
+        return _Timing("window", starts_at, request.ends_at, request.ends_at - starts_at)
+    if request.ends_at is not None:
+        raise ValidationFailed("Give ends_at or duration, not both.", field="duration", rule="exclusive_with")
+    if request.starts_at is not None and request.starts_at != EARLIEST:
+        raise ValidationFailed('A request with a duration starts as soon as it fits: leave starts_at out (or give '
+                               '"earliest"), or give starts_at with ends_at.', field="starts_at",
+                               rule="exclusive_with")
+    duration = request.duration
+    longest = min(settings.QUEUE_MAX_DURATION, settings.RESERVATION_MAX_DURATION)
+    if duration <= timedelta(0):
+        raise ValidationFailed("duration must be longer than zero.", field="duration", rule="min_value")
+    if duration > longest:
+        raise ValidationFailed(f"duration may be at most {longest.days} days.", field="duration", rule="max_value")
+    not_before, not_after = request.not_before, request.not_after
+    if not_after is not None and not_after <= now:
+        raise ValidationFailed("not_after is in the past.", field="not_after", rule="in_past")
+    if not_before is not None and not_after is not None and not_after < not_before:
+        raise ValidationFailed("not_after must not be before not_before.", field="not_after",
+                               rule="after_not_before")
+    if not_before is not None and not_before - now > settings.RESERVATION_MAX_LEAD:
+        raise ValidationFailed(f"not_before may be at most {settings.RESERVATION_MAX_LEAD.days} days ahead.",
+                               field="not_before", rule="max_lead")
+    start = max(now, not_before or now)
+    kind = "earliest" if request.starts_at == EARLIEST else "asap"
+    return _Timing(kind, start, start + duration, duration, not_before, not_after)
 
 
 @dataclass(frozen=True)
@@ -148,14 +144,15 @@ class _Asked:
     pool: GpuPool
     team: Team
     role: str | None
-    quota: QuotaLimits | None
+    quota: quotas.QuotaLimits | None
 
 
 def _lock_pool_for(request: ReservationRequest, actor: AbstractBaseUser) -> _Asked:
     """Lock the pool's row and read, in the same statement, the team, the actor's role in it and the
     team's quota in the pool. Everything placement decides on is read after this lock."""
     row = sql.fetch_one(
-        "SELECT p.id, p.sharing_mode, p.sharing_config, p.placement_policy, t.id, m.role, q.max_ge, "
+        "SELECT p.id, p.sharing_mode, p.sharing_config, p.placement_policy, p.queueing, p.backfill, "
+        "p.queue_ordering, t.id, m.role, q.max_ge, "
         "q.ge_hours_per_month, q.id IS NOT NULL, t.max_ge "
         "FROM inventory_gpupool p JOIN teams_team t ON t.slug = %s "
         "LEFT JOIN teams_membership m ON m.team_id = t.id AND m.user_id = %s "
@@ -172,12 +169,16 @@ def _lock_pool_for(request: ReservationRequest, actor: AbstractBaseUser) -> _Ask
                    for name, slug, found in (("pool", request.pool, pool_id), ("team", request.team, team_id))
                    if found is None]
         raise ValidationFailed(missing[0].message, errors=missing)
-    pool_id, sharing_mode, config, policy, team_id, role, max_ge, ge_hours, has_quota, team_max_ge = row
+    (pool_id, sharing_mode, config, policy, queueing, backfill, ordering, team_id, role, max_ge, ge_hours, has_quota,
+     team_max_ge) = row
     # Partial instances: the columns read here are set, any other loads when first used.
-    pool = GpuPool.from_db(DEFAULT_DB_ALIAS, ["id", "slug", "sharing_mode", "sharing_config", "placement_policy"],
-                           [pool_id, request.pool, sharing_mode, sql.json_value(config) or {}, policy])
+    # from_db takes the values in the model's field order, whatever the order of the names.
+    pool = GpuPool.from_db(DEFAULT_DB_ALIAS, ["id", "slug", "sharing_mode", "sharing_config", "placement_policy",
+                                              "queueing", "queue_ordering", "backfill"],
+                           [pool_id, request.pool, sharing_mode, sql.json_value(config) or {}, policy,
+                            bool(queueing), ordering, bool(backfill)])
     team = Team.from_db(DEFAULT_DB_ALIAS, ["id", "slug"], [team_id, request.team])
-    quota = QuotaLimits.of(
+    quota = quotas.QuotaLimits.of(
         team_id=team_id, team_slug=request.team, pool_id=pool_id, pool_slug=request.pool, max_ge=max_ge,
         ge_hours_per_month=ge_hours, team_max_ge=team_max_ge) if has_quota else None
     return _Asked(pool=pool, team=team, role=role, quota=quota)
@@ -215,15 +216,33 @@ def _insert_reservation(*, asked: _Asked, actor: AbstractBaseUser, shape: bookin
     return reservation
 
 
+# Refusals that waiting can cure: the request waits instead, or is offered alternatives.
+_ROOM_RULES = frozenset({"insufficient_capacity", "fragmented", "promised_to_queue", "quota_exceeded",
+                         "team_cap_exceeded", "cpu_memory", "mig_fragmented", "no_gpu_model", "too_large"})
+
+
+@dataclass
+class _Booked:
+    """A booking just written, with what its answer shows."""
+
+    reservation: Reservation
+    snapshot: booking.PoolSnapshot
+    grants: list[booking.NewGrant]
+    shape: booking.Shape
+
+
 def reservation_create(*, actor: AbstractBaseUser, request: ReservationRequest,
                        now: datetime | None = None) -> Reservation:
-    """Place what the request asks for in the pool's unit for the window, or refuse with the reason.
+    """Place what the request asks for in the pool's unit, or refuse with the reason.
 
+    A fixed window (`starts_at`/`ends_at`) is booked or refused (409, with `alternatives`: the
+    earliest window of the same length that fits, the largest amount that fits in the window, the
+    same request in another pool of the team). A `duration` starts now if it fits without delaying
+    any request waiting in the pool's queue, else waits there (`pending`, with its place in the
+    queue), unless `queue` is false. `starts_at: "earliest"` books the earliest window that fits.
     The answer carries `allocated_gpus` and `grants` (as selectors.with_allocated_gpus sets them)."""
     now = now or timezone.now()
-    starts_at = _validated_window(request.starts_at, request.ends_at, now)
-    ends_at = request.ends_at
-
+    timing = _validated_timing(request, now)
     try:
         with transaction.atomic():
             asked = _lock_pool_for(request, actor)
@@ -234,34 +253,164 @@ def reservation_create(*, actor: AbstractBaseUser, request: ReservationRequest,
             if asked.quota is None:
                 raise PermissionDenied(f"Team {team.slug} has no quota in pool {pool.slug}.", field="pool",
                                        rule="no_quota")
-            snapshot = booking.pool_snapshot(pool.pk, starts_at, ends_at)
-            shape = shapes.shape_for(pool, request, snapshot)
-            field = shapes.AMOUNT_FIELD[shape.mode]
-            try:
-                grants = booking.choose(snapshot, shape, policy=pool.placement_policy)
-            except booking.BookingRefused as refused:
-                raise Conflict(refused.message, field=field, rule=refused.code) from None
-            _check_quota(asked.quota, ge=sum(grant.ge for grant in grants), asked=shape.in_words(), field=field,
-                         start=starts_at, end=ends_at)
-            reservation = _insert_reservation(asked=asked, actor=actor, shape=shape, grants=grants,
-                                              starts_at=starts_at, ends_at=ends_at, now=now)
-            if starts_at <= now:
-                enqueue_after_commit("allocations.tasks.activate_reservation", reservation.pk)
+            if request.queue and timing.kind == "asap" and not pool.queueing:
+                raise ValidationFailed(f"Pool {pool.slug} does not queue requests: ask with queue false, or for a "
+                                       "fixed window.", field="queue", rule="queueing_off")
+            promised = queue.promised_grants(pool.pk, now)
+            if timing.kind == "window":
+                booked = _book_or_offer(asked, actor, request, timing.starts_at, timing.ends_at, now, promised)
+            elif timing.kind == "earliest":
+                start = _earliest_start(asked, request, timing, now, promised)
+                booked = _book(asked, actor, request, start, start + timing.duration, now, promised)
+            else:
+                booked = _book_asap(asked, actor, request, timing, now, promised)
+            if isinstance(booked, Reservation):  # waiting in the queue
+                return booked
     except IntegrityError as exc:
         # Only the database's guards can fire here (the exclusion constraint, the vgpu trigger), and
         # only if the lock above was bypassed.
         raise Conflict("Those GPUs were just taken; try again.", field="gpus", rule="gpus_busy") from exc
     # The answer's GPUs from what was just written: no query to read them back.
+    reservation, snapshot, grants, shape = booked.reservation, booked.snapshot, booked.grants, booked.shape
     by_id = {gpu.id: gpu for gpu in snapshot.gpus}
     held = sorted(grants, key=lambda g: (by_id[g.gpu_id].node_id, by_id[g.gpu_id].index, g.mig_start or 0,
                                          g.share_from))
     selectors.set_grants([reservation], [
         selectors.HeldRow(reservation.pk, by_id[g.gpu_id].uuid, by_id[g.gpu_id].node_name, by_id[g.gpu_id].index,
-                          by_id[g.gpu_id].model, starts_at, ends_at, g.mode, g.milli, g.mig_profile, g.mig_start,
-                          g.memory_mib,
+                          by_id[g.gpu_id].model, reservation.starts_at, reservation.ends_at, g.mode, g.milli,
+                          g.mig_profile, g.mig_start, g.memory_mib,
                           g.cores_pct, g.ge, by_id[g.gpu_id].mig_devices, shape.replicas or None)
         for g in held])
     return reservation
+
+
+def _with_promised(snapshot: booking.PoolSnapshot, promised: list[booking.Grant]) -> booking.PoolSnapshot:
+    """The snapshot with what the queue's plan holds in its window taken too."""
+    inside = tuple(g for g in promised if g.starts_at < snapshot.end and g.ends_at > snapshot.start)
+    return dataclasses.replace(snapshot, grants=(*snapshot.grants, *inside)) if inside else snapshot
+
+
+def _book(asked: _Asked, actor: AbstractBaseUser, request: ReservationRequest, starts_at: datetime,
+          ends_at: datetime, now: datetime, promised: list[booking.Grant]) -> _Booked:
+    """Book [starts_at, ends_at) around the bookings and the queue's promises, or refuse (Conflict)."""
+    pool = asked.pool
+    snapshot = booking.pool_snapshot(pool.pk, starts_at, ends_at)
+    shape = shapes.shape_for(pool, request, snapshot)
+    field = shapes.AMOUNT_FIELD[shape.mode]
+    try:
+        grants = booking.choose(_with_promised(snapshot, promised), shape, policy=pool.placement_policy)
+    except booking.BookingRefused as refused:
+        if promised and _fits(snapshot, shape, pool):
+            raise Conflict(f"{shape.in_words()} would be free for that window, but it is promised to requests "
+                           f"waiting in the queue of pool {pool.slug}.", field=field,
+                           rule="promised_to_queue") from None
+        raise Conflict(refused.message, field=field, rule=refused.code) from None
+    quotas.check(asked.quota, ge=sum(grant.ge for grant in grants), asked=shape.in_words(), field=field,
+                 start=starts_at, end=ends_at)
+    reservation = _insert_reservation(asked=asked, actor=actor, shape=shape, grants=grants,
+                                      starts_at=starts_at, ends_at=ends_at, now=now)
+    if starts_at <= now:
+        enqueue_after_commit("allocations.tasks.activate_reservation", reservation.pk)
+    return _Booked(reservation, snapshot, grants, shape)
+
+
+def _fits(snapshot: booking.PoolSnapshot, shape: booking.Shape, pool: GpuPool) -> bool:
+    try:
+        booking.choose(snapshot, shape, policy=pool.placement_policy)
+        return True
+    except booking.BookingRefused:
+        return False
+
+
+def _book_or_offer(asked: _Asked, actor: AbstractBaseUser, request: ReservationRequest, starts_at: datetime,
+                   ends_at: datetime, now: datetime, promised: list[booking.Grant]) -> _Booked:
+    """Book the fixed window, or refuse with the alternatives that would work."""
+    try:
+        return _book(asked, actor, request, starts_at, ends_at, now, promised)
+    except Conflict as refused:
+        if refused.errors[0].rule not in _ROOM_RULES:
+            raise
+        refused.extra = {"alternatives": alternatives.offers(
+            team=asked.team, pool=asked.pool, request=request, quota=asked.quota, starts_at=starts_at,
+            ends_at=ends_at, now=now, promised=promised)}
+        raise
+
+
+def _earliest_start(asked: _Asked, request: ReservationRequest, timing: _Timing, now: datetime,
+                    promised: list[booking.Grant]) -> datetime:
+    """The first start from max(now, not_before) where the request fits for its duration (409 if none)."""
+    found = alternatives.earliest_window(pool=asked.pool, request=request, quota=asked.quota, team=asked.team,
+                                         earliest=timing.starts_at, duration=timing.duration, now=now,
+                                         promised=promised, latest=timing.not_after)
+    if found is None:
+        raise Conflict("No window of that length fits in the booking horizon"
+                       + (" before not_after." if timing.not_after else "."), field="starts_at", rule="no_window")
+    return found
+
+
+def _book_asap(asked: _Asked, actor: AbstractBaseUser, request: ReservationRequest, timing: _Timing,
+               now: datetime, promised: list[booking.Grant]) -> _Booked | Reservation:
+    """Start now when it fits around the bookings and the queue's promises; else wait in the queue."""
+    pool = asked.pool
+    may_wait = pool.queueing and request.queue is not False
+    strict_and_waiting = not pool.backfill and queue.has_waiting(pool.pk)
+    if strict_and_waiting and not may_wait:
+        raise Conflict(f"Requests are waiting in pool {pool.slug}, whose queue keeps strict order; queue is false.",
+                       field="queue", rule="would_wait")
+    if timing.starts_at <= now and not strict_and_waiting:
+        try:
+            return _book(asked, actor, request, now, now + timing.duration, now, promised)
+        except Conflict as refused:
+            if refused.errors[0].rule not in _ROOM_RULES or not may_wait:
+                if refused.errors[0].rule in _ROOM_RULES:
+                    refused.extra = {"alternatives": alternatives.offers(
+                        team=asked.team, pool=pool, request=request, quota=asked.quota, starts_at=now,
+                        ends_at=now + timing.duration, now=now, promised=promised)}
+                raise
+    elif not may_wait:
+        raise Conflict("It cannot start now (not_before is later) and queue is false.", field="queue",
+                       rule="would_wait")
+    return _enqueue(asked, actor, request, timing, now)
+
+
+def _enqueue(asked: _Asked, actor: AbstractBaseUser, request: ReservationRequest, timing: _Timing,
+             now: datetime) -> Reservation:
+    """Write the request as pending with its queue entry, then run the pool's pass (it may start it at once)."""
+    pool = asked.pool
+    empty = booking.pool_snapshot(pool.pk, timing.starts_at, timing.ends_at)
+    shape = shapes.shape_for(pool, request, empty)
+    field = shapes.AMOUNT_FIELD[shape.mode]
+    # What could never start, however long it waited, is refused now: too big for the pool as it is
+    # built, or for the team's quota on its own.
+    try:
+        alone = booking.choose(dataclasses.replace(empty, grants=()), shape, policy=pool.placement_policy)
+    except booking.BookingRefused as refused:
+        raise Conflict(f"It could never start in pool {pool.slug}, even empty: {refused.message}", field=field,
+                       rule="never_fits") from None
+    ge = sum(grant.ge for grant in alone)
+    error = quotas.held_error(asked.quota, ge=ge, asked=shape.in_words(), field=field, start=timing.starts_at,
+                              end=timing.ends_at, in_pool=())
+    if error is not None:
+        raise error
+    start, end, at = (sql.db_datetime(value) for value in (timing.starts_at, timing.ends_at, now))
+    vgpu = shape.mode == SharingMode.VGPU
+    (reservation_id,) = sql.fetch_one(
+        "INSERT INTO allocations_reservation (team_id, pool_id, requested_by_id, mode, gpus, shares, mig_profile, "
+        "mig_count, gpu_memory_mib, gpu_cores_pct, ge, starts_at, ends_at, state, reason, ended_at, created_at, "
+        "updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 0, %s, %s, %s, '', NULL, %s, %s) RETURNING id",
+        [asked.team.pk, pool.pk, actor.pk, shape.mode, shape.gpus if shape.mode in (SharingMode.EXCLUSIVE,
+                                                                                      SharingMode.VGPU) else 1,
+         shape.shares or None, shape.mig_profile, shape.mig_count or None,
+         (shape.memory_mib or None) if vgpu else None, shape.cores_pct if vgpu else None, start, end,
+         State.PENDING, at, at])
+    QueueEntry.objects.create(reservation_id=reservation_id, shape=queue.shape_data(shape), duration=timing.duration,
+                              not_before=timing.not_before, not_after=timing.not_after, queued_at=now)
+    reservation = Reservation.objects.select_related("team", "pool", "requested_by").get(pk=reservation_id)
+    _record(reservation, from_state="", to_state=State.PENDING, actor=actor,
+            reason=f"{shape.in_words()} for {queue.span(timing.duration)} asked; waiting for room in pool {pool.slug}.")
+    queue.queue_pass(pool_id=pool.pk, now=now, quiet=[reservation_id], lock=False)
+    reservation.refresh_from_db()
+    return selectors.with_allocated_gpus([reservation])[0]
 
 
 def _locked_reservation(reservation_id: int, actor: AbstractBaseUser) -> Reservation:
@@ -290,9 +439,16 @@ def reservation_release(*, actor: AbstractBaseUser, reservation_id: int, now: da
     window is already over expires, as the sweep would have it."""
     now = now or timezone.now()
     reservation = _locked_reservation(reservation_id, actor)
+    who = getattr(actor, "username", "system")
+    if reservation.state == State.PENDING:
+        # It holds nothing yet: out of the queue, and the requests behind it move up.
+        _move(reservation, State.RELEASED, actor=actor, reason=f"Withdrawn from the queue by {who}.", now=now)
+        QueueEntry.objects.filter(pk=reservation.pk).update(position=None)
+        queue.kick(reservation.pool_id)
+        return reservation
     if reservation.state not in Reservation.LIVE_STATES:
         raise Conflict(f"A {reservation.state} reservation cannot be released.", field="state", rule="not_live")
-    who = getattr(actor, "username", "system")
+    queue.kick(reservation.pool_id)  # its GPUs are free from now: someone waiting may fit
     if ending_state(ends_at=reservation.ends_at, released_at=now) == State.EXPIRED:
         # The window is already over and the sweep has not got to it yet: do what the sweep would,
         # so it ends as expired (its GPUs were held to the end, not given back early).
@@ -310,14 +466,18 @@ def reservation_release(*, actor: AbstractBaseUser, reservation_id: int, now: da
     return reservation
 
 
-def _quota_limits(reservation: Reservation) -> QuotaLimits:
+def waiting_ids(pool_id: int) -> set[int]:
+    return set(Reservation.objects.filter(pool_id=pool_id, state=State.PENDING).values_list("pk", flat=True))
+
+
+def _quota_limits(reservation: Reservation) -> quotas.QuotaLimits:
     """The quota binding a held reservation (403 when staff removed it since)."""
     team, pool = reservation.team.slug, reservation.pool.slug
     # order_by(): Quota's default ordering would join teams and pools for first().
     quota = Quota.objects.filter(team_id=reservation.team_id, pool_id=reservation.pool_id).order_by().first()
     if quota is None:
         raise PermissionDenied(f"Team {team} has no quota in pool {pool}.", field="pool", rule="no_quota")
-    return QuotaLimits.of(team_id=reservation.team_id, team_slug=team, pool_id=reservation.pool_id, pool_slug=pool,
+    return quotas.QuotaLimits.of(team_id=reservation.team_id, team_slug=team, pool_id=reservation.pool_id, pool_slug=pool,
                           max_ge=quota.max_ge, ge_hours_per_month=quota.ge_hours_per_month,
                           team_max_ge=reservation.team.max_ge)
 
@@ -356,15 +516,18 @@ def reservation_extend(*, actor: AbstractBaseUser, reservation_id: int, ends_at:
                        "cannot be extended on it. Book again for the extra time.", field="ends_at",
                        rule="gpus_unusable")
     # The extra time is booked like any other window: the same GPUs must be free for all of it.
-    extra = booking.pool_snapshot(pool_id, old_end, ends_at, without_reservation=reservation.pk)
+    extra = _with_promised(booking.pool_snapshot(pool_id, old_end, ends_at, without_reservation=reservation.pk),
+                           queue.promised_grants(pool_id, now))
     clash = booking.first_clash(extra, held)
     if clash is not None:
         uuid = next(gpu.uuid for gpu in extra.gpus if gpu.id == clash.gpu_id)
+        holder = ("promised to a request waiting in the queue" if clash.reservation_id in waiting_ids(pool_id)
+                  else "booked by another reservation")
         raise Conflict(
-            f"GPU {uuid} is booked by another reservation from {clash.starts_at:%Y-%m-%d %H:%M} UTC; "
+            f"GPU {uuid} is {holder} from {clash.starts_at:%Y-%m-%d %H:%M} UTC; "
             f"the latest possible end is {clash.starts_at.isoformat()}.", field="ends_at", rule="gpus_busy",
         )
-    _check_quota(_quota_limits(reservation), ge=sum(grant.ge for grant in held), asked="the extension",
+    quotas.check(_quota_limits(reservation), ge=sum(grant.ge for grant in held), asked="the extension",
                  field="ends_at", start=old_end, end=ends_at, exclude_reservation=reservation.pk)
     reservation.allocations.filter(ends_at=old_end).update(ends_at=ends_at)
     reservation.ends_at = ends_at
@@ -436,14 +599,41 @@ def reservation_expire(*, reservation_id: int, now: datetime | None = None) -> b
               reason="Its window ended before it could be applied: no worker started it in time.")
         return True
     _undo(reservation, final_state=State.EXPIRED, reason="Window ended.", now=now)
+    queue.kick(reservation.pool_id)
+    return True
+
+
+@transaction.atomic
+def reservation_warn_expiry(*, reservation_id: int, now: datetime | None = None) -> bool:
+    """Mail the holders of a running reservation that its window ends within EXPIRY_WARNING, once.
+    Returns whether it mailed."""
+    now = now or timezone.now()
+    claimed = Reservation.objects.filter(
+        pk=reservation_id, state__in=Reservation.LIVE_STATES, expiry_warned_at__isnull=True, starts_at__lte=now,
+        ends_at__gt=now, ends_at__lte=now + settings.EXPIRY_WARNING).update(expiry_warned_at=now)
+    if not claimed:
+        return False
+    reservation = Reservation.objects.select_related("team", "pool", "requested_by").get(pk=reservation_id)
+    left = reservation.ends_at - now
+    notices.notify_owners(
+        reservation, f"Reservation #{reservation.pk} ends in {queue.span(left)}",
+        f"Its window ends at {reservation.ends_at:%Y-%m-%d %H:%M} UTC; its GPUs go back to the pool then. To keep "
+        "them longer, extend it on its page (or POST .../extend/ with a later ends_at) while they stay free of "
+        "other bookings.")
     return True
 
 
 def due_reservation_ids(now: datetime | None = None) -> dict[str, list[int]]:
-    """What the sweep should act on: due to start, due to end, releasing without an undo job."""
+    """What the sweep should act on: due to start, due to end, releasing without an undo job, ending soon
+    (a warning not yet sent; not for a booking shorter than the warning, which would be warned at its start)."""
     now = now or timezone.now()
     live = Reservation.objects.filter(state__in=Reservation.LIVE_STATES)
     return {
+        "warn_expiry": list(
+            live.filter(expiry_warned_at__isnull=True, starts_at__lte=now, ends_at__gt=now,
+                        ends_at__lte=now + settings.EXPIRY_WARNING,
+                        starts_at__lt=F("ends_at") - settings.EXPIRY_WARNING)
+            .values_list("id", flat=True)[:1000]),
         "activate": list(
             Reservation.objects.filter(state=State.SCHEDULED, starts_at__lte=now, ends_at__gt=now)
             .values_list("id", flat=True)[:1000]
@@ -474,4 +664,5 @@ def quota_set(*, actor: AbstractBaseUser, team: Team, pool: GpuPool, max_ge: int
     quota.ge_hours_per_month = ge_hours_per_month
     quota.full_clean()
     quota.save()
+    queue.kick(pool.pk)  # more quota may let a waiting request start; less moves promises
     return quota

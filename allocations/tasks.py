@@ -5,7 +5,7 @@ import logging
 
 from celery import shared_task
 
-from allocations import failover, services
+from allocations import failover, queue, services
 from allocations.apply import jobs
 from inventory.models import Cluster
 
@@ -15,6 +15,23 @@ log = logging.getLogger(__name__)
 @shared_task(name="allocations.tasks.activate_reservation")
 def activate_reservation(reservation_id: int) -> bool:
     return services.reservation_activate(reservation_id=reservation_id)
+
+
+@shared_task(name="allocations.tasks.run_queue")
+def run_queue(pool_id: int) -> dict[str, int]:
+    return queue.queue_pass(pool_id=pool_id)
+
+
+@shared_task(name="allocations.tasks.run_queues")
+def run_queues() -> dict[int, dict[str, int]]:
+    """The backstop (beat, every QUEUE_PASS_SECONDS): a pass over every pool where requests wait."""
+    done = {}
+    for pool_id in queue.pools_waiting_ids():
+        try:
+            done[pool_id] = queue.queue_pass(pool_id=pool_id)
+        except Exception:  # one broken pool must not stop the others
+            log.exception("queue pass of pool %s failed", pool_id)
+    return done
 
 
 @shared_task(name="allocations.tasks.run_apply_job")
@@ -47,6 +64,7 @@ def sweep_reservations() -> dict[str, int]:
         "activate": services.reservation_activate,
         "expire": services.reservation_expire,
         "undo_again": services.reservation_undo_again,
+        "warn_expiry": services.reservation_warn_expiry,
     }
     done = {name: 0 for name in steps}
     for name, ids in services.due_reservation_ids().items():

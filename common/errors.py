@@ -29,6 +29,8 @@ class ApplicationError(Exception):
         super().__init__(message)
         self.message = message
         self.errors = errors or [FieldError(field=field, rule=rule, message=message)]
+        # More of the answer's body beside `detail` and `errors` (e.g. a refused booking's `alternatives`).
+        self.extra: dict = {}
 
 
 class ValidationFailed(ApplicationError):

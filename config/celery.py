@@ -18,6 +18,7 @@ PERIODIC_TASKS = (
     ("RESERVATION_SWEEP_SECONDS", "allocations.tasks.sweep_reservations", "sweep reservations"),
     ("HOST_SILENCE_CHECK_SECONDS", "inventory.tasks.mark_silent_hosts", "mark silent hosts"),
     ("CLUSTER_DISCOVERY_SECONDS", "inventory.tasks.discover_clusters", "discover Kubernetes clusters"),
+    ("QUEUE_PASS_SECONDS", "allocations.tasks.run_queues", "run the pools' queues"),
     ("RECONCILE_SECONDS", "allocations.tasks.reconcile_clusters", "reconcile clusters"),
     ("TELEMETRY_ROLLUP_SECONDS", "monitoring.tasks.rollup_telemetry", "roll up and prune telemetry"),
     ("ALERT_EVALUATE_SECONDS", "monitoring.tasks.evaluate_alerts", "evaluate alert rules"),

@@ -109,7 +109,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         return Response(_body([{"field": field, "rule": "unique", "message": message}]),
                         status=status.HTTP_409_CONFLICT)
     if isinstance(exc, ApplicationError):
-        return Response(_body([e.as_dict() for e in exc.errors], exc.message), status=exc.status,
+        return Response({**_body([e.as_dict() for e in exc.errors], exc.message), **exc.extra}, status=exc.status,
                         headers=_headers(exc))
     if isinstance(exc, (ProtectedError, RestrictedError)):
         blockers = sorted({str(type(obj)._meta.verbose_name_plural) for obj in exc.protected_objects})

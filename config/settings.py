@@ -269,6 +269,21 @@ RESERVATION_START_GRACE = timedelta(seconds=env.int("RESERVATION_START_GRACE_SEC
 RESERVATION_MAX_DURATION = timedelta(days=env.int("RESERVATION_MAX_DAYS", default=90))
 RESERVATION_MAX_LEAD = timedelta(days=env.int("RESERVATION_MAX_LEAD_DAYS", default=365))
 
+# Holders of a running reservation are mailed this long before its window ends, with a link to extend it.
+EXPIRY_WARNING = timedelta(seconds=env.int("EXPIRY_WARNING_SECONDS", default=1800))
+
+# --- the queue (allocations.queue) ---------------------------------------------------------------
+# The longest a request may ask to run when it waits for room (`duration`).
+QUEUE_MAX_DURATION = timedelta(days=env.int("QUEUE_MAX_DURATION_DAYS", default=30))
+# How many of a pool's ended bookings the estimate (likely_start) learns early releases from.
+QUEUE_HISTORY = env.int("QUEUE_HISTORY", default=500)
+# Fair-share ordering: how fast a team's past use fades (Slurm's PriorityDecayHalfLife is 7 days).
+QUEUE_FAIRSHARE_HALF_LIFE = timedelta(hours=env.float("QUEUE_FAIRSHARE_HALF_LIFE_HOURS", default=24.0))
+# Kicks of one pool's pass within this many seconds share one pass (its start clears the mark).
+QUEUE_PASS_COALESCE_SECONDS = env.int("QUEUE_PASS_COALESCE_SECONDS", default=30)
+# The backstop: every pool with waiting requests gets a pass this often, whatever happened.
+QUEUE_PASS_SECONDS = env.float("QUEUE_PASS_SECONDS", default=30.0)
+
 # --- auth -----------------------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

@@ -69,6 +69,7 @@ urlpatterns = [
     path("reservations/<int:reservation_id>/release/", views.reservation_release, name="reservation-release"),
     path("reservations/<int:reservation_id>/extend/", views.reservation_extend, name="reservation-extend"),
     path("teams/<slug:slug>/", views.team_detail, name="team"),
+    path("pools/<slug:slug>/queue/", views.pool_queue, name="pool-queue"),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", include("monitoring.urls")),

@@ -85,6 +85,16 @@ class GpuPool(models.Model):
         help_text="Placement engine policy: portal (default), fgd, best_fit, first_fit, spread, packing, dot_product, "
                   "clustering or random",
     )
+    # The pool's queue (allocations.queue): whether a request that does not fit now may wait, in
+    # which order waiting requests are tried, and whether a later one may start first when that
+    # delays no request ahead of it (backfill).
+    queueing = models.BooleanField(default=True, help_text="Requests that do not fit now wait in the pool's queue")
+    queue_ordering = models.CharField(
+        max_length=16, choices=[("fcfs", "First come, first served"), ("sjf", "Shortest first"),
+                                ("priority", "Priority"), ("fairshare", "Fair share")], default="fcfs",
+        help_text="In which order waiting requests are tried")
+    backfill = models.BooleanField(
+        default=True, help_text="A later request may start now if that delays no request ahead of it")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -6,6 +6,7 @@ from datetime import timedelta
 from django import forms
 from django.utils import timezone
 
+from allocations.queue import parse_duration
 from allocations.selectors import LATEST_INSTANT
 from allocations.shapes import AMOUNT_LIMITS
 from inventory.sharing import REPLICA_MODES
@@ -37,9 +38,16 @@ class ReservationForm(forms.Form):
 
     team = forms.ChoiceField()
     pool = forms.ChoiceField()
+    when = forms.ChoiceField(choices=[("window", "In a window I choose"),
+                                      ("asap", "As soon as it fits (wait in the queue if need be)")],
+                             initial="window", required=False, widget=forms.RadioSelect, label="When")
     starts_at = forms.DateTimeField(required=False, widget=DateTimeLocalInput(), label="Starts (UTC)",
                                     help_text="Leave empty to start now.")
-    ends_at = forms.DateTimeField(widget=DateTimeLocalInput(), label="Ends (UTC)")
+    ends_at = forms.DateTimeField(required=False, widget=DateTimeLocalInput(), label="Ends (UTC)")
+    duration = forms.CharField(required=False, max_length=32, label="For how long",
+                               help_text='e.g. "4h", "30m" or "1d12h".')
+    not_after = forms.DateTimeField(required=False, widget=DateTimeLocalInput(), label="Start no later than (UTC)",
+                                    help_text="Optional: it gives up if it cannot start by then.")
 
     def __init__(self, *args, teams=(), pools=(), offer=None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -47,7 +55,8 @@ class ReservationForm(forms.Form):
         self.fields["pool"].choices = [(p.slug, f"{p.name} ({p.get_sharing_mode_display()})") for p in pools]
         self.offer = offer
         self.amount_names = list(self._amount_fields(offer))
-        self.order_fields(["team", "pool", *self.amount_names, "starts_at", "ends_at"])
+        self.order_fields(["team", "pool", *self.amount_names, "when", "starts_at", "ends_at", "duration",
+                           "not_after"])
         if not self.is_bound:
             self.initial.setdefault("ends_at", _local(timezone.now() + timedelta(hours=4)))
 
@@ -87,6 +96,27 @@ class ReservationForm(forms.Form):
             fields["gpus"] = forms.IntegerField(initial=1, label="GPUs", help_text=f"Whole GPUs: {_ge(weight)} GE each.",
                                                 **AMOUNT_LIMITS["gpus"])
             yield "gpus"
+
+    def clean(self):
+        data = super().clean()
+        data["when"] = data.get("when") or "window"
+        if data["when"] == "asap":
+            if not data.get("duration"):
+                self.add_error("duration", "Say for how long, e.g. 4h.")
+            elif parse_duration(data["duration"]) is None:
+                self.add_error("duration", 'Not a duration: give e.g. "4h", "30m" or "1d12h".')
+            else:
+                data["duration"] = parse_duration(data["duration"])
+        elif data.get("ends_at") is None and "ends_at" not in self.errors:
+            self.add_error("ends_at", "Give the end of the window.")
+        return data
+
+    def timing(self) -> dict:
+        """The request's times, by the API's names."""
+        data = self.cleaned_data
+        if data["when"] == "asap":
+            return {"duration": data["duration"], "not_after": data.get("not_after")}
+        return {"starts_at": data.get("starts_at"), "ends_at": data["ends_at"]}
 
     def amounts(self) -> dict:
         """The amount fields given, by the API's names."""

@@ -118,24 +118,39 @@ def reserve(request: HttpRequest) -> HttpResponse:
     offer = alloc_selectors.pool_offer(pool) if pool is not None else None
     form = ReservationForm(request.POST or None, teams=teams, pools=pools, offer=offer,
                            initial={"pool": pool.slug if pool else ""})
+    alternatives = []
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
         try:
             reservation = alloc_services.reservation_create(actor=request.user, request=alloc_services.ReservationRequest(
-                team=data["team"], pool=data["pool"], starts_at=data["starts_at"], ends_at=data["ends_at"],
-                **form.amounts(),
+                team=data["team"], pool=data["pool"], **form.timing(), **form.amounts(),
             ))
         except ApplicationError as error:
             _form_error(form, error)
+            alternatives = [_offer_fields(offer) for offer in error.extra.get("alternatives", ())]
         else:
+            if reservation.state == Reservation.State.PENDING:
+                entry = reservation.queue_info
+                messages.success(request, f"Reservation #{reservation.pk} waits in the queue of {pool.name}: "
+                                          f"position {entry.position}" + (
+                                              f", likely start {entry.likely_start:%Y-%m-%d %H:%M} UTC, starts by "
+                                              f"{entry.start_by:%Y-%m-%d %H:%M} UTC." if entry.start_by else "."))
+                return redirect("reservation", reservation.pk)
             messages.success(request, f"Reserved {booked_words(reservation)} of {pool.name} "
                                       f"(reservation #{reservation.pk}, {ge(reservation.ge)} GE).")
             return redirect("reservations")
-    context = {"form": form, "no_choice": not teams or not pools, "offer": offer, "chosen_pool": pool}
+    context = {"form": form, "no_choice": not teams or not pools, "offer": offer, "chosen_pool": pool,
+               "alternatives": alternatives}
     if pool is not None:
         context.update(_availability_context(request.user, {"range": request.GET.get("range", "24h"),
                                                             **_form_shape(form)}, pool))
     return render(request, "portal/reserve.html", context, status=400 if form.errors else 200)
+
+
+def _offer_fields(offer: dict) -> dict:
+    """An alternative (allocations.alternatives) as the reserve form posts it: its message and its fields."""
+    body = dict(offer["request"])
+    return {"kind": offer["kind"], "message": offer["message"], "fields": {**body, "when": "window"}}
 
 
 # At most this many hour labels under a timeline: more run into each other at a phone's width.
@@ -218,9 +233,11 @@ def reservations(request: HttpRequest) -> HttpResponse:
     live_page.object_list = alloc_selectors.with_allocated_gpus(list(live_page.object_list))
     ended = alloc_selectors.with_allocated_gpus(
         list(visible.filter(state__in=Reservation.FINAL_STATES).order_by("-ended_at", "-id")[:50]))
+    waiting = alloc_selectors.with_queue(list(visible.filter(state=Reservation.State.PENDING).order_by("pool__slug", "id")[:200]))
     kept = request.GET.copy()
     kept.pop("page", None)
     return render(request, "portal/reservations.html", {
+        "waiting": waiting,
         "filters": filters,
         "filtered": any(request.GET.get(name) for name in filters.filters),
         "filter_query": kept.urlencode(),
@@ -243,7 +260,8 @@ def _visible_reservation(request: HttpRequest, reservation_id: int) -> Reservati
 
 @login_required
 def reservation_detail(request: HttpRequest, reservation_id: int) -> HttpResponse:
-    reservation = alloc_selectors.with_allocated_gpus([_visible_reservation(request, reservation_id)])[0]
+    reservation = alloc_selectors.with_queue(
+        alloc_selectors.with_allocated_gpus([_visible_reservation(request, reservation_id)]), every_state=True)[0]
     return render(request, "portal/reservation_detail.html", {
         "reservation": reservation,
         "grants": reservation.grants,
@@ -294,6 +312,15 @@ def reservation_extend(request: HttpRequest, reservation_id: int) -> HttpRespons
             messages.success(request, f"Reservation #{reservation.pk} now ends "
                                       f"{timezone.localtime(form.cleaned_data['ends_at']):%Y-%m-%d %H:%M} UTC.")
     return redirect(_next_page(request) or "reservations")
+
+
+@login_required
+def pool_queue(request: HttpRequest, slug: str) -> HttpResponse:
+    """The requests waiting in a pool's queue, in the order the next pass tries them. Members see their
+    own teams' requests in full and the others' as "another team"; staff see all."""
+    pool = get_object_or_404(alloc_selectors.pools_visible_to(request.user), slug=slug)
+    return render(request, "portal/pool_queue.html", {
+        "pool": pool, "rows": alloc_selectors.pool_queue(pool, request.user), "now": timezone.now()})
 
 
 @login_required

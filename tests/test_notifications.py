@@ -14,7 +14,7 @@ CONTEXT = {"reservation": None, "headline": "Moved", "detail": "Its node failed.
 
 
 def notify(to=("a@example.com",)) -> bool:
-    return mail_after_commit(to=to, subject="[GPU Pool] Moved", template="allocations/email/reservation_failover",
+    return mail_after_commit(to=to, subject="[GPU Pool] Moved", template="allocations/email/reservation_notice",
                              context=CONTEXT, about="a test")
 
 

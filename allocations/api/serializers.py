@@ -1,13 +1,17 @@
 """Input and output serializers of the reservations, pools and quotas API."""
 from __future__ import annotations
 
+import math
+from datetime import timedelta
 from zoneinfo import ZoneInfo
 
 from django.conf import settings
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from allocations.models import ApplyJob, Quota, Reservation, ReservationEvent
 from allocations.booking import mig_layout_problem
+from allocations.queue import parse_duration
 from allocations.placement import DEFAULT_POLICY, POLICY_NAMES
 from allocations.selectors import LATEST_INSTANT
 from allocations.shapes import AMOUNT_LIMITS
@@ -31,7 +35,7 @@ class PoolSerializer(RefusesUnknownFields, CleanModelSerializer):
     class Meta:
         model = GpuPool
         fields = ["id", "slug", "name", "description", "sharing_mode", "sharing_config", "placement_policy",
-                  "gpus_total", "gpus_healthy", "gpus_allocated", "gpus_free", "created_at"]
+                  "queueing", "queue_ordering", "backfill", "gpus_total", "gpus_healthy", "gpus_allocated", "gpus_free", "created_at"]
 
     def validate(self, attrs: dict) -> dict:
         attrs = super().validate(attrs)  # the config's shape (GpuPool.clean)
@@ -92,6 +96,38 @@ class SlotSerializer(serializers.Serializer):
     fits = serializers.BooleanField(help_text="Whether the shape asked could be booked for the slot")
 
 
+@extend_schema_field({"oneOf": [{"type": "string", "format": "date-time"}, {"type": "string", "enum": ["earliest"]}]})
+class StartField(serializers.DateTimeField):
+    """A date-time, or the word "earliest"."""
+
+    def to_internal_value(self, value):
+        if value == "earliest":
+            return value
+        return super().to_internal_value(value)
+
+
+@extend_schema_field({"oneOf": [{"type": "string", "example": "4h"}, {"type": "number", "description": "seconds"}]})
+class DurationField(serializers.Field):
+    """A duration as "4h", "30m", "1d12h", "90s" or ISO 8601 ("PT4H"), or a number of seconds."""
+
+    default_error_messages = {"invalid": 'Not a duration: give e.g. "4h", "30m", "1d12h" or "PT4H".'}
+
+    def to_internal_value(self, value):
+        if isinstance(value, bool):
+            self.fail("invalid")
+        if isinstance(value, (int, float)):
+            if not math.isfinite(value) or abs(value) > 10**9:
+                self.fail("invalid")
+            return timedelta(seconds=value)
+        parsed = parse_duration(value) if isinstance(value, str) and len(value) <= 32 else None
+        if parsed is None:
+            self.fail("invalid")
+        return parsed
+
+    def to_representation(self, value):
+        return value.total_seconds() if value is not None else None
+
+
 class ReservationCreateInput(RefusesUnknownFields, serializers.Serializer):
     """What to book, in the pool's unit: which of the fields apply depends on the pool's sharing mode,
     and the service refuses (400 `not_for_mode`) a field that does not belong to it."""
@@ -108,8 +144,35 @@ class ReservationCreateInput(RefusesUnknownFields, serializers.Serializer):
                                                     "gpu_memory_mib)")
     gpu_cores_pct = amount_field("gpu_cores_pct", "vgpu: compute on each GPU, % of its cores (default: the pool's, "
                                                   "else the memory's share)")
-    starts_at = serializers.DateTimeField(required=False, allow_null=True)
-    ends_at = serializers.DateTimeField()
+    starts_at = StartField(required=False, allow_null=True, help_text=(
+        'A fixed window\'s start (with ends_at; left out or null: now). With duration: left out to start as soon '
+        'as it fits (waiting in the queue if need be), or "earliest" to book the earliest window that fits now.'))
+    ends_at = serializers.DateTimeField(required=False, help_text="A fixed window's end (or give duration)")
+    duration = DurationField(required=False, help_text=(
+        'Instead of ends_at: how long, as "4h", "30m", "1d12h" or ISO 8601 ("PT4H"); the request starts as soon '
+        'as it fits'))
+    not_before = serializers.DateTimeField(required=False, allow_null=True,
+                                           help_text="With duration: start no earlier than this")
+    not_after = serializers.DateTimeField(required=False, allow_null=True,
+                                          help_text="With duration: start no later than this, else it fails")
+    queue = serializers.BooleanField(required=False, allow_null=True, default=None, help_text=(
+        "With duration: false refuses at once (409) rather than wait; true insists on waiting (400 "
+        "`queueing_off` where the pool does not queue); left out: wait where the pool queues"))
+
+    def to_internal_value(self, data):
+        # ends_at is required unless duration is given: named with the other missing fields at once.
+        missing = (isinstance(data, dict) and data.get("ends_at") is None and data.get("duration") is None)
+        try:
+            values = super().to_internal_value(data)
+        except serializers.ValidationError as invalid:
+            if missing and isinstance(invalid.detail, dict):
+                invalid.detail["ends_at"] = [serializers.ErrorDetail(
+                    "Give ends_at (a fixed window) or duration (as soon as it fits).", code="required")]
+            raise
+        if missing:
+            raise serializers.ValidationError({"ends_at": [serializers.ErrorDetail(
+                "Give ends_at (a fixed window) or duration (as soon as it fits).", code="required")]})
+        return values
 
 
 class ReservationExtendInput(RefusesUnknownFields, serializers.Serializer):
@@ -164,6 +227,31 @@ class ReservationEventSerializer(serializers.ModelSerializer):
         fields = ["from_state", "to_state", "actor", "at", "reason"]
 
 
+class QueueSerializer(serializers.Serializer):
+    """Where a request that asked to start as soon as it fits stands in its pool's queue."""
+
+    position = serializers.IntegerField(read_only=True, allow_null=True,
+                                        help_text="1 = next; null once it started or ended")
+    reason = serializers.CharField(read_only=True, help_text="Why it waits: not_enough, fragmented, over_quota, "
+                                                             "held_for_queue, behind, not_before, no_model, no_start")
+    reason_text = serializers.CharField(read_only=True, help_text="The same in words")
+    duration = serializers.FloatField(source="duration_seconds", read_only=True, help_text="Seconds asked")
+    not_before = _time(allow_null=True)
+    not_after = _time(allow_null=True)
+    queued_at = _time()
+    start_by = _time(allow_null=True, help_text=(
+        "The promise: the start the plan gives if every booking runs to its booked end. Only a request ordered "
+        "ahead later (a higher priority) or lost capacity moves it later; moved_why says why"))
+    likely_start = _time(allow_null=True, help_text=(
+        "The estimate, from how early this pool's bookings really end; usually before start_by"))
+    previous_start_by = _time(allow_null=True, help_text="start_by at the pass before")
+    previous_likely_start = _time(allow_null=True, help_text="likely_start at the pass before")
+    first_start_by = _time(allow_null=True)
+    first_likely_start = _time(allow_null=True)
+    moved_why = serializers.CharField(read_only=True, help_text="Why start_by last moved later, if it did")
+    planned_at = _time(allow_null=True, help_text="When the last scheduling pass planned it")
+
+
 # Declared field by field rather than as a ModelSerializer: this answers every create, release and
 # list call, and a ModelSerializer reads the model's fields again for every instance it serializes.
 class ReservationSerializer(serializers.Serializer):
@@ -188,6 +276,9 @@ class ReservationSerializer(serializers.Serializer):
                                          allow_null=True)  # None once the account is deleted
     allocated_gpus = AllocatedGpuSerializer(many=True, read_only=True)
     grants = GrantSerializer(many=True, read_only=True)
+    queue = QueueSerializer(source="queue_info", read_only=True, allow_null=True, default=None, help_text=(
+        "Its place in the pool's queue while it waits (state pending), and how the promise and the estimate "
+        "turned out once it started; null for a fixed window"))
     created_at = _time()
     updated_at = _time()
     ended_at = _time(allow_null=True, help_text=(

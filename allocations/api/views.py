@@ -60,7 +60,7 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
         return self.get_paginated_response([reservation_data(reservation) for reservation in page])
 
     def get_object(self) -> Reservation:
-        return selectors.with_allocated_gpus([super().get_object()])[0]
+        return selectors.with_queue(selectors.with_allocated_gpus([super().get_object()]), every_state=True)[0]
 
     def get_serializer_class(self):
         return ReservationDetailSerializer if self.action == "retrieve" else ReservationSerializer

@@ -37,6 +37,7 @@ from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from allocations import queue
 from allocations.apply.backends import BackendError, BackendRejected, backend_for, backend_name
 from allocations.apply.selectors import cluster_desired
 from allocations.models import ApplyJob, HostLeaseReport, Reservation
@@ -234,6 +235,7 @@ def _failed(job: ApplyJob, error: str, *, now: datetime) -> str:
         reservation.allocations.filter(ends_at__gt=now).update(ends_at=now)
         move(reservation, State.FAILED, reason=f"Could not be applied: {error}", now=now)
         reconcile_enqueue(cluster=job.cluster, now=now)
+        queue.kick(reservation.pool_id)
     elif job.action == ApplyJob.Action.UNDO and reservation.state == State.RELEASING:
         # The GPUs are already free in the portal; the reconcile keeps removing what is left.
         move(reservation, job.final_state or State.RELEASED,

@@ -2,7 +2,11 @@
 "2 × 1g.10gb", "20 GiB + 30 % cores", "2 GPUs"; and GE as a short number."""
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django import template
+
+from allocations.queue import span as queue_span
 
 from inventory.sharing import REPLICA_MODES, SharingMode
 
@@ -83,3 +87,18 @@ def mode_label(mode) -> str:
         return SharingMode(mode).label
     except ValueError:
         return str(mode)
+
+
+
+@register.filter
+def span(value) -> str:
+    """A timedelta (or seconds) as people read it (allocations.queue.span): "45 min", "3 h 20 min"."""
+    return queue_span(value if hasattr(value, "total_seconds") else timedelta(seconds=float(value or 0)))
+
+
+@register.filter
+def moved_from(current, previous) -> str:
+    """How a queue time moved since the pass before: "12 min earlier", "1 h later", or "" unchanged."""
+    if current is None or previous is None or abs((current - previous).total_seconds()) < 60:
+        return ""
+    return f"{queue_span(current - previous)} {'later' if current > previous else 'earlier'}"

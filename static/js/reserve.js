@@ -1,6 +1,16 @@
 // The reserve page: a click (or Enter) on a slot of the availability timeline starts the reservation
 // then, keeping its length when it had one (the form stays plain HTML without this).
 (function () {
+  // "When": the fields of a fixed window or of "as soon as it fits", the other set hidden (all show without JS).
+  function showWhen() {
+    const form = document.getElementById('reserve-form');
+    const chosen = form && form.querySelector('[name=when]:checked');
+    if (form) form.dataset.when = chosen ? chosen.value : 'window';
+  }
+  document.addEventListener('change', (event) => { if (event.target.name === 'when') showWhen(); });
+  document.addEventListener('DOMContentLoaded', showWhen);
+  showWhen();
+
   function pick(slot) {
     const starts = document.querySelector('#reserve-form [name=starts_at]');
     const ends = document.querySelector('#reserve-form [name=ends_at]');
@@ -13,6 +23,8 @@
       const keep = length > 0 ? length : 2 * 3600 * 1000;
       ends.value = new Date(start + keep).toISOString().slice(0, 16);
     }
+    const window_ = document.querySelector('#reserve-form [name=when][value=window]');
+    if (window_ && !window_.checked) { window_.checked = true; showWhen(); }
     document.querySelectorAll('.timeline .slot.picked').forEach((s) => s.classList.remove('picked'));
     slot.classList.add('picked');
   }

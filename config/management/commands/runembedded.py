@@ -87,6 +87,10 @@ class Command(BaseCommand):
         agents = start_demo_agents(base_url(host, port))
         if agents:
             self.stdout.write(f"{len(agents)} simulated host agent(s) stream live telemetry (SIMULATED GPUs)")
+            from config.demo_users import start_demo_users
+
+            start_demo_users()
+            self.stdout.write("Simulated users (bob, carol) keep the L40S pool busy, with a queue: /pools/l40s/queue/")
 
     def _start_celery(self) -> None:
         from celery.beat import EmbeddedService

@@ -1,0 +1,563 @@
+"""The pool's queue: requests that wait for room, the plan that promises each a start, and the pass
+that starts them.
+
+A request may ask for a shape and a duration, to start as soon as it fits. If it does not fit
+now it waits (`pending`, with a QueueEntry). A scheduling pass, under the same pool lock as a
+create, orders the waiting requests by the pool's ordering (fcfs, sjf, priority, fair share) and
+plans them one after the other on the pool's bookings as they are booked: each gets the earliest
+start where booking.choose finds room for its whole duration and its team stays within quota,
+and what it would hold there is added to the plan before the next one is planned. This is
+conservative backfill: a later request starts now only where it takes nothing a request ahead
+of it was planned on, so nobody ahead is delayed. Without backfill a request never starts
+before one ahead of it.
+
+The plan's start is the **promise** (`start_by`): it holds if every booking runs to its booked
+end, and only a request ordered ahead later (a higher priority, a smaller fair share) or lost
+capacity (a failover) can move it. New fixed-window bookings and extensions see the plan's
+holdings as taken, so they cannot break it. The **estimate** (`likely_start`) is the same plan
+with each booking ending when the pool's bookings usually end: the conditional median of how
+much of their booked window the pool's ended bookings really used, given what this one has
+already run.
+
+The pass runs after every event that frees capacity or adds a waiting request (`kick`,
+coalesced) and periodically as a backstop (the sweep).
+"""
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import logging
+import math
+import re
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.core.cache import cache
+from django.db import transaction
+from django.utils import timezone
+
+from allocations import booking, notices, quotas, selectors
+from allocations.models import QueueEntry, Reservation
+from allocations.placement.queueing import QueuedItem, order_queue
+from allocations.transitions import move, record
+from common import sql
+from common.dispatch import enqueue_after_commit
+from common.errors import Conflict
+from inventory.models import GpuPool
+from inventory.sharing import SharingMode
+
+log = logging.getLogger(__name__)
+State = Reservation.State
+
+ORDERINGS = ("fcfs", "sjf", "priority", "fairshare")
+
+# Why a request waits, by the code the plan gives (the engine's where it has one), in words.
+REASONS = {
+    "not_enough": "Not enough of the pool is free for it now.",
+    "fragmented": "Enough is free in total, but not together on one GPU or node.",
+    "over_quota": "Its team would go over its quota in the pool.",
+    "held_for_queue": "What is free now is promised to requests ahead of it in the queue.",
+    "behind": "Requests ahead of it start first: this pool's queue keeps strict order.",
+    "not_before": "It asked not to start before its not_before time.",
+    "no_model": "No usable GPU in the pool can take it now (unhealthy or drained).",
+    "no_start": "No start fits within the booking horizon, even if every booking ends on time.",
+}
+_ENGINE_CODES = {"insufficient_capacity": "not_enough", "no_gpu_model": "no_model", "too_large": "not_enough",
+                 "mig_fragmented": "fragmented", "cpu_memory": "not_enough"}
+
+
+def reason_words(code: str) -> str:
+    return REASONS.get(code, "It does not fit now.")
+
+
+# --- durations ---------------------------------------------------------------------------------
+
+_SHORT = re.compile(r"^\s*(?:(\d+)d)?\s*(?:(\d+)h)?\s*(?:(\d+)m)?\s*(?:(\d+)s)?\s*$")
+_ISO = re.compile(r"^P(?:(\d+)D)?(?:T(?:(\d+)H)?(?:(\d+)M)?(?:(\d+)S)?)?$")
+
+
+def parse_duration(text: str) -> timedelta | None:
+    """'4h', '30m', '1d12h', '90s' or an ISO 8601 duration of days, hours, minutes and seconds
+    ('PT4H', 'P1DT2H'); None when it is neither."""
+    text = str(text).strip()
+    match = _ISO.match(text.upper()) if text.upper().startswith("P") else _SHORT.match(text.lower())
+    if not match or not any(match.groups()) or text.upper() in ("P", "PT"):
+        return None
+    days, hours, minutes, seconds = (int(group or 0) for group in match.groups())
+    return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+
+
+# --- the plan (no database) ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Waiting:
+    """A waiting request as the plan sees it."""
+
+    reservation_id: int
+    team_id: int
+    shape: booking.Shape
+    duration: timedelta
+    queued_at: datetime
+    not_before: datetime | None = None
+    not_after: datetime | None = None
+    priority: int = 0
+
+
+@dataclass
+class TeamHolding:
+    """A team's quota in the pool and what it holds (its grants' windows, then the plan's), in GE."""
+
+    quota: quotas.QuotaLimits
+    in_pool: list[quotas.Window]
+    everywhere: list[quotas.Window]
+
+
+@dataclass(frozen=True)
+class Planned:
+    """Where the plan puts a waiting request: its start (None: nowhere before its not_after or the
+    horizon) and the grants it would get there; `reason` says why it does not start now ('' if it does)."""
+
+    waiting: Waiting
+    start: datetime | None
+    grants: tuple[booking.NewGrant, ...]
+    reason: str
+
+    def starts_now(self, now: datetime) -> bool:
+        return self.start is not None and self.start <= now
+
+
+def _overlapping(grants: Sequence[booking.Grant], start: datetime, end: datetime) -> tuple[booking.Grant, ...]:
+    return tuple(g for g in grants if g.starts_at < end and g.ends_at > start and g.ends_at > g.starts_at)
+
+
+def _try(gpus, grants, shape, start, end, policy) -> tuple[list[booking.NewGrant] | None, str]:
+    snapshot = booking.PoolSnapshot(start=start, end=end, gpus=gpus, grants=_overlapping(grants, start, end))
+    try:
+        return booking.choose(snapshot, shape, policy=policy), ""
+    except booking.BookingRefused as refused:
+        return None, _ENGINE_CODES.get(refused.code, refused.code)
+
+
+def earliest_fit(*, gpus: Sequence[booking.PoolGpu], grants: Sequence[booking.Grant], shape: booking.Shape,
+                 duration: timedelta, earliest: datetime, latest: datetime, policy: str,
+                 team: TeamHolding | None = None) -> tuple[datetime | None, list[booking.NewGrant], str]:
+    """The first start in [earliest, latest] where `shape` fits for `duration` among `grants` (and the
+    team stays within its quota), the grants it gets there, and why it did not fit at `earliest`
+    ('' when it did). Room only grows where a grant ends, so those are the only starts to try."""
+    candidates = {earliest}
+    candidates.update(g.ends_at for g in grants if earliest < g.ends_at <= latest)
+    if team is not None:
+        candidates.update(end for _, end, _ in team.in_pool if earliest < end <= latest)
+        candidates.update(end for _, end, _ in team.everywhere if earliest < end <= latest)
+    first_reason = ""
+    for start in sorted(candidates):
+        end = start + duration
+        chosen, reason = _try(gpus, grants, shape, start, end, policy)
+        if chosen is not None and team is not None:
+            error = quotas.held_error(team.quota, ge=sum(g.ge for g in chosen), asked=shape.in_words(),
+                                      field="", start=start, end=end, in_pool=team.in_pool,
+                                      everywhere=team.everywhere)
+            if error is not None:
+                chosen, reason = None, "over_quota"
+        if chosen is not None:
+            return start, chosen, first_reason
+        first_reason = first_reason or reason
+    return None, [], first_reason or "no_start"
+
+
+def _as_grants(reservation_id: int, chosen: Sequence[booking.NewGrant], start: datetime,
+               end: datetime) -> list[booking.Grant]:
+    return [booking.Grant(gpu_id=g.gpu_id, reservation_id=reservation_id, starts_at=start, ends_at=end,
+                          milli=g.milli, mig_profile=g.mig_profile, mig_start=g.mig_start, mode=g.mode,
+                          share_from=g.share_from, share_to=g.share_to, memory_mib=g.memory_mib,
+                          cores_pct=g.cores_pct) for g in chosen]
+
+
+def plan(*, gpus: Sequence[booking.PoolGpu], grants: Sequence[booking.Grant], waiting: Sequence[Waiting],
+         now: datetime, horizon: datetime, policy: str, backfill: bool, teams: dict[int, TeamHolding],
+         hold_for: Callable[[Waiting], timedelta] | None = None) -> list[Planned]:
+    """Plan `waiting` (in queue order) one after the other, each at its earliest fit among `grants`
+    and the plan's holdings of the requests before it. `hold_for` is how long a planned request
+    holds what it gets (its duration unless given: the estimate shortens it). `teams` is updated
+    with the plan's holdings."""
+    taken = list(grants)
+    latest_planned = now
+    planned: list[Planned] = []
+    for item in waiting:
+        earliest = max(now, item.not_before or now)
+        if not backfill:
+            earliest = max(earliest, latest_planned)  # strict order: never before one ahead of it
+        latest = min(horizon, item.not_after) if item.not_after else horizon
+        team = teams.get(item.team_id)
+        start, chosen, reason = earliest_fit(gpus=gpus, grants=taken, shape=item.shape, duration=item.duration,
+                                             earliest=earliest, latest=latest, policy=policy, team=team)
+        if start is not None and start > now:
+            reason = _why_later(item, now, reason, gpus, grants, policy, backfill, earliest)
+        elif start is None:
+            reason = reason or "no_start"
+        if start is not None:
+            end = start + (hold_for(item) if hold_for else item.duration)
+            taken.extend(_as_grants(item.reservation_id, chosen, start, end))
+            ge = sum(g.ge for g in chosen)
+            if team is not None:
+                team.in_pool.append((start, end, ge))
+                team.everywhere.append((start, end, ge))
+            latest_planned = max(latest_planned, start)
+        planned.append(Planned(waiting=item, start=start, grants=tuple(chosen), reason=reason))
+    return planned
+
+
+def _why_later(item: Waiting, now: datetime, reason: str, gpus, grants, policy, backfill, earliest) -> str:
+    """The reason a request planned later than now waits, in the plan's terms."""
+    if item.not_before and item.not_before > now:
+        return "not_before"
+    if not backfill and earliest > now:
+        return "behind"
+    if reason in ("not_enough", "fragmented", ""):
+        # Room now among the bookings alone, but not among the plan's holdings: promised ahead.
+        chosen, _ = _try(gpus, grants, item.shape, now, now + item.duration, policy)
+        if chosen is not None:
+            return "held_for_queue"
+    return reason or "not_enough"
+
+
+# --- when bookings really end (the estimate) ------------------------------------------------------
+
+@dataclass(frozen=True)
+class EarlyRelease:
+    """How much of its booked window each of the pool's recent ended bookings used (0-1, ascending)."""
+
+    used: tuple[float, ...]
+
+    MIN_HISTORY = 10
+
+    def expected_end(self, start: datetime, end: datetime, now: datetime) -> datetime:
+        """When a booking of [start, end) is likely to end, given it runs at `now`: the median of the
+        used shares above what it has run so far (the conditional median), never before now."""
+        if len(self.used) < self.MIN_HISTORY or end <= start:
+            return end
+        ran = max(0.0, (now - start) / (end - start))
+        later = self.used[bisect.bisect_right(self.used, ran):]
+        if not later:
+            return end
+        share = later[(len(later) - 1) // 2]
+        return min(end, max(now, start + (end - start) * share))
+
+    def expected_duration(self, duration: timedelta) -> timedelta:
+        if len(self.used) < self.MIN_HISTORY:
+            return duration
+        return duration * max(self.used[(len(self.used) - 1) // 2], 0.01)
+
+
+def early_release(pool_id: int, now: datetime) -> EarlyRelease:
+    """The pool's last QUEUE_HISTORY ended bookings, each as the share of its booked window it used."""
+    rows = sql.fetch_all(
+        "SELECT starts_at, ends_at, ended_at FROM allocations_reservation "
+        "WHERE pool_id = %s AND state IN ('released', 'expired') AND ended_at IS NOT NULL AND ended_at > starts_at "
+        "AND ends_at > starts_at AND ended_at <= %s ORDER BY ended_at DESC LIMIT %s",
+        [pool_id, sql.db_datetime(now), settings.QUEUE_HISTORY])
+    used = sorted(min(1.0, (sql.aware(ended) - sql.aware(start)) / (sql.aware(end) - sql.aware(start)))
+                  for start, end, ended in rows)
+    return EarlyRelease(tuple(used))
+
+
+# --- reading a pool's queue -------------------------------------------------------------------------
+
+@dataclass
+class PoolQueue:
+    """A locked pool with its waiting requests (in queue order) and what the plan needs to plan them."""
+
+    pool: GpuPool
+    now: datetime
+    horizon: datetime
+    snapshot: booking.PoolSnapshot
+    waiting: list[Waiting]
+    entries: dict[int, QueueEntry]
+    teams: dict[int, TeamHolding]
+
+    def promise(self, *, extra_grants: Sequence[booking.Grant] = ()) -> list[Planned]:
+        return plan(gpus=self.snapshot.gpus, grants=[*self.snapshot.grants, *extra_grants], waiting=self.waiting,
+                    now=self.now, horizon=self.horizon, policy=self.pool.placement_policy,
+                    backfill=self.pool.backfill, teams=self._fresh_teams())
+
+    def estimate(self) -> list[Planned]:
+        history = early_release(self.pool.pk, self.now)
+        grants = [dataclasses.replace(g, ends_at=history.expected_end(g.starts_at, g.ends_at, self.now))
+                  for g in self.snapshot.grants]
+        return plan(gpus=self.snapshot.gpus, grants=grants, waiting=self.waiting, now=self.now, horizon=self.horizon,
+                    policy=self.pool.placement_policy, backfill=self.pool.backfill, teams=self._fresh_teams(),
+                    hold_for=lambda item: history.expected_duration(item.duration))
+
+    def _fresh_teams(self) -> dict[int, TeamHolding]:
+        return {team_id: TeamHolding(quota=t.quota, in_pool=list(t.in_pool), everywhere=list(t.everywhere))
+                for team_id, t in self.teams.items()}
+
+
+def shape_data(shape: booking.Shape) -> dict:
+    """A Shape as its QueueEntry keeps it (JSON)."""
+    data = dataclasses.asdict(shape)
+    data["mig_layout"] = shape.mig_layout if isinstance(shape.mig_layout, str) else list(shape.mig_layout)
+    return data
+
+
+def shape_from(data: dict) -> booking.Shape:
+    layout = data.get("mig_layout", ())
+    return booking.Shape(**{**data, "mig_layout": layout if isinstance(layout, str) else tuple(layout)})
+
+
+def read(pool_id: int, now: datetime, *, lock: bool = True) -> PoolQueue:
+    """The pool (locked FOR UPDATE unless `lock` is False: the caller holds it) with its waiting requests."""
+    pools = GpuPool.objects.filter(pk=pool_id)
+    pool = (pools.select_for_update() if lock else pools).get()
+    horizon = now + settings.RESERVATION_MAX_LEAD + settings.RESERVATION_MAX_DURATION
+    pending = list(Reservation.objects.filter(pool_id=pool_id, state=State.PENDING)
+                   .select_related("queue_entry", "team").order_by("pk"))
+    entries = {r.pk: r.queue_entry for r in pending}
+    waiting = [Waiting(reservation_id=r.pk, team_id=r.team_id, shape=shape_from(r.queue_entry.shape),
+                       duration=r.queue_entry.duration, queued_at=r.queue_entry.queued_at,
+                       not_before=r.queue_entry.not_before, not_after=r.queue_entry.not_after,
+                       priority=r.queue_entry.priority) for r in pending]
+    snapshot = booking.pool_snapshot(pool_id, now, horizon) if waiting else booking.PoolSnapshot(
+        start=now, end=horizon, gpus=(), grants=())
+    teams = _team_holdings(pool, {r.team for r in pending}, now, horizon)
+    waiting = _ordered(waiting, pool, now, teams)
+    return PoolQueue(pool=pool, now=now, horizon=horizon, snapshot=snapshot, waiting=waiting, entries=entries,
+                     teams=teams)
+
+
+def _team_holdings(pool: GpuPool, teams, now: datetime, horizon: datetime) -> dict[int, TeamHolding]:
+    from allocations.models import Quota
+
+    quotas_by_team = {q.team_id: q for q in Quota.objects.filter(pool=pool, team__in=teams)}
+    held = {}
+    for team in teams:
+        quota = quotas_by_team.get(team.pk)
+        if quota is None:
+            continue  # its quota was removed while it waited: the pass fails it
+        limits = quotas.QuotaLimits.of(team_id=team.pk, team_slug=team.slug, pool_id=pool.pk, pool_slug=pool.slug,
+                                       max_ge=quota.max_ge, ge_hours_per_month=quota.ge_hours_per_month,
+                                       team_max_ge=team.max_ge)
+        held[team.pk] = TeamHolding(
+            quota=limits, in_pool=selectors.team_windows(team.pk, pool.pk, now, horizon),
+            everywhere=(selectors.team_windows(team.pk, None, now, horizon) if team.max_ge is not None else []))
+    return held
+
+
+def _ordered(waiting: list[Waiting], pool: GpuPool, now: datetime, teams: dict[int, TeamHolding]) -> list[Waiting]:
+    """`waiting` in the pool's queue order (allocations.placement.queueing.order_queue)."""
+    ordering = pool.queue_ordering if pool.queue_ordering in ORDERINGS else "fcfs"
+    items = [QueuedItem(key=w.reservation_id, team=str(w.team_id), submitted=w.queued_at.timestamp(),
+                        duration=w.duration.total_seconds(), priority=w.priority, payload=w) for w in waiting]
+    if ordering != "fairshare":
+        return [item.payload for item in order_queue(items, ordering)]
+    shares = fair_shares(pool.pk, now, {w.team_id: teams[w.team_id].quota.max_ge if w.team_id in teams else 1.0
+                                        for w in waiting})
+    return sorted(waiting, key=lambda w: (shares.get(w.team_id, 0.0), w.queued_at, w.reservation_id))
+
+
+def fair_shares(pool_id: int, now: datetime, quota_ge: dict[int, float]) -> dict[int, float]:
+    """Each team's decayed GE use of the pool divided by its quota: the dominant share in GE (one
+    resource), past use fading with QUEUE_FAIRSHARE_HALF_LIFE. A team that held its quota all along
+    has a share near 1; one that held nothing, 0. Teams with a smaller share go first."""
+    tau = settings.QUEUE_FAIRSHARE_HALF_LIFE.total_seconds() / math.log(2)
+    since = now - settings.QUEUE_FAIRSHARE_HALF_LIFE * 10  # older use weighs under 0.1 %
+    rows = sql.fetch_all(
+        "SELECT r.team_id, a.starts_at, a.ends_at, a.ge FROM allocations_allocation a "
+        "JOIN allocations_reservation r ON r.id = a.reservation_id "
+        "WHERE r.pool_id = %s AND a.starts_at < %s AND a.ends_at > %s AND a.ends_at > a.starts_at "
+        f"AND r.team_id IN ({', '.join(['%s'] * len(quota_ge)) or 'NULL'})",
+        [pool_id, sql.db_datetime(now), sql.db_datetime(since), *quota_ge])
+    use: dict[int, float] = defaultdict(float)
+    for team_id, start, end, ge in rows:
+        start, end = max(sql.aware(start), since), min(sql.aware(end), now)
+        # The average of GE held, weighted by exp(-age / tau): what this grant adds to it.
+        use[team_id] += ge * (math.exp(-(now - end).total_seconds() / tau)
+                              - math.exp(-(now - start).total_seconds() / tau))
+    return {team_id: use[team_id] / max(ge, 1e-9) for team_id, ge in quota_ge.items()}
+
+
+# --- the pass ---------------------------------------------------------------------------------------
+
+def kick(pool_id: int) -> None:
+    """Run a pass over the pool's queue after the current transaction commits, if anyone waits there.
+    Coalesced: while one is queued and not yet started, more kicks add nothing."""
+    if not has_waiting(pool_id):
+        return
+
+    def send() -> None:
+        try:
+            first = cache.add(f"queue-pass:{pool_id}", 1, timeout=settings.QUEUE_PASS_COALESCE_SECONDS)
+        except Exception:  # noqa: BLE001 - the cache away: send the pass anyway; two passes are safe
+            first = True
+        if first:
+            from common.dispatch import enqueue
+            enqueue("allocations.tasks.run_queue", pool_id)
+
+    transaction.on_commit(send)
+
+
+def has_waiting(pool_id: int, *, besides: int | None = None) -> bool:
+    return Reservation.objects.filter(pool_id=pool_id, state=State.PENDING).exclude(pk=besides).exists()
+
+
+def pools_waiting_ids() -> list[int]:
+    return list(Reservation.objects.filter(state=State.PENDING).order_by().values_list("pool_id", flat=True)
+                .distinct())
+
+
+@transaction.atomic
+def queue_pass(*, pool_id: int, now: datetime | None = None, quiet: Sequence[int] = (),
+               lock: bool = True) -> dict[str, int]:
+    """One scheduling pass over the pool's queue: fail what ran out of time, start what the plan starts
+    now, and write every other waiting request's position, reason, promise and estimate. `quiet`:
+    reservations not to mail when they start (one placed in the call that created it). Returns counts."""
+    now = now or timezone.now()
+    try:
+        cache.delete(f"queue-pass:{pool_id}")  # kicks from now on queue another pass
+    except Exception:  # noqa: BLE001
+        pass
+    state = read(pool_id, now, lock=lock)
+    counts = {"started": 0, "failed": 0, "waiting": 0}
+    if not state.waiting:
+        return counts
+    locked = {r.pk: r for r in Reservation.objects.select_for_update(of=("self",)).filter(
+        pk__in=[w.reservation_id for w in state.waiting], state=State.PENDING).select_related("team", "requested_by")}
+    for item in list(state.waiting):
+        entry, reservation = state.entries[item.reservation_id], locked.get(item.reservation_id)
+        if reservation is None:
+            state.waiting.remove(item)  # cancelled meanwhile
+        elif item.team_id not in state.teams:
+            _fail(reservation, f"Team {reservation.team.slug} no longer has a quota in pool {state.pool.slug}.",
+                  now=now)
+            state.waiting.remove(item)
+            counts["failed"] += 1
+        elif entry.not_after is not None and entry.not_after < now:
+            _fail(reservation, f"It could not start by its not_after time ({entry.not_after:%Y-%m-%d %H:%M} UTC).",
+                  now=now)
+            state.waiting.remove(item)
+            counts["failed"] += 1
+    promised = state.promise()
+    started_grants: list[booking.Grant] = []
+    for planned in promised:
+        if not planned.starts_now(now):
+            continue
+        reservation = locked[planned.waiting.reservation_id]
+        error = _start(reservation, planned, state, now=now, notify=reservation.pk not in quiet)
+        if error:
+            _fail(reservation, error, now=now)
+            counts["failed"] += 1
+        else:
+            counts["started"] += 1
+        state.waiting.remove(planned.waiting)
+        started_grants.extend(_as_grants(reservation.pk, planned.grants, now, now + planned.waiting.duration))
+    if counts["started"] or counts["failed"]:
+        # What started now holds its grants for real; plan the rest again around them.
+        state.snapshot = dataclasses.replace(state.snapshot, grants=(*state.snapshot.grants, *started_grants))
+        for team_id in {w.team_id for w in state.waiting}:
+            team = state.teams[team_id]
+            team.in_pool = selectors.team_windows(team_id, state.pool.pk, now, state.horizon)
+            if team.quota.team_max_ge is not None:
+                team.everywhere = selectors.team_windows(team_id, None, now, state.horizon)
+        promised = state.promise()
+    likely = {p.waiting.reservation_id: p.start for p in state.estimate()}
+    for position, planned in enumerate(promised, start=1):
+        reservation = locked[planned.waiting.reservation_id]
+        if planned.start is None and planned.waiting.not_after is not None:
+            _fail(reservation, "It cannot start by its not_after time, even if every booking ends on time.",
+                  now=now)
+            counts["failed"] += 1
+            continue
+        _write_entry(state.entries[reservation.pk], reservation, planned, likely.get(reservation.pk),
+                     position=position, now=now)
+        counts["waiting"] += 1
+    return counts
+
+
+def _start(reservation: Reservation, planned: Planned, state: PoolQueue, *, now: datetime, notify: bool) -> str:
+    """Book a waiting request from now for its duration on the plan's grants; '' or why it cannot."""
+    end = now + planned.waiting.duration
+    ge = sum(g.ge for g in planned.grants)
+    quota = state.teams[reservation.team_id].quota
+    try:
+        quotas.check_month_budget(quota, ge=ge, asked=planned.waiting.shape.in_words(), start=now, end=end)
+    except Conflict as refused:
+        return refused.message
+    booking.grants_write(reservation_id=reservation.pk, grants=planned.grants, start=now, end=end)
+    gpus = len({g.gpu_id for g in planned.grants})
+    memory = planned.grants[0].memory_mib if reservation.mode == SharingMode.VGPU else reservation.gpu_memory_mib
+    sql.execute("UPDATE allocations_reservation SET starts_at = %s, ends_at = %s, gpus = %s, ge = %s, "
+                "gpu_memory_mib = %s WHERE id = %s",
+                [sql.db_datetime(now), sql.db_datetime(end), gpus, ge, memory, reservation.pk])
+    reservation.starts_at, reservation.ends_at, reservation.gpus, reservation.ge = now, end, gpus, ge
+    waited = now - state.entries[reservation.pk].queued_at
+    move(reservation, State.SCHEDULED, now=now,
+         reason=f"{planned.waiting.shape.in_words()} placed ({ge:.2f} GE) after waiting {span(waited)}.")
+    QueueEntry.objects.filter(pk=reservation.pk).update(position=None, reason="", reason_text="", planned_at=now)
+    enqueue_after_commit("allocations.tasks.activate_reservation", reservation.pk)
+    if notify:
+        notices.notify_owners(reservation, f"Reservation #{reservation.pk} started",
+                              f"It waited {span(waited)} in the queue of pool {state.pool.slug} and now holds "
+                              f"{planned.waiting.shape.in_words()} until {end:%Y-%m-%d %H:%M} UTC.")
+    return ""
+
+
+def _fail(reservation: Reservation, why: str, *, now: datetime) -> None:
+    move(reservation, State.FAILED, reason=why, now=now)
+    QueueEntry.objects.filter(pk=reservation.pk).update(position=None, planned_at=now)
+    notices.notify_owners(reservation, f"Reservation #{reservation.pk} did not start", why)
+
+
+def _write_entry(entry: QueueEntry, reservation: Reservation, planned: Planned, likely: datetime | None, *,
+                 position: int, now: datetime) -> None:
+    start_by = planned.start
+    if likely is not None and start_by is not None:
+        likely = min(max(likely, now), start_by)
+    moved_why = entry.moved_why
+    if entry.start_by is not None and start_by is not None and start_by > entry.start_by + timedelta(seconds=1):
+        ahead_before = entry.position or position
+        moved_why = (f"Requests ordered ahead of it joined the queue (position {ahead_before} → {position})."
+                     if position > ahead_before else
+                     "The pool lost capacity it was planned on (a node or GPU failed or was drained).")
+        record(reservation, from_state=State.PENDING, to_state=State.PENDING, actor=None,
+               reason=f"Promised start moved from {entry.start_by:%Y-%m-%d %H:%M} to {start_by:%Y-%m-%d %H:%M} "
+                      f"UTC: {moved_why}", at=now)
+    QueueEntry.objects.filter(pk=entry.pk).update(
+        position=position, reason=planned.reason, reason_text=reason_words(planned.reason),
+        previous_start_by=entry.start_by, previous_likely_start=entry.likely_start,
+        start_by=start_by, likely_start=likely,
+        first_start_by=entry.first_start_by or start_by, first_likely_start=entry.first_likely_start or likely,
+        moved_why=moved_why, planned_at=now)
+    # The reservation's window follows the plan, so lists sorted by start show it where it would run.
+    start = start_by or now
+    sql.execute("UPDATE allocations_reservation SET starts_at = %s, ends_at = %s, reason = %s WHERE id = %s",
+                [sql.db_datetime(start), sql.db_datetime(start + entry.duration), reason_words(planned.reason),
+                 reservation.pk])
+
+
+def span(delta: timedelta) -> str:
+    """A length of time as people read it: "45 min", "3 h 20 min", "2 d 4 h" (to the nearest minute)."""
+    minutes = round(abs(delta.total_seconds()) / 60)
+    if minutes < 1:
+        return "under a minute"
+    if minutes < 60:
+        return f"{minutes} min"
+    if minutes < 48 * 60:
+        return f"{minutes // 60} h {minutes % 60:02d} min" if minutes % 60 else f"{minutes // 60} h"
+    return f"{minutes // 1440} d {(minutes % 1440) // 60} h"
+
+
+# --- what creates and extensions must leave alone ---------------------------------------------------
+
+def promised_grants(pool_id: int, now: datetime, *, without: int | None = None) -> list[booking.Grant]:
+    """What the queue's plan holds in the pool from now (the caller holds the pool's lock): a new
+    fixed-window booking or an extension must fit around it, so the promises stay kept."""
+    if not has_waiting(pool_id, besides=without):
+        return []
+    state = read(pool_id, now, lock=False)
+    state.waiting = [w for w in state.waiting if w.reservation_id != without]
+    return [grant for planned in state.promise() if planned.start is not None
+            for grant in _as_grants(planned.waiting.reservation_id, planned.grants, planned.start,
+                                    planned.start + planned.waiting.duration)]

@@ -1,0 +1,99 @@
+"""The quota rules a booking must keep: a team's GE at once in a pool (its quota), across pools (its
+team-wide cap), and its GE-hours per calendar month in the pool. Create, extend and the queue's
+pass all check through `check`."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from allocations import quota_math, selectors, units
+from common.errors import Conflict
+
+
+@dataclass(frozen=True)
+class QuotaLimits:
+    """A team's quota in a pool (and its team-wide cap), with the slugs its refusals name."""
+
+    team_id: int
+    team_slug: str
+    pool_id: int
+    pool_slug: str
+    max_ge: float
+    ge_hours_per_month: float | None
+    team_max_ge: float | None = None
+
+    @classmethod
+    def of(cls, *, max_ge, ge_hours_per_month, team_max_ge, **names) -> QuotaLimits:
+        """From the database's decimals (the checks add floats to them), with the ids and slugs in `names`."""
+        return cls(**names, max_ge=float(max_ge),
+                   ge_hours_per_month=None if ge_hours_per_month is None else float(ge_hours_per_month),
+                   team_max_ge=None if team_max_ge is None else float(team_max_ge))
+
+
+def _ge(value: float) -> str:
+    return f"{value:.2f}"
+
+
+Window = tuple[datetime, datetime, float]
+
+
+def held_error(quota: QuotaLimits, *, ge: float, asked: str, field: str, start: datetime, end: datetime,
+               in_pool: Sequence[Window], everywhere: Sequence[Window] = ()) -> Conflict | None:
+    """The refusal when the team would hold more GE than its quota in the pool at some instant of
+    [start, end), or more than its team-wide cap across pools; None when it may. `in_pool` and
+    `everywhere` are what it holds (selectors.team_windows: (start, end, GE) each), `ge` what the new
+    grants are charged, `asked` the request in its own unit, for the message; `field` the request
+    field a refusal names. Pure, so the queue's plan asks it of windows it has not written yet."""
+    team, pool = quota.team_slug, quota.pool_slug
+    peak, peak_at = units.peak(in_pool, start, end)
+    if peak + ge > quota.max_ge + 1e-9:
+        when = f" at {peak_at:%Y-%m-%d %H:%M} UTC" if peak else ""
+        return Conflict(
+            f"Over quota: team {team} would hold {_ge(peak + ge)} GE in pool {pool}{when} (quota {_ge(quota.max_ge)}, "
+            f"{_ge(peak + ge - quota.max_ge)} over): {asked} is {_ge(ge)} GE and it holds {_ge(peak)}.",
+            field=field, rule="quota_exceeded",
+        )
+    if quota.team_max_ge is not None:
+        peak, peak_at = units.peak(everywhere, start, end)
+        if peak + ge > quota.team_max_ge + 1e-9:
+            when = f" at {peak_at:%Y-%m-%d %H:%M} UTC" if peak else ""
+            return Conflict(
+                f"Over the team-wide cap: team {team} would hold {_ge(peak + ge)} GE across all pools{when} (cap "
+                f"{_ge(quota.team_max_ge)}, {_ge(peak + ge - quota.team_max_ge)} over): {asked} is {_ge(ge)} GE.",
+                field=field, rule="team_cap_exceeded",
+            )
+    return None
+
+
+def check(quota: QuotaLimits, *, ge: float, asked: str, field: str, start: datetime, end: datetime,
+          exclude_reservation: int | None = None) -> None:
+    """Refuse (Conflict) what held_error refuses, reading what the team holds, and more GE-hours in a
+    calendar month than the pool's monthly budget."""
+    in_pool = selectors.team_windows(quota.team_id, quota.pool_id, start, end, exclude_reservation)
+    everywhere = (selectors.team_windows(quota.team_id, None, start, end, exclude_reservation)
+                  if quota.team_max_ge is not None else ())
+    error = held_error(quota, ge=ge, asked=asked, field=field, start=start, end=end, in_pool=in_pool,
+                       everywhere=everywhere)
+    if error is not None:
+        raise error
+    check_month_budget(quota, ge=ge, asked=asked, start=start, end=end)
+
+
+def check_month_budget(quota: QuotaLimits, *, ge: float, asked: str, start: datetime, end: datetime) -> None:
+    """Refuse booking more GE-hours in a calendar month (UTC) than the team's monthly budget in the pool."""
+    if quota.ge_hours_per_month is None:
+        return
+    for month in quota_math.months_between(start, end):
+        # Not excluding the reservation being extended: its booked hours count, and [start, end) is
+        # only the extension, which its allocations do not cover yet.
+        used = selectors.month_ge_hours(quota.team_id, quota.pool_id, month)
+        wanted = ge * quota_math.overlap_hours((start, end), month)
+        if used + wanted > quota.ge_hours_per_month + 1e-6:
+            over = used + wanted - quota.ge_hours_per_month
+            raise Conflict(
+                f"Over the monthly GE-hours of team {quota.team_slug} in pool {quota.pool_slug} for "
+                f"{month[0]:%Y-%m}: {used:.1f} booked + {wanted:.1f} asked ({asked}) > "
+                f"{quota.ge_hours_per_month:g} ({over:.1f} over).",
+                field="ends_at", rule="ge_hours_exceeded",
+            )

@@ -1,0 +1,129 @@
+"""The queue's plan on hand-made pools where the answer is known (no database): ordering, backfill,
+strict order, the promise (start_by) and the estimate (likely_start)."""
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from allocations import booking
+from allocations.queue import EarlyRelease, Waiting, parse_duration, plan
+
+T0 = datetime(2026, 11, 24, 12, 0, tzinfo=timezone.utc)
+H = timedelta(hours=1)
+
+
+def node(node_id: int, gpus: int, first_id: int) -> list[booking.PoolGpu]:
+    return [booking.PoolGpu(id=first_id + i, node_id=node_id, node_name=f"n{node_id}", index=i, model="H100",
+                            memory_mib=81920) for i in range(gpus)]
+
+
+def busy(gpu_ids, until: datetime, reservation_id: int = 900, since: datetime = T0 - H) -> list[booking.Grant]:
+    return [booking.Grant(gpu_id=g, reservation_id=reservation_id, starts_at=since, ends_at=until) for g in gpu_ids]
+
+
+def wait(rid: int, gpus: int, hours: float, queued_minutes_ago: int = 0, **kwargs) -> Waiting:
+    return Waiting(reservation_id=rid, team_id=1, shape=booking.Shape(gpus=gpus), duration=hours * H,
+                   queued_at=T0 - timedelta(minutes=queued_minutes_ago), **kwargs)
+
+
+def planned(gpus, grants, waiting, backfill=True, **kwargs):
+    result = plan(gpus=gpus, grants=grants, waiting=waiting, now=T0, horizon=T0 + 1000 * H, policy="portal",
+                  backfill=backfill, teams={}, **kwargs)
+    return {p.waiting.reservation_id: p for p in result}
+
+
+def test_a_request_that_fits_starts_now():
+    result = planned(node(1, 4, 1), busy([1, 2], T0 + 2 * H), [wait(1, 2, 1)])
+    assert result[1].start == T0 and result[1].reason == "" and len(result[1].grants) == 2
+
+
+def test_the_promise_is_where_the_booking_ends():
+    result = planned(node(1, 4, 1), busy([1, 2, 3], T0 + 2 * H), [wait(1, 2, 1)])
+    assert result[1].start == T0 + 2 * H
+    assert result[1].reason == "not_enough"
+
+
+def test_backfill_starts_a_short_request_that_ends_before_the_head_needs_the_room():
+    gpus = node(1, 4, 1)
+    # Two GPUs busy for 2 h; the head wants all four (promised at +2 h).
+    grants = busy([1, 2], T0 + 2 * H)
+    result = planned(gpus, grants, [wait(1, 4, 1, queued_minutes_ago=10), wait(2, 2, 1), wait(3, 2, 3)])
+    assert result[1].start == T0 + 2 * H
+    assert result[2].start == T0  # 1 h on the two free GPUs: done before the head starts
+    # 3 h on them would run into the head's window: it goes after the head instead.
+    assert result[3].start == T0 + 3 * H
+    assert result[3].reason == "held_for_queue"
+
+
+def test_without_backfill_nobody_starts_before_the_head():
+    gpus = node(1, 4, 1)
+    result = planned(gpus, busy([1, 2], T0 + 2 * H), [wait(1, 4, 1, queued_minutes_ago=10), wait(2, 2, 1)],
+                     backfill=False)
+    assert result[1].start == T0 + 2 * H
+    assert result[2].start == T0 + 3 * H and result[2].reason == "behind"
+
+
+def test_backfill_never_delays_anyone_ahead():
+    """Planning later requests never moves the start of an earlier one: each start is the same as
+    when that request was planned alone with those ahead of it."""
+    gpus = node(1, 4, 1) + node(2, 4, 11)
+    grants = busy([1, 2, 3], T0 + 2 * H) + busy([11], T0 + 5 * H, reservation_id=901)
+    queue = [wait(i, gpus=(i % 4) + 1, hours=1 + i % 3, queued_minutes_ago=60 - i) for i in range(1, 13)]
+    everyone = planned(gpus, grants, queue)
+    for count in range(1, len(queue)):
+        ahead = planned(gpus, grants, queue[:count])
+        assert ahead[queue[count - 1].reservation_id].start == everyone[queue[count - 1].reservation_id].start
+
+
+def test_not_before_and_not_after():
+    gpus = node(1, 2, 1)
+    result = planned(gpus, [], [wait(1, 1, 1, not_before=T0 + 3 * H)])
+    assert result[1].start == T0 + 3 * H and result[1].reason == "not_before"
+    result = planned(gpus, busy([1, 2], T0 + 5 * H), [wait(2, 1, 1, not_after=T0 + 2 * H)])
+    assert result[2].start is None
+
+
+def test_a_share_waits_for_a_free_slot():
+    gpus = node(1, 1, 1)
+    shape = booking.Shape(mode="time_slicing", shares=2, replicas=4)
+    held = [booking.Grant(gpu_id=1, reservation_id=900, starts_at=T0 - H, ends_at=T0 + 2 * H, milli=750,
+                          mode="time_slicing", share_from=0, share_to=750)]
+    item = Waiting(reservation_id=1, team_id=1, shape=shape, duration=H, queued_at=T0)
+    result = planned(gpus, held, [item])
+    assert result[1].start == T0 + 2 * H
+
+
+def test_the_estimate_uses_how_early_bookings_end():
+    # Half of the pool's bookings used a fifth of their window, half the whole of it.
+    history = EarlyRelease(tuple(sorted([0.2] * 10 + [1.0] * 10)))
+    # Booked [T0 - 1 h, T0 + 9 h): 10 % run; the used shares above 0.1 are all twenty, median 0.2 → +1 h.
+    assert history.expected_end(T0 - H, T0 + 9 * H, T0) == T0 + H
+    # Past a fifth of its window already, the ones that used more say it runs to its end.
+    assert history.expected_end(T0 - 5 * H, T0 + 5 * H, T0) == T0 + 5 * H
+    # With too little history the booked end is the estimate.
+    assert EarlyRelease((0.5,) * 3).expected_end(T0 - H, T0 + 9 * H, T0) == T0 + 9 * H
+
+
+def test_the_estimate_is_never_after_the_promise_on_the_same_pool():
+    gpus = node(1, 2, 1)
+    grants = busy([1, 2], T0 + 9 * H, since=T0 - H)
+    history = EarlyRelease(tuple(sorted([0.3] * 20)))
+    promise = planned(gpus, grants, [wait(1, 2, 2)])[1].start
+    shortened = [booking.Grant(gpu_id=g.gpu_id, reservation_id=g.reservation_id, starts_at=g.starts_at,
+                               ends_at=history.expected_end(g.starts_at, g.ends_at, T0)) for g in grants]
+    likely = planned(gpus, shortened, [wait(1, 2, 2)])[1].start
+    assert promise == T0 + 9 * H and likely == T0 + 2 * H
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("4h", 4 * H), ("30m", timedelta(minutes=30)), ("1d12h", 36 * H), ("90s", timedelta(seconds=90)),
+    ("PT4H", 4 * H), ("P1DT2H30M", timedelta(days=1, hours=2, minutes=30)), ("pt45m", timedelta(minutes=45)),
+])
+def test_durations(text, expected):
+    assert parse_duration(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "4", "h", "P", "PT", "4 hours", "-4h", "P1Y", "4h4d"])
+def test_not_durations(text):
+    assert parse_duration(text) is None
