@@ -1,13 +1,18 @@
 from django.contrib import admin
 
-from allocations.models import Allocation, Quota, Reservation, ReservationEvent
+from allocations.models import Allocation, PriorityClass, Quota, Reservation, ReservationEvent
+
+
+@admin.register(PriorityClass)
+class PriorityClassAdmin(admin.ModelAdmin):
+    list_display = ("name", "value", "description")
 
 
 @admin.register(Quota)
 class QuotaAdmin(admin.ModelAdmin):
     """Staff change quotas here; the next reservation is checked against the new numbers."""
 
-    list_display = ["team", "pool", "max_ge", "ge_hours_per_month", "updated_at"]
+    list_display = ["team", "pool", "max_ge", "ge_hours_per_month", "priority_class", "updated_at"]
     list_filter = ["pool", "team"]
     list_editable = ["max_ge", "ge_hours_per_month"]
 

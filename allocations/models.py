@@ -9,13 +9,29 @@ if the application had a bug (migration 0002).
 from __future__ import annotations
 
 from django.conf import settings
-from django.core.validators import MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import F, Q
 
 from allocations import units
 from inventory.models import Gpu, GpuPool
 from teams.models import Team
+
+
+class PriorityClass(models.Model):
+    """A named priority staff define (e.g. high 100, normal 50, low 10). A quota grants one; a request may
+    ask for its quota's class or a lower one. The pool's queue (ordering `priority`) tries higher values first."""
+
+    name = models.SlugField(max_length=32, unique=True)
+    value = models.IntegerField(validators=[MinValueValidator(-1000), MaxValueValidator(1000)],
+                                help_text="Higher goes first; -1000 to 1000")
+    description = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["-value", "name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.value})"
 
 
 class Quota(models.Model):
@@ -29,6 +45,9 @@ class Quota(models.Model):
     ge_hours_per_month = models.DecimalField(
         max_digits=10, decimal_places=1, null=True, blank=True, validators=[MinValueValidator(0)],
         help_text="GE-hours the team may book per calendar month (UTC); empty = no limit")
+    priority_class = models.ForeignKey(PriorityClass, on_delete=models.PROTECT, null=True, blank=True,
+                                       related_name="quotas",
+                                       help_text="The highest priority its requests may ask; empty: priority 0")
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -71,6 +90,8 @@ class Reservation(models.Model):
     gpu_memory_mib = models.PositiveIntegerField(null=True, blank=True)
     gpu_cores_pct = models.PositiveSmallIntegerField(null=True, blank=True)
     ge = models.FloatField(default=0, db_default=0, help_text="GPU-equivalents its grants were charged (weights applied)")
+    priority = models.IntegerField(default=0, db_default=0, help_text="Its priority class's value when it was asked")
+    priority_class = models.CharField(max_length=32, blank=True, default="", db_default="")
     starts_at = models.DateTimeField()
     ends_at = models.DateTimeField()
     state = models.CharField(max_length=16, choices=State.choices, default=State.SCHEDULED)

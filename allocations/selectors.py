@@ -59,6 +59,7 @@ class ReservationRow(NamedTuple):
     gpu_memory_mib: int | None
     gpu_cores_pct: int | None
     ge: float
+    priority_class: str
     starts_at: datetime
     ends_at: datetime
     state: str
@@ -81,7 +82,8 @@ _RESERVATION_COLUMNS = {
     "id": ("id", "r.id"), "mode": ("mode", "r.mode"), "gpus": ("gpus", "r.gpus"),
     "shares": ("shares", "r.shares"), "mig_profile": ("mig_profile", "r.mig_profile"),
     "mig_count": ("mig_count", "r.mig_count"), "gpu_memory_mib": ("gpu_memory_mib", "r.gpu_memory_mib"),
-    "gpu_cores_pct": ("gpu_cores_pct", "r.gpu_cores_pct"), "ge": ("ge", "r.ge"), "starts_at": ("starts_at", "r.starts_at"),
+    "gpu_cores_pct": ("gpu_cores_pct", "r.gpu_cores_pct"), "ge": ("ge", "r.ge"),
+    "priority_class": ("priority_class", "r.priority_class"), "starts_at": ("starts_at", "r.starts_at"),
     "ends_at": ("ends_at", "r.ends_at"), "state": ("state", "r.state"), "reason": ("reason", "r.reason"),
     "ended_at": ("ended_at", "r.ended_at"), "created_at": ("created_at", "r.created_at"),
     "updated_at": ("updated_at", "r.updated_at"), "team_id": ("team_id", "r.team_id"),
@@ -102,10 +104,10 @@ def reservation_from_row(row: ReservationRow | Sequence) -> Reservation:
     reservation = Reservation.from_db(
         DEFAULT_DB_ALIAS,
         ["id", "team_id", "pool_id", "requested_by_id", "mode", "gpus", "shares", "mig_profile", "mig_count",
-         "gpu_memory_mib", "gpu_cores_pct", "ge", "starts_at", "ends_at", "state", "reason", "ended_at",
-         "created_at", "updated_at"],
+         "gpu_memory_mib", "gpu_cores_pct", "ge", "priority_class", "starts_at", "ends_at", "state", "reason",
+         "ended_at", "created_at", "updated_at"],
         [r.id, r.team_id, r.pool_id, r.requested_by_id, r.mode, r.gpus, r.shares, r.mig_profile, r.mig_count,
-         r.gpu_memory_mib, r.gpu_cores_pct, r.ge, sql.aware(r.starts_at), sql.aware(r.ends_at),
+         r.gpu_memory_mib, r.gpu_cores_pct, r.ge, r.priority_class, sql.aware(r.starts_at), sql.aware(r.ends_at),
          r.state, r.reason, sql.aware(r.ended_at), sql.aware(r.created_at), sql.aware(r.updated_at)],
     )
     reservation.team = Team.from_db(DEFAULT_DB_ALIAS, ["id", "slug"], [r.team_id, r.team_slug])
@@ -388,7 +390,7 @@ def availability(pool: GpuPool, start: datetime, end: datetime, slot: timedelta,
     The shape is `request`'s amount (or one of the pool's unit, see availability_shape). The pool
     is read once for the whole range; each slot asks booking.room on the grants that overlap it, so
     the timeline counts exactly as a booking of that slot would (only usable GPUs: healthy, on
-    healthy, schedulable nodes)."""
+    healthy, schedulable nodes; what the queue's plan promises to waiting requests counts as taken)."""
     if end <= start:
         raise ValidationFailed("end must be after start.", field="end", rule="after_start")
     if end > LATEST_INSTANT:
@@ -401,8 +403,14 @@ def availability(pool: GpuPool, start: datetime, end: datetime, slot: timedelta,
             f"{count} slots asked; at most {MAX_AVAILABILITY_SLOTS} (widen slot or shorten the range).",
             field="slot", rule="max_slots",
         )
+    from allocations import queue  # queue reads quotas through this module: imported here, not at the top
+
     snapshot = booking.pool_snapshot(pool.pk, start, end)
     shape = availability_shape(pool, snapshot, request)
+    # What the queue's plan promises to waiting requests is not free for a new booking either.
+    promised = [g for g in queue.promised_grants(pool.pk, timezone.now()) if g.starts_at < end and g.ends_at > start]
+    if promised:
+        snapshot = dataclasses.replace(snapshot, grants=(*snapshot.grants, *promised))
     slots = []
     for i in range(count):
         s_start = start + i * slot

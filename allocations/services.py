@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from allocations import alternatives, booking, notices, queue, quotas, selectors, shapes
 from allocations.apply import jobs
-from allocations.models import ApplyJob, Quota, QueueEntry, Reservation
+from allocations.models import ApplyJob, PriorityClass, Quota, QueueEntry, Reservation
 from allocations.transitions import ending_state
 from allocations.shapes import Amounts
 from allocations.transitions import move as _move
@@ -79,6 +79,7 @@ class ReservationRequest(Amounts):
     not_before: datetime | None = None
     not_after: datetime | None = None
     queue: bool | None = None  # None: wait if the pool queues; False: now or never; True: wait (or 400)
+    priority_class: str | None = None  # None: the quota's class; else one at most as high
 
 
 EARLIEST = "earliest"
@@ -145,6 +146,8 @@ class _Asked:
     team: Team
     role: str | None
     quota: quotas.QuotaLimits | None
+    priority_class: str = ""  # the quota's class ("" : none, priority 0)
+    priority: int = 0
 
 
 def _lock_pool_for(request: ReservationRequest, actor: AbstractBaseUser) -> _Asked:
@@ -153,10 +156,11 @@ def _lock_pool_for(request: ReservationRequest, actor: AbstractBaseUser) -> _Ask
     row = sql.fetch_one(
         "SELECT p.id, p.sharing_mode, p.sharing_config, p.placement_policy, p.queueing, p.backfill, "
         "p.queue_ordering, t.id, m.role, q.max_ge, "
-        "q.ge_hours_per_month, q.id IS NOT NULL, t.max_ge "
+        "q.ge_hours_per_month, q.id IS NOT NULL, t.max_ge, pc.name, pc.value "
         "FROM inventory_gpupool p JOIN teams_team t ON t.slug = %s "
         "LEFT JOIN teams_membership m ON m.team_id = t.id AND m.user_id = %s "
         "LEFT JOIN allocations_quota q ON q.team_id = t.id AND q.pool_id = p.id "
+        "LEFT JOIN allocations_priorityclass pc ON pc.id = q.priority_class_id "
         "WHERE p.slug = %s" + sql.for_update_of("p"),
         [request.team, actor.pk, request.pool],
     )
@@ -170,7 +174,7 @@ def _lock_pool_for(request: ReservationRequest, actor: AbstractBaseUser) -> _Ask
                    if found is None]
         raise ValidationFailed(missing[0].message, errors=missing)
     (pool_id, sharing_mode, config, policy, queueing, backfill, ordering, team_id, role, max_ge, ge_hours, has_quota,
-     team_max_ge) = row
+     team_max_ge, class_name, class_value) = row
     # Partial instances: the columns read here are set, any other loads when first used.
     # from_db takes the values in the model's field order, whatever the order of the names.
     pool = GpuPool.from_db(DEFAULT_DB_ALIAS, ["id", "slug", "sharing_mode", "sharing_config", "placement_policy",
@@ -181,14 +185,29 @@ def _lock_pool_for(request: ReservationRequest, actor: AbstractBaseUser) -> _Ask
     quota = quotas.QuotaLimits.of(
         team_id=team_id, team_slug=request.team, pool_id=pool_id, pool_slug=request.pool, max_ge=max_ge,
         ge_hours_per_month=ge_hours, team_max_ge=team_max_ge) if has_quota else None
-    return _Asked(pool=pool, team=team, role=role, quota=quota)
+    return _Asked(pool=pool, team=team, role=role, quota=quota, priority_class=class_name or "",
+                  priority=class_value or 0)
+
+
+def _insert_row(*, asked: _Asked, actor: AbstractBaseUser, row: dict, starts_at: datetime, ends_at: datetime,
+                state: str, now: datetime) -> int:
+    """INSERT the reservation's row (amount columns in `row`, as ReservationRow names them); its id."""
+    (reservation_id,) = sql.fetch_one(
+        "INSERT INTO allocations_reservation (team_id, pool_id, requested_by_id, mode, gpus, shares, mig_profile, "
+        "mig_count, gpu_memory_mib, gpu_cores_pct, ge, priority, priority_class, starts_at, ends_at, state, reason, "
+        "ended_at, created_at, updated_at) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, '', NULL, %s, %s) RETURNING id",
+        [asked.team.pk, asked.pool.pk, actor.pk, row["mode"], row["gpus"], row["shares"], row["mig_profile"],
+         row["mig_count"], row["gpu_memory_mib"], row["gpu_cores_pct"], row["ge"], asked.priority,
+         asked.priority_class, sql.db_datetime(starts_at), sql.db_datetime(ends_at), state, sql.db_datetime(now),
+         sql.db_datetime(now)])
+    return reservation_id
 
 
 def _insert_reservation(*, asked: _Asked, actor: AbstractBaseUser, shape: booking.Shape,
                         grants: list[booking.NewGrant], starts_at: datetime, ends_at: datetime,
                         now: datetime) -> Reservation:
     """Write the reservation, its grants and its first event; return it as saved."""
-    start, end, at = sql.db_datetime(starts_at), sql.db_datetime(ends_at), sql.db_datetime(now)
     spans = len({grant.gpu_id for grant in grants})
     ge = sum(grant.ge for grant in grants)
     vgpu = shape.mode == SharingMode.VGPU
@@ -197,16 +216,12 @@ def _insert_reservation(*, asked: _Asked, actor: AbstractBaseUser, shape: bookin
         mig_count=shape.mig_count or None,
         gpu_memory_mib=(grants[0].memory_mib if vgpu else None), gpu_cores_pct=(shape.cores_pct if vgpu else None),
         ge=ge)
-    (reservation_id,) = sql.fetch_one(
-        "INSERT INTO allocations_reservation (team_id, pool_id, requested_by_id, mode, gpus, shares, mig_profile, "
-        "mig_count, gpu_memory_mib, gpu_cores_pct, ge, starts_at, ends_at, state, reason, ended_at, created_at, "
-        "updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, '', NULL, %s, %s) RETURNING id",
-        [asked.team.pk, asked.pool.pk, actor.pk, row["mode"], row["gpus"], row["shares"], row["mig_profile"],
-         row["mig_count"], row["gpu_memory_mib"], row["gpu_cores_pct"], ge, start, end, State.SCHEDULED, at, at],
-    )
+    reservation_id = _insert_row(asked=asked, actor=actor, row=row, starts_at=starts_at, ends_at=ends_at,
+                                 state=State.SCHEDULED, now=now)
     booking.grants_write(reservation_id=reservation_id, grants=grants, start=starts_at, end=ends_at)
     reservation = selectors.reservation_from_row(selectors.ReservationRow(
-        id=reservation_id, **row, starts_at=starts_at, ends_at=ends_at, state=State.SCHEDULED, reason="",
+        id=reservation_id, **row, priority_class=asked.priority_class, starts_at=starts_at, ends_at=ends_at,
+        state=State.SCHEDULED, reason="",
         ended_at=None, created_at=now, updated_at=now, team_id=asked.team.pk, team_slug=asked.team.slug,
         pool_id=asked.pool.pk, pool_slug=asked.pool.slug, requested_by_id=actor.pk,
         requested_by_username=actor.get_username()))
@@ -253,6 +268,7 @@ def reservation_create(*, actor: AbstractBaseUser, request: ReservationRequest,
             if asked.quota is None:
                 raise PermissionDenied(f"Team {team.slug} has no quota in pool {pool.slug}.", field="pool",
                                        rule="no_quota")
+            asked = _with_priority(asked, request.priority_class)
             if request.queue and timing.kind == "asap" and not pool.queueing:
                 raise ValidationFailed(f"Pool {pool.slug} does not queue requests: ask with queue false, or for a "
                                        "fixed window.", field="queue", rule="queueing_off")
@@ -282,6 +298,22 @@ def reservation_create(*, actor: AbstractBaseUser, request: ReservationRequest,
                           g.cores_pct, g.ge, by_id[g.gpu_id].mig_devices, shape.replicas or None)
         for g in held])
     return reservation
+
+
+def _with_priority(asked: _Asked, name: str | None) -> _Asked:
+    """The priority the request runs at: its quota's class, or the lower class it asks for."""
+    if name is None or name == asked.priority_class:
+        return asked
+    chosen = PriorityClass.objects.filter(name=name).first()
+    if chosen is None:
+        known = ", ".join(PriorityClass.objects.values_list("name", flat=True)) or "none"
+        raise ValidationFailed(f"There is no priority class {name!r} (there are: {known}).", field="priority_class",
+                               rule="does_not_exist")
+    if chosen.value > asked.priority:
+        allowed = f"{asked.priority_class} ({asked.priority})" if asked.priority_class else f"priority {asked.priority}"
+        raise ValidationFailed(f"Team {asked.team.slug}'s quota in pool {asked.pool.slug} allows at most {allowed}; "
+                               f"{chosen.name} is {chosen.value}.", field="priority_class", rule="above_quota_class")
+    return dataclasses.replace(asked, priority_class=chosen.name, priority=chosen.value)
 
 
 def _with_promised(snapshot: booking.PoolSnapshot, promised: list[booking.Grant]) -> booking.PoolSnapshot:
@@ -392,19 +424,16 @@ def _enqueue(asked: _Asked, actor: AbstractBaseUser, request: ReservationRequest
                               end=timing.ends_at, in_pool=())
     if error is not None:
         raise error
-    start, end, at = (sql.db_datetime(value) for value in (timing.starts_at, timing.ends_at, now))
     vgpu = shape.mode == SharingMode.VGPU
-    (reservation_id,) = sql.fetch_one(
-        "INSERT INTO allocations_reservation (team_id, pool_id, requested_by_id, mode, gpus, shares, mig_profile, "
-        "mig_count, gpu_memory_mib, gpu_cores_pct, ge, starts_at, ends_at, state, reason, ended_at, created_at, "
-        "updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 0, %s, %s, %s, '', NULL, %s, %s) RETURNING id",
-        [asked.team.pk, pool.pk, actor.pk, shape.mode, shape.gpus if shape.mode in (SharingMode.EXCLUSIVE,
-                                                                                      SharingMode.VGPU) else 1,
-         shape.shares or None, shape.mig_profile, shape.mig_count or None,
-         (shape.memory_mib or None) if vgpu else None, shape.cores_pct if vgpu else None, start, end,
-         State.PENDING, at, at])
+    row = dict(mode=shape.mode, gpus=shape.gpus if shape.mode in (SharingMode.EXCLUSIVE, SharingMode.VGPU) else 1,
+               shares=shape.shares or None, mig_profile=shape.mig_profile, mig_count=shape.mig_count or None,
+               gpu_memory_mib=(shape.memory_mib or None) if vgpu else None,
+               gpu_cores_pct=shape.cores_pct if vgpu else None, ge=0)
+    reservation_id = _insert_row(asked=asked, actor=actor, row=row, starts_at=timing.starts_at,
+                                 ends_at=timing.ends_at, state=State.PENDING, now=now)
     QueueEntry.objects.create(reservation_id=reservation_id, shape=queue.shape_data(shape), duration=timing.duration,
-                              not_before=timing.not_before, not_after=timing.not_after, queued_at=now)
+                              not_before=timing.not_before, not_after=timing.not_after, queued_at=now,
+                              priority=asked.priority)
     reservation = Reservation.objects.select_related("team", "pool", "requested_by").get(pk=reservation_id)
     _record(reservation, from_state="", to_state=State.PENDING, actor=actor,
             reason=f"{shape.in_words()} for {queue.span(timing.duration)} asked; waiting for room in pool {pool.slug}.")
@@ -647,7 +676,7 @@ def due_reservation_ids(now: datetime | None = None) -> dict[str, list[int]]:
 
 @transaction.atomic
 def quota_set(*, actor: AbstractBaseUser, team: Team, pool: GpuPool, max_ge: int,
-              ge_hours_per_month: int | None) -> Quota:
+              ge_hours_per_month: int | None, priority_class: PriorityClass | None = None) -> Quota:
     """Create or change a team's quota in a pool. It binds the next reservation; held ones stay."""
     if not actor.is_staff:
         raise PermissionDenied("Only staff can change quotas.", field="quota", rule="staff_required")
@@ -658,10 +687,12 @@ def quota_set(*, actor: AbstractBaseUser, team: Team, pool: GpuPool, max_ge: int
     Quota(team=team, pool=pool, max_ge=max_ge, ge_hours_per_month=ge_hours_per_month).full_clean(
         exclude=["team", "pool"], validate_unique=False, validate_constraints=False)
     quota, _ = Quota.objects.select_for_update().get_or_create(
-        team=team, pool=pool, defaults={"max_ge": max_ge, "ge_hours_per_month": ge_hours_per_month}
+        team=team, pool=pool, defaults={"max_ge": max_ge, "ge_hours_per_month": ge_hours_per_month,
+                                        "priority_class": priority_class}
     )
     quota.max_ge = max_ge
     quota.ge_hours_per_month = ge_hours_per_month
+    quota.priority_class = priority_class
     quota.full_clean()
     quota.save()
     queue.kick(pool.pk)  # more quota may let a waiting request start; less moves promises

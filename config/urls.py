@@ -8,7 +8,14 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
 from allocations.api.agent import LeasesView
-from allocations.api.views import ApplyJobViewSet, PoolViewSet, QuotaViewSet, ReservationViewSet, TeamUsageView
+from allocations.api.views import (
+    ApplyJobViewSet,
+    PoolViewSet,
+    PriorityClassViewSet,
+    QuotaViewSet,
+    ReservationViewSet,
+    TeamUsageView,
+)
 from allocations.webhooks import urlpatterns as kube_webhooks
 from config import health, metrics
 from inventory.api.agent import HeartbeatView, RegisterView
@@ -21,6 +28,7 @@ router = DefaultRouter()
 router.register("reservations", ReservationViewSet, basename="reservation")
 router.register("pools", PoolViewSet, basename="pool")
 router.register("quotas", QuotaViewSet, basename="quota")
+router.register("priority-classes", PriorityClassViewSet, basename="priority-class")
 router.register("apply-jobs", ApplyJobViewSet, basename="apply-job")
 router.register("teams", TeamViewSet, basename="team")
 router.register("clusters", ClusterViewSet, basename="cluster")

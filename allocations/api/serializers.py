@@ -9,7 +9,7 @@ from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from allocations.models import ApplyJob, Quota, Reservation, ReservationEvent
+from allocations.models import ApplyJob, PriorityClass, Quota, Reservation, ReservationEvent
 from allocations.booking import mig_layout_problem
 from allocations.queue import parse_duration
 from allocations.placement import DEFAULT_POLICY, POLICY_NAMES
@@ -155,6 +155,8 @@ class ReservationCreateInput(RefusesUnknownFields, serializers.Serializer):
                                            help_text="With duration: start no earlier than this")
     not_after = serializers.DateTimeField(required=False, allow_null=True,
                                           help_text="With duration: start no later than this, else it fails")
+    priority_class = serializers.SlugField(max_length=32, required=False, help_text=(
+        "The priority to run at: the quota's class (the default) or a lower one (400 `above_quota_class`)"))
     queue = serializers.BooleanField(required=False, allow_null=True, default=None, help_text=(
         "With duration: false refuses at once (409) rather than wait; true insists on waiting (400 "
         "`queueing_off` where the pool does not queue); left out: wait where the pool queues"))
@@ -268,6 +270,7 @@ class ReservationSerializer(serializers.Serializer):
     gpu_memory_mib = serializers.IntegerField(read_only=True, allow_null=True)
     gpu_cores_pct = serializers.IntegerField(read_only=True, allow_null=True)
     ge = serializers.FloatField(read_only=True, help_text="GPU-equivalents its grants were charged")
+    priority_class = serializers.CharField(read_only=True, help_text="The priority class it runs at ('' : none)")
     starts_at = _time()
     ends_at = _time()
     state = serializers.ChoiceField(choices=Reservation.State.choices, read_only=True)
@@ -328,9 +331,12 @@ class QuotaSerializer(RefusesUnknownFields, serializers.ModelSerializer):
         max_digits=10, decimal_places=1, min_value=0, allow_null=True, required=False, coerce_to_string=False,
         help_text="GE-hours the team may book per calendar month (UTC); null = no limit")
 
+    priority_class = SlugLookupField(slug_field="name", queryset=PriorityClass.objects.all(), required=False,
+                                     allow_null=True, help_text="The highest priority class its requests may ask")
+
     class Meta:
         model = Quota
-        fields = ["id", "team", "pool", "max_ge", "ge_hours_per_month", "updated_at"]
+        fields = ["id", "team", "pool", "max_ge", "ge_hours_per_month", "priority_class", "updated_at"]
         read_only_fields = ["updated_at"]
         # Uniqueness of (team, pool) is the service's get-or-create, not a 400 here.
         validators: list = []
@@ -380,3 +386,11 @@ class TeamUseSerializer(serializers.Serializer):
     ge_hours_this_month = _ge(help_text="GE-hours booked this month across all pools")
     breakdown = GeShareSerializer(many=True, read_only=True, help_text="By sharing mode and GPU model, all pools")
     pools = PoolUseSerializer(many=True, read_only=True)
+
+
+class PriorityClassSerializer(RefusesUnknownFields, CleanModelSerializer):
+    """A named priority: higher `value` goes first in pools ordered by priority."""
+
+    class Meta:
+        model = PriorityClass
+        fields = ["id", "name", "value", "description"]

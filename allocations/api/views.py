@@ -17,6 +17,7 @@ from allocations.api.serializers import (
     ApplyJobSerializer,
     AvailabilityQuery,
     PoolSerializer,
+    PriorityClassSerializer,
     QuotaSerializer,
     ReservationCreateInput,
     ReservationDetailSerializer,
@@ -27,7 +28,7 @@ from allocations.api.serializers import (
     reservation_data,
 )
 from allocations.filters import ApplyJobFilterSet, QuotaFilterSet, ReservationFilterSet
-from allocations.models import ApplyJob, Quota, Reservation, ReservationEvent
+from allocations.models import ApplyJob, PriorityClass, Quota, Reservation, ReservationEvent
 from common.api import IsStaffOrReadOnly
 from common.errors import NotFound
 from inventory.filters import GpuPoolFilterSet
@@ -165,12 +166,24 @@ class QuotaViewSet(viewsets.ModelViewSet):
     def perform_update(self, serializer: QuotaSerializer) -> None:
         current = serializer.instance
         merged = {"team": current.team, "pool": current.pool, "max_ge": current.max_ge,
-                  "ge_hours_per_month": current.ge_hours_per_month, **serializer.validated_data}
+                  "ge_hours_per_month": current.ge_hours_per_month, "priority_class": current.priority_class,
+                  **serializer.validated_data}
         serializer.instance = self._set(merged)
 
     def _set(self, data: dict) -> Quota:
         return services.quota_set(actor=self.request.user, team=data["team"], pool=data["pool"],
-                                  max_ge=data["max_ge"], ge_hours_per_month=data.get("ge_hours_per_month"))
+                                  max_ge=data["max_ge"], ge_hours_per_month=data.get("ge_hours_per_month"),
+                                  priority_class=data.get("priority_class"))
+
+
+class PriorityClassViewSet(viewsets.ModelViewSet):
+    """Priority classes: everyone signed in reads them; staff write. A class a quota grants cannot be
+    deleted (409 `protected`)."""
+
+    serializer_class = PriorityClassSerializer
+    permission_classes = [IsStaffOrReadOnly]
+    queryset = PriorityClass.objects.all()
+    lookup_field = "name"
 
 
 class ApplyJobViewSet(viewsets.ReadOnlyModelViewSet):

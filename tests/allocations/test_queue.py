@@ -271,3 +271,51 @@ def test_the_expiry_warning_is_mailed_once_with_a_link_to_extend(world, api, mai
     assert [m.subject for m in mailoutbox] == [f"[GPU Pool] Reservation #{long['id']} ends in 20 min"]
     assert f"/reservations/{long['id']}/" in mailoutbox[0].body and "extend" in mailoutbox[0].body
     assert Reservation.objects.get(pk=short["id"]).expiry_warned_at is None
+
+
+def test_priority_classes_order_the_queue_and_a_request_may_only_ask_down(world, api):
+    from allocations.models import PriorityClass
+
+    world.pool.queue_ordering = "priority"
+    world.pool.save()
+    high = api(world.staff).post("/api/v1/priority-classes/", {"name": "high", "value": 100}, format="json")
+    assert high.status_code == 201, high.content
+    api(world.staff).post("/api/v1/priority-classes/", {"name": "low", "value": 10}, format="json")
+    quota = api(world.staff).get("/api/v1/quotas/?team=ml").json()["results"][0]
+    patched = api(world.staff).patch(f"/api/v1/quotas/{quota['id']}/", {"priority_class": "high"}, format="json")
+    assert patched.status_code == 200 and patched.json()["priority_class"] == "high"
+    fill(world, api, gpus=8, hours=2)
+    # infra (no class: priority 0) asks first; ml at low (10) then at its quota's high (100) overtake it.
+    first = ask(world, api, gpus=2, who=world.staff, team="infra").json()
+    low = ask(world, api, gpus=2, priority_class="low").json()
+    top = ask(world, api, gpus=2).json()
+    assert top["priority_class"] == "high" and low["priority_class"] == "low"
+    positions = {r: QueueEntry.objects.get(pk=r).position for r in (first["id"], low["id"], top["id"])}
+    assert positions == {top["id"]: 1, low["id"]: 2, first["id"]: 3}
+    # The request that was overtaken is told why its promise moved.
+    moved = QueueEntry.objects.get(pk=first["id"])
+    assert moved.start_by >= moved.previous_start_by
+    above = ask(world, api, who=world.staff, team="infra", priority_class="low")
+    assert above.status_code == 400 and errors_of(above) == [("priority_class", "above_quota_class")]
+    unknown = ask(world, api, priority_class="urgent")
+    assert unknown.status_code == 400 and errors_of(unknown) == [("priority_class", "does_not_exist")]
+    in_use = api(world.staff).delete("/api/v1/priority-classes/high/")
+    assert in_use.status_code == 409 and PriorityClass.objects.filter(name="high").exists()
+
+
+def test_the_timeline_counts_what_the_queue_was_promised_as_taken(world, api):
+    from urllib.parse import urlencode
+
+    fill(world, api, gpus=8, hours=2)
+    waiting = ask(world, api, gpus=4, duration="2h").json()
+    start_by = timezone.datetime.fromisoformat(waiting["queue"]["start_by"])
+
+    def slot(gpus):
+        query = urlencode({"start": start_by.isoformat(), "end": (start_by + timedelta(hours=1)).isoformat(),
+                           "slot": 3600, "gpus": gpus})
+        answer = api(world.member).get(f"/api/v1/pools/a100/availability/?{query}")
+        assert answer.status_code == 200, answer.content
+        return answer.json()[0]
+
+    assert slot(4)["free"] == 4 and slot(4)["fits"]  # 8 free from then, 4 of them promised
+    assert not slot(5)["fits"]

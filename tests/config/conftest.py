@@ -6,7 +6,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from allocations.models import ApplyJob, Quota, Reservation
+from allocations.models import ApplyJob, PriorityClass, Quota, Reservation
 from inventory import services as inventory_services
 from inventory.models import HostToken, Node
 from monitoring.models import Alert, AlertRule, Silence
@@ -37,7 +37,9 @@ def fleet(world, api) -> dict[str, object]:
                                  pool=world.pool, value=90.0, active_since=timezone.now())
     silence = Silence.objects.create(rule=rule, created_by=None, starts_at=timezone.now(),
                                      ends_at=timezone.now() + timedelta(hours=1))
+    priority = PriorityClass.objects.create(name="normal", value=50)
     return {
+        "priority-classes": priority.name,
         "alert-rules": rule.pk, "alerts": alert.pk, "apply-jobs": job.pk, "clusters": node.cluster_id,
         "gpus": node.gpus.first().pk, "gpu-models": node.gpus.first().model_name, "host-tokens": host_token.pk, "nodes": node.pk, "pools": world.pool.slug,
         "quotas": Quota.objects.filter(team=world.team).first().pk, "reservations": reservation.pk,
