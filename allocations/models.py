@@ -45,6 +45,9 @@ class Quota(models.Model):
     ge_hours_per_month = models.DecimalField(
         max_digits=10, decimal_places=1, null=True, blank=True, validators=[MinValueValidator(0)],
         help_text="GE-hours the team may book per calendar month (UTC); empty = no limit")
+    max_borrow_ge = models.DecimalField(
+        max_digits=8, decimal_places=2, null=True, blank=True, validators=[MinValueValidator(0)],
+        help_text="Most GE the team may borrow beyond max_ge in a pool that lends idle GPUs; empty: no cap")
     priority_class = models.ForeignKey(PriorityClass, on_delete=models.PROTECT, null=True, blank=True,
                                        related_name="quotas",
                                        help_text="The highest priority its requests may ask; empty: priority 0")
@@ -91,6 +94,12 @@ class Reservation(models.Model):
     gpu_cores_pct = models.PositiveSmallIntegerField(null=True, blank=True)
     ge = models.FloatField(default=0, db_default=0, help_text="GPU-equivalents its grants were charged (weights applied)")
     priority = models.IntegerField(default=0, db_default=0, help_text="Its priority class's value when it was asked")
+    borrowed_ge = models.FloatField(default=0, db_default=0,
+                                    help_text="GE it holds beyond its team's quota (borrowed: may be reclaimed)")
+    requeue = models.BooleanField(default=False, db_default=False,
+                                  help_text="If reclaimed, wait in the queue again for the rest of its time")
+    preempt_at = models.DateTimeField(null=True, blank=True, help_text="Reclaimed: its GPUs are taken back then")
+    preempt_reason = models.TextField(blank=True, default="", db_default="")
     priority_class = models.CharField(max_length=32, blank=True, default="", db_default="")
     starts_at = models.DateTimeField()
     ends_at = models.DateTimeField()

@@ -143,10 +143,12 @@ def _try(gpus, grants, shape, start, end, policy) -> tuple[list[booking.NewGrant
 
 def earliest_fit(*, gpus: Sequence[booking.PoolGpu], grants: Sequence[booking.Grant], shape: booking.Shape,
                  duration: timedelta, earliest: datetime, latest: datetime, policy: str,
-                 team: TeamHolding | None = None) -> tuple[datetime | None, list[booking.NewGrant], str]:
+                 team: TeamHolding | None = None, borrow_at: datetime | None = None
+                 ) -> tuple[datetime | None, list[booking.NewGrant], str]:
     """The first start in [earliest, latest] where `shape` fits for `duration` among `grants` (and the
-    team stays within its quota), the grants it gets there, and why it did not fit at `earliest`
-    ('' when it did). Room only grows where a grant ends, so those are the only starts to try."""
+    team stays within its quota, or borrows within its limit when it starts at `borrow_at`: now), the
+    grants it gets there, and why it did not fit at `earliest` ('' when it did). Room only grows where
+    a grant ends, so those are the only starts to try."""
     candidates = {earliest}
     candidates.update(g.ends_at for g in grants if earliest < g.ends_at <= latest)
     if team is not None:
@@ -159,7 +161,7 @@ def earliest_fit(*, gpus: Sequence[booking.PoolGpu], grants: Sequence[booking.Gr
         if chosen is not None and team is not None:
             error = quotas.held_error(team.quota, ge=sum(g.ge for g in chosen), asked=shape.in_words(),
                                       field="", start=start, end=end, in_pool=team.in_pool,
-                                      everywhere=team.everywhere)
+                                      everywhere=team.everywhere, may_borrow=start == borrow_at)
             if error is not None:
                 chosen, reason = None, "over_quota"
         if chosen is not None:
@@ -207,6 +209,28 @@ def plan(*, gpus: Sequence[booking.PoolGpu], grants: Sequence[booking.Grant], wa
                 team.everywhere.append((start, end, ge))
             latest_planned = max(latest_planned, start)
         planned.append(Planned(waiting=item, start=start, grants=tuple(chosen), reason=reason))
+    return _borrow_idle(planned, taken, gpus=gpus, now=now, policy=policy, teams=teams, hold_for=hold_for)
+
+
+def _borrow_idle(planned: list[Planned], taken: list[booking.Grant], *, gpus, now: datetime, policy: str,
+                 teams: dict[int, TeamHolding], hold_for) -> list[Planned]:
+    """Where the pool lends idle GPUs, a request held back only by its team's quota starts now on what
+    nobody's plan holds (borrowing within its team's limit): after everyone is planned without
+    borrowing, so borrowing never takes room a request within its quota was planned on."""
+    for index, entry in enumerate(planned):
+        item, team = entry.waiting, teams.get(entry.waiting.team_id)
+        if (team is None or team.quota.borrow <= 0 or entry.starts_now(now) or entry.reason != "over_quota"
+                or (item.not_before and item.not_before > now)):
+            continue
+        others = [g for g in taken if g.reservation_id != item.reservation_id]
+        start, chosen, _ = earliest_fit(gpus=gpus, grants=others, shape=item.shape, duration=item.duration,
+                                        earliest=now, latest=now, policy=policy, team=team, borrow_at=now)
+        if start is None:
+            continue
+        end = now + (hold_for(item) if hold_for else item.duration)
+        taken[:] = [*others, *_as_grants(item.reservation_id, chosen, now, end)]
+        team.in_pool.append((now, end, sum(g.ge for g in chosen)))
+        planned[index] = Planned(waiting=item, start=now, grants=tuple(chosen), reason="")
     return planned
 
 
@@ -322,10 +346,22 @@ def read(pool_id: int, now: datetime, *, lock: bool = True) -> PoolQueue:
                        priority=r.queue_entry.priority) for r in pending]
     snapshot = booking.pool_snapshot(pool_id, now, horizon) if waiting else booking.PoolSnapshot(
         start=now, end=horizon, gpus=(), grants=())
+    snapshot = _cut_at_notice(snapshot, pool_id)
     teams = _team_holdings(pool, {r.team for r in pending}, now, horizon)
     waiting = _ordered(waiting, pool, now, teams)
     return PoolQueue(pool=pool, now=now, horizon=horizon, snapshot=snapshot, waiting=waiting, entries=entries,
                      teams=teams)
+
+
+def _cut_at_notice(snapshot: booking.PoolSnapshot, pool_id: int) -> booking.PoolSnapshot:
+    """The snapshot with the grants of reservations under a reclaim notice ending when the notice does."""
+    notice = dict(Reservation.objects.filter(pool_id=pool_id, preempt_at__isnull=False,
+                                             state__in=Reservation.LIVE_STATES).values_list("pk", "preempt_at"))
+    if not notice:
+        return snapshot
+    return dataclasses.replace(snapshot, grants=tuple(
+        dataclasses.replace(g, ends_at=min(g.ends_at, max(g.starts_at, notice[g.reservation_id])))
+        if g.reservation_id in notice else g for g in snapshot.grants))
 
 
 def _team_holdings(pool: GpuPool, teams, now: datetime, horizon: datetime) -> dict[int, TeamHolding]:
@@ -339,7 +375,8 @@ def _team_holdings(pool: GpuPool, teams, now: datetime, horizon: datetime) -> di
             continue  # its quota was removed while it waited: the pass fails it
         limits = quotas.QuotaLimits.of(team_id=team.pk, team_slug=team.slug, pool_id=pool.pk, pool_slug=pool.slug,
                                        max_ge=quota.max_ge, ge_hours_per_month=quota.ge_hours_per_month,
-                                       team_max_ge=team.max_ge)
+                                       team_max_ge=team.max_ge, borrowing=pool.borrowing,
+                                       max_borrow_ge=quota.max_borrow_ge)
         held[team.pk] = TeamHolding(
             quota=limits, in_pool=selectors.team_windows(team.pk, pool.pk, now, horizon),
             everywhere=(selectors.team_windows(team.pk, None, now, horizon) if team.max_ge is not None else []))
@@ -462,6 +499,10 @@ def queue_pass(*, pool_id: int, now: datetime | None = None, quiet: Sequence[int
             if team.quota.team_max_ge is not None:
                 team.everywhere = selectors.team_windows(team_id, None, now, state.horizon)
         promised = state.promise()
+    if _reclaim(state, promised, now=now):
+        state.snapshot = _cut_at_notice(state.snapshot, state.pool.pk)
+        promised = state.promise()
+        counts["reclaiming"] = 1
     likely = {p.waiting.reservation_id: p.start for p in state.estimate()}
     for position, planned in enumerate(promised, start=1):
         reservation = locked[planned.waiting.reservation_id]
@@ -480,7 +521,9 @@ def _start(reservation: Reservation, planned: Planned, state: PoolQueue, *, now:
     """Book a waiting request from now for its duration on the plan's grants; '' or why it cannot."""
     end = now + planned.waiting.duration
     ge = sum(g.ge for g in planned.grants)
-    quota = state.teams[reservation.team_id].quota
+    team = state.teams[reservation.team_id]
+    quota = team.quota
+    borrowed = quotas.beyond(quota, ge=ge, start=now, end=end, in_pool=team.in_pool)
     try:
         quotas.check_month_budget(quota, ge=ge, asked=planned.waiting.shape.in_words(), start=now, end=end)
     except Conflict as refused:
@@ -489,8 +532,9 @@ def _start(reservation: Reservation, planned: Planned, state: PoolQueue, *, now:
     gpus = len({g.gpu_id for g in planned.grants})
     memory = planned.grants[0].memory_mib if reservation.mode == SharingMode.VGPU else reservation.gpu_memory_mib
     sql.execute("UPDATE allocations_reservation SET starts_at = %s, ends_at = %s, gpus = %s, ge = %s, "
-                "gpu_memory_mib = %s WHERE id = %s",
-                [sql.db_datetime(now), sql.db_datetime(end), gpus, ge, memory, reservation.pk])
+                "gpu_memory_mib = %s, borrowed_ge = %s WHERE id = %s",
+                [sql.db_datetime(now), sql.db_datetime(end), gpus, ge, memory, borrowed, reservation.pk])
+    team.in_pool.append((now, end, ge))
     reservation.starts_at, reservation.ends_at, reservation.gpus, reservation.ge = now, end, gpus, ge
     waited = now - state.entries[reservation.pk].queued_at
     move(reservation, State.SCHEDULED, now=now,
@@ -547,6 +591,80 @@ def span(delta: timedelta) -> str:
     if minutes < 48 * 60:
         return f"{minutes // 60} h {minutes % 60:02d} min" if minutes % 60 else f"{minutes // 60} h"
     return f"{minutes // 1440} d {(minutes % 1440) // 60} h"
+
+
+# --- taking borrowed GPUs back -------------------------------------------------------------------
+
+def _reclaim(state: PoolQueue, promised: list[Planned], *, now: datetime) -> bool:
+    """Give notice to borrowers whose GPUs the first waiting request within its quota needs, if reclaiming
+    them lets it start when the notice ends (sooner than its plan). The victims are borrowed bookings of
+    other teams that ran at least PREEMPTION_MIN_RUNTIME, the fewest and youngest that free the room.
+    Returns whether it gave notice."""
+    at = now + settings.PREEMPTION_NOTICE
+    lenders = [r for r in Reservation.objects.filter(
+        pool_id=state.pool.pk, state__in=Reservation.LIVE_STATES, borrowed_ge__gt=0, preempt_at__isnull=True,
+        starts_at__lte=now - settings.PREEMPTION_MIN_RUNTIME, ends_at__gt=at).select_related("team").order_by(
+        "-starts_at", "-pk")]
+    if not lenders:
+        return False
+    ahead: list[booking.Grant] = []
+    for planned in promised:
+        item = planned.waiting
+        team = state.teams.get(item.team_id)
+        if planned.start is not None and planned.start <= at or team is None:
+            if planned.start is not None:
+                ahead.extend(_as_grants(item.reservation_id, planned.grants, planned.start,
+                                        planned.start + item.duration))
+            continue
+        victims = _victims(state, item, team, [r for r in lenders if r.team_id != item.team_id], ahead, at)
+        if victims:
+            _give_notice(victims, item, state, at=at, now=now)
+            return True
+        if planned.start is not None:
+            ahead.extend(_as_grants(item.reservation_id, planned.grants, planned.start, planned.start + item.duration))
+    return False
+
+
+def _victims(state: PoolQueue, item: Waiting, team: TeamHolding, lenders: list[Reservation],
+             ahead: list[booking.Grant], at: datetime) -> list[Reservation]:
+    """The fewest, youngest of `lenders` whose grants, taken back at `at`, let `item` start then within its
+    quota (no borrowing for it), or [] when none do."""
+    end = at + item.duration
+
+    def fits(without: set[int]) -> bool:
+        grants = [g for g in (*state.snapshot.grants, *ahead) if g.reservation_id not in without]
+        chosen, _ = _try(state.snapshot.gpus, grants, item.shape, at, end, state.pool.placement_policy)
+        return chosen is not None and quotas.held_error(
+            team.quota, ge=sum(g.ge for g in chosen), asked="", field="", start=at, end=end,
+            in_pool=team.in_pool, everywhere=team.everywhere) is None
+
+    taken: list[Reservation] = []
+    for lender in lenders:  # youngest first
+        taken.append(lender)
+        if fits({r.pk for r in taken}):
+            break
+    else:
+        return []
+    # The fewest: drop any the room does not need after all, oldest first.
+    for lender in reversed(list(taken)):
+        rest = [r for r in taken if r.pk != lender.pk]
+        if rest and fits({r.pk for r in rest}):
+            taken = rest
+    return taken
+
+
+def _give_notice(victims: list[Reservation], item: Waiting, state: PoolQueue, *, at: datetime,
+                 now: datetime) -> None:
+    waiting_team = next((t.quota.team_slug for tid, t in state.teams.items() if tid == item.team_id), "another team")
+    for victim in victims:
+        why = (f"Its {victim.borrowed_ge:.2f} GE borrowed beyond team {victim.team.slug}'s quota in pool "
+               f"{state.pool.slug} are needed by team {waiting_team}, which asks within its quota. They are taken "
+               f"back at {at:%Y-%m-%d %H:%M} UTC" + (" and it waits in the queue again for the rest of its time."
+                                                     if victim.requeue else "."))
+        Reservation.objects.filter(pk=victim.pk).update(preempt_at=at, preempt_reason=why)
+        record(victim, from_state=victim.state, to_state=victim.state, actor=None, reason=f"Reclaim notice: {why}",
+               at=now)
+        notices.notify_owners(victim, f"Reservation #{victim.pk}: borrowed GPUs taken back at {at:%H:%M} UTC", why)
 
 
 # --- what creates and extensions must leave alone ---------------------------------------------------

@@ -3,6 +3,7 @@ team-wide cap), and its GE-hours per calendar month in the pool. Create, extend 
 pass all check through `check`."""
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -22,13 +23,19 @@ class QuotaLimits:
     max_ge: float
     ge_hours_per_month: float | None
     team_max_ge: float | None = None
+    # GE the team may hold beyond max_ge in a booking that starts now on idle GPUs (borrowed); 0 where the
+    # pool does not lend, infinite where it lends without a cap for the team.
+    borrow: float = 0.0
 
     @classmethod
-    def of(cls, *, max_ge, ge_hours_per_month, team_max_ge, **names) -> QuotaLimits:
-        """From the database's decimals (the checks add floats to them), with the ids and slugs in `names`."""
+    def of(cls, *, max_ge, ge_hours_per_month, team_max_ge, borrowing: bool = False, max_borrow_ge=None,
+           **names) -> QuotaLimits:
+        """From the database's decimals (the checks add floats to them), with the ids and slugs in `names`.
+        `borrowing`: the pool lends idle GPUs; `max_borrow_ge` the team's cap on what it borrows there."""
+        borrow = 0.0 if not borrowing else (math.inf if max_borrow_ge is None else float(max_borrow_ge))
         return cls(**names, max_ge=float(max_ge),
                    ge_hours_per_month=None if ge_hours_per_month is None else float(ge_hours_per_month),
-                   team_max_ge=None if team_max_ge is None else float(team_max_ge))
+                   team_max_ge=None if team_max_ge is None else float(team_max_ge), borrow=borrow)
 
 
 def _ge(value: float) -> str:
@@ -38,16 +45,24 @@ def _ge(value: float) -> str:
 Window = tuple[datetime, datetime, float]
 
 
+def beyond(quota: QuotaLimits, *, ge: float, start: datetime, end: datetime, in_pool: Sequence[Window]) -> float:
+    """GE the team would hold beyond its quota in the pool at the peak of [start, end) with `ge` more (0: none)."""
+    return max(0.0, units.peak(in_pool, start, end).amount + ge - quota.max_ge)
+
+
 def held_error(quota: QuotaLimits, *, ge: float, asked: str, field: str, start: datetime, end: datetime,
-               in_pool: Sequence[Window], everywhere: Sequence[Window] = ()) -> Conflict | None:
+               in_pool: Sequence[Window], everywhere: Sequence[Window] = (),
+               may_borrow: bool = False) -> Conflict | None:
     """The refusal when the team would hold more GE than its quota in the pool at some instant of
     [start, end), or more than its team-wide cap across pools; None when it may. `in_pool` and
     `everywhere` are what it holds (selectors.team_windows: (start, end, GE) each), `ge` what the new
     grants are charged, `asked` the request in its own unit, for the message; `field` the request
-    field a refusal names. Pure, so the queue's plan asks it of windows it has not written yet."""
+    field a refusal names; `may_borrow`: a booking that starts now may go up to quota.borrow beyond the
+    quota. Pure, so the queue's plan asks it of windows it has not written yet."""
     team, pool = quota.team_slug, quota.pool_slug
     peak, peak_at = units.peak(in_pool, start, end)
-    if peak + ge > quota.max_ge + 1e-9:
+    over = peak + ge - quota.max_ge
+    if over > 1e-9 and not (may_borrow and over <= quota.borrow + 1e-9):
         when = f" at {peak_at:%Y-%m-%d %H:%M} UTC" if peak else ""
         return Conflict(
             f"Over quota: team {team} would hold {_ge(peak + ge)} GE in pool {pool}{when} (quota {_ge(quota.max_ge)}, "
@@ -67,17 +82,18 @@ def held_error(quota: QuotaLimits, *, ge: float, asked: str, field: str, start: 
 
 
 def check(quota: QuotaLimits, *, ge: float, asked: str, field: str, start: datetime, end: datetime,
-          exclude_reservation: int | None = None) -> None:
+          exclude_reservation: int | None = None, may_borrow: bool = False) -> float:
     """Refuse (Conflict) what held_error refuses, reading what the team holds, and more GE-hours in a
-    calendar month than the pool's monthly budget."""
+    calendar month than the pool's monthly budget. Returns the GE it borrows beyond the quota (0: none)."""
     in_pool = selectors.team_windows(quota.team_id, quota.pool_id, start, end, exclude_reservation)
     everywhere = (selectors.team_windows(quota.team_id, None, start, end, exclude_reservation)
                   if quota.team_max_ge is not None else ())
     error = held_error(quota, ge=ge, asked=asked, field=field, start=start, end=end, in_pool=in_pool,
-                       everywhere=everywhere)
+                       everywhere=everywhere, may_borrow=may_borrow)
     if error is not None:
         raise error
     check_month_budget(quota, ge=ge, asked=asked, start=start, end=end)
+    return beyond(quota, ge=ge, start=start, end=end, in_pool=in_pool)
 
 
 def check_month_budget(quota: QuotaLimits, *, ge: float, asked: str, start: datetime, end: datetime) -> None:

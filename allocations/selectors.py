@@ -59,7 +59,9 @@ class ReservationRow(NamedTuple):
     gpu_memory_mib: int | None
     gpu_cores_pct: int | None
     ge: float
+    borrowed_ge: float
     priority_class: str
+    preempt_at: datetime | None
     starts_at: datetime
     ends_at: datetime
     state: str
@@ -83,7 +85,8 @@ _RESERVATION_COLUMNS = {
     "shares": ("shares", "r.shares"), "mig_profile": ("mig_profile", "r.mig_profile"),
     "mig_count": ("mig_count", "r.mig_count"), "gpu_memory_mib": ("gpu_memory_mib", "r.gpu_memory_mib"),
     "gpu_cores_pct": ("gpu_cores_pct", "r.gpu_cores_pct"), "ge": ("ge", "r.ge"),
-    "priority_class": ("priority_class", "r.priority_class"), "starts_at": ("starts_at", "r.starts_at"),
+    "borrowed_ge": ("borrowed_ge", "r.borrowed_ge"), "priority_class": ("priority_class", "r.priority_class"),
+    "preempt_at": ("preempt_at", "r.preempt_at"), "starts_at": ("starts_at", "r.starts_at"),
     "ends_at": ("ends_at", "r.ends_at"), "state": ("state", "r.state"), "reason": ("reason", "r.reason"),
     "ended_at": ("ended_at", "r.ended_at"), "created_at": ("created_at", "r.created_at"),
     "updated_at": ("updated_at", "r.updated_at"), "team_id": ("team_id", "r.team_id"),
@@ -104,10 +107,11 @@ def reservation_from_row(row: ReservationRow | Sequence) -> Reservation:
     reservation = Reservation.from_db(
         DEFAULT_DB_ALIAS,
         ["id", "team_id", "pool_id", "requested_by_id", "mode", "gpus", "shares", "mig_profile", "mig_count",
-         "gpu_memory_mib", "gpu_cores_pct", "ge", "priority_class", "starts_at", "ends_at", "state", "reason",
-         "ended_at", "created_at", "updated_at"],
+         "gpu_memory_mib", "gpu_cores_pct", "ge", "borrowed_ge", "preempt_at", "priority_class", "starts_at",
+         "ends_at", "state", "reason", "ended_at", "created_at", "updated_at"],
         [r.id, r.team_id, r.pool_id, r.requested_by_id, r.mode, r.gpus, r.shares, r.mig_profile, r.mig_count,
-         r.gpu_memory_mib, r.gpu_cores_pct, r.ge, r.priority_class, sql.aware(r.starts_at), sql.aware(r.ends_at),
+         r.gpu_memory_mib, r.gpu_cores_pct, r.ge, r.borrowed_ge, sql.aware(r.preempt_at), r.priority_class,
+         sql.aware(r.starts_at), sql.aware(r.ends_at),
          r.state, r.reason, sql.aware(r.ended_at), sql.aware(r.created_at), sql.aware(r.updated_at)],
     )
     reservation.team = Team.from_db(DEFAULT_DB_ALIAS, ["id", "slug"], [r.team_id, r.team_slug])

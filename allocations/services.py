@@ -80,6 +80,7 @@ class ReservationRequest(Amounts):
     not_after: datetime | None = None
     queue: bool | None = None  # None: wait if the pool queues; False: now or never; True: wait (or 400)
     priority_class: str | None = None  # None: the quota's class; else one at most as high
+    requeue: bool = False  # if its borrowed GPUs are reclaimed, wait in the queue again for the rest
 
 
 EARLIEST = "earliest"
@@ -154,9 +155,9 @@ def _lock_pool_for(request: ReservationRequest, actor: AbstractBaseUser) -> _Ask
     """Lock the pool's row and read, in the same statement, the team, the actor's role in it and the
     team's quota in the pool. Everything placement decides on is read after this lock."""
     row = sql.fetch_one(
-        "SELECT p.id, p.sharing_mode, p.sharing_config, p.placement_policy, p.queueing, p.backfill, "
+        "SELECT p.id, p.sharing_mode, p.sharing_config, p.placement_policy, p.queueing, p.backfill, p.borrowing, "
         "p.queue_ordering, t.id, m.role, q.max_ge, "
-        "q.ge_hours_per_month, q.id IS NOT NULL, t.max_ge, pc.name, pc.value "
+        "q.ge_hours_per_month, q.id IS NOT NULL, t.max_ge, pc.name, pc.value, q.max_borrow_ge "
         "FROM inventory_gpupool p JOIN teams_team t ON t.slug = %s "
         "LEFT JOIN teams_membership m ON m.team_id = t.id AND m.user_id = %s "
         "LEFT JOIN allocations_quota q ON q.team_id = t.id AND q.pool_id = p.id "
@@ -173,32 +174,34 @@ def _lock_pool_for(request: ReservationRequest, actor: AbstractBaseUser) -> _Ask
                    for name, slug, found in (("pool", request.pool, pool_id), ("team", request.team, team_id))
                    if found is None]
         raise ValidationFailed(missing[0].message, errors=missing)
-    (pool_id, sharing_mode, config, policy, queueing, backfill, ordering, team_id, role, max_ge, ge_hours, has_quota,
-     team_max_ge, class_name, class_value) = row
+    (pool_id, sharing_mode, config, policy, queueing, backfill, borrowing, ordering, team_id, role, max_ge, ge_hours,
+     has_quota, team_max_ge, class_name, class_value, max_borrow_ge) = row
     # Partial instances: the columns read here are set, any other loads when first used.
     # from_db takes the values in the model's field order, whatever the order of the names.
     pool = GpuPool.from_db(DEFAULT_DB_ALIAS, ["id", "slug", "sharing_mode", "sharing_config", "placement_policy",
-                                              "queueing", "queue_ordering", "backfill"],
+                                              "queueing", "queue_ordering", "backfill", "borrowing"],
                            [pool_id, request.pool, sharing_mode, sql.json_value(config) or {}, policy,
-                            bool(queueing), ordering, bool(backfill)])
+                            bool(queueing), ordering, bool(backfill), bool(borrowing)])
     team = Team.from_db(DEFAULT_DB_ALIAS, ["id", "slug"], [team_id, request.team])
     quota = quotas.QuotaLimits.of(
         team_id=team_id, team_slug=request.team, pool_id=pool_id, pool_slug=request.pool, max_ge=max_ge,
-        ge_hours_per_month=ge_hours, team_max_ge=team_max_ge) if has_quota else None
+        ge_hours_per_month=ge_hours, team_max_ge=team_max_ge, borrowing=bool(borrowing),
+        max_borrow_ge=max_borrow_ge) if has_quota else None
     return _Asked(pool=pool, team=team, role=role, quota=quota, priority_class=class_name or "",
                   priority=class_value or 0)
 
 
 def _insert_row(*, asked: _Asked, actor: AbstractBaseUser, row: dict, starts_at: datetime, ends_at: datetime,
-                state: str, now: datetime) -> int:
+                state: str, now: datetime, requeue: bool = False) -> int:
     """INSERT the reservation's row (amount columns in `row`, as ReservationRow names them); its id."""
     (reservation_id,) = sql.fetch_one(
         "INSERT INTO allocations_reservation (team_id, pool_id, requested_by_id, mode, gpus, shares, mig_profile, "
-        "mig_count, gpu_memory_mib, gpu_cores_pct, ge, priority, priority_class, starts_at, ends_at, state, reason, "
-        "ended_at, created_at, updated_at) "
-        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, '', NULL, %s, %s) RETURNING id",
+        "mig_count, gpu_memory_mib, gpu_cores_pct, ge, borrowed_ge, requeue, priority, priority_class, starts_at, "
+        "ends_at, state, reason, ended_at, created_at, updated_at) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, '', NULL, %s, %s) RETURNING id",
         [asked.team.pk, asked.pool.pk, actor.pk, row["mode"], row["gpus"], row["shares"], row["mig_profile"],
-         row["mig_count"], row["gpu_memory_mib"], row["gpu_cores_pct"], row["ge"], asked.priority,
+         row["mig_count"], row["gpu_memory_mib"], row["gpu_cores_pct"], row["ge"], row.get("borrowed_ge", 0.0),
+         requeue, asked.priority,
          asked.priority_class, sql.db_datetime(starts_at), sql.db_datetime(ends_at), state, sql.db_datetime(now),
          sql.db_datetime(now)])
     return reservation_id
@@ -206,7 +209,7 @@ def _insert_row(*, asked: _Asked, actor: AbstractBaseUser, row: dict, starts_at:
 
 def _insert_reservation(*, asked: _Asked, actor: AbstractBaseUser, shape: booking.Shape,
                         grants: list[booking.NewGrant], starts_at: datetime, ends_at: datetime,
-                        now: datetime) -> Reservation:
+                        now: datetime, borrowed_ge: float = 0.0, requeue: bool = False) -> Reservation:
     """Write the reservation, its grants and its first event; return it as saved."""
     spans = len({grant.gpu_id for grant in grants})
     ge = sum(grant.ge for grant in grants)
@@ -215,19 +218,20 @@ def _insert_reservation(*, asked: _Asked, actor: AbstractBaseUser, shape: bookin
         mode=shape.mode, gpus=spans, shares=shape.shares or None, mig_profile=shape.mig_profile,
         mig_count=shape.mig_count or None,
         gpu_memory_mib=(grants[0].memory_mib if vgpu else None), gpu_cores_pct=(shape.cores_pct if vgpu else None),
-        ge=ge)
+        ge=ge, borrowed_ge=borrowed_ge)
     reservation_id = _insert_row(asked=asked, actor=actor, row=row, starts_at=starts_at, ends_at=ends_at,
-                                 state=State.SCHEDULED, now=now)
+                                 state=State.SCHEDULED, now=now, requeue=requeue)
     booking.grants_write(reservation_id=reservation_id, grants=grants, start=starts_at, end=ends_at)
     reservation = selectors.reservation_from_row(selectors.ReservationRow(
-        id=reservation_id, **row, priority_class=asked.priority_class, starts_at=starts_at, ends_at=ends_at,
-        state=State.SCHEDULED, reason="",
+        id=reservation_id, **row, priority_class=asked.priority_class, preempt_at=None, starts_at=starts_at,
+        ends_at=ends_at, state=State.SCHEDULED, reason="",
         ended_at=None, created_at=now, updated_at=now, team_id=asked.team.pk, team_slug=asked.team.slug,
         pool_id=asked.pool.pk, pool_slug=asked.pool.slug, requested_by_id=actor.pk,
         requested_by_username=actor.get_username()))
     reservation.team, reservation.pool, reservation.requested_by = asked.team, asked.pool, actor
+    borrowed = f", {borrowed_ge:.2f} GE of it borrowed beyond the quota" if borrowed_ge else ""
     _record(reservation, from_state="", to_state=State.SCHEDULED, actor=actor,
-            reason=f"{shape.in_words()} placed ({ge:.2f} GE)", at=now)
+            reason=f"{shape.in_words()} placed ({ge:.2f} GE{borrowed})", at=now)
     return reservation
 
 
@@ -337,10 +341,11 @@ def _book(asked: _Asked, actor: AbstractBaseUser, request: ReservationRequest, s
                            f"waiting in the queue of pool {pool.slug}.", field=field,
                            rule="promised_to_queue") from None
         raise Conflict(refused.message, field=field, rule=refused.code) from None
-    quotas.check(asked.quota, ge=sum(grant.ge for grant in grants), asked=shape.in_words(), field=field,
-                 start=starts_at, end=ends_at)
-    reservation = _insert_reservation(asked=asked, actor=actor, shape=shape, grants=grants,
-                                      starts_at=starts_at, ends_at=ends_at, now=now)
+    borrowed = quotas.check(asked.quota, ge=sum(grant.ge for grant in grants), asked=shape.in_words(), field=field,
+                            start=starts_at, end=ends_at, may_borrow=starts_at <= now)
+    reservation = _insert_reservation(asked=asked, actor=actor, shape=shape, grants=grants, starts_at=starts_at,
+                                      ends_at=ends_at, now=now, borrowed_ge=borrowed,
+                                      requeue=bool(request.requeue))
     if starts_at <= now:
         enqueue_after_commit("allocations.tasks.activate_reservation", reservation.pk)
     return _Booked(reservation, snapshot, grants, shape)
@@ -430,7 +435,7 @@ def _enqueue(asked: _Asked, actor: AbstractBaseUser, request: ReservationRequest
                gpu_memory_mib=(shape.memory_mib or None) if vgpu else None,
                gpu_cores_pct=shape.cores_pct if vgpu else None, ge=0)
     reservation_id = _insert_row(asked=asked, actor=actor, row=row, starts_at=timing.starts_at,
-                                 ends_at=timing.ends_at, state=State.PENDING, now=now)
+                                 ends_at=timing.ends_at, state=State.PENDING, now=now, requeue=bool(request.requeue))
     QueueEntry.objects.create(reservation_id=reservation_id, shape=queue.shape_data(shape), duration=timing.duration,
                               not_before=timing.not_before, not_after=timing.not_after, queued_at=now,
                               priority=asked.priority)
@@ -633,6 +638,45 @@ def reservation_expire(*, reservation_id: int, now: datetime | None = None) -> b
 
 
 @transaction.atomic
+def reservation_preempt(*, reservation_id: int, now: datetime | None = None) -> bool:
+    """A borrower's notice has run out: its GPUs go back through the normal undo path (the GE-hours it
+    booked beyond now are no longer counted against its budget, as for any early release), and one that
+    asked `requeue` waits in the queue again, at its old place, for the rest of its time. Returns whether
+    it acted."""
+    now = now or timezone.now()
+    reservation = (Reservation.objects.select_for_update(of=("self",)).select_related("team", "pool", "requested_by")
+                   .filter(pk=reservation_id, state__in=Reservation.LIVE_STATES, preempt_at__lte=now).first())
+    if reservation is None:
+        return False
+    remaining = reservation.ends_at - now
+    sql.execute("UPDATE allocations_allocation SET ends_at = %s WHERE reservation_id = %s AND ends_at > %s",
+                [sql.db_datetime(now), reservation.pk, sql.db_datetime(now)])
+    _undo(reservation, final_state=State.RELEASED, now=now,
+          reason=f"Borrowed GPUs taken back after the notice: {reservation.preempt_reason}")
+    if reservation.requeue and remaining > timedelta(0):
+        _requeue(reservation, remaining, now=now)
+    queue.kick(reservation.pool_id)
+    return True
+
+
+def _requeue(old: Reservation, remaining: timedelta, *, now: datetime) -> Reservation:
+    """A reclaimed reservation's rest as a new waiting request, at the place in the queue the old one had."""
+    shape = booking.shape_of(old, old.pool)
+    entry = QueueEntry.objects.filter(pk=old.pk).first()
+    again = Reservation.objects.create(
+        team=old.team, pool=old.pool, requested_by=old.requested_by, mode=old.mode, gpus=old.gpus, shares=old.shares,
+        mig_profile=old.mig_profile, mig_count=old.mig_count, gpu_memory_mib=old.gpu_memory_mib,
+        gpu_cores_pct=old.gpu_cores_pct, ge=0, priority=old.priority, priority_class=old.priority_class,
+        requeue=True, starts_at=now, ends_at=now + remaining, state=State.PENDING)
+    QueueEntry.objects.create(reservation=again, shape=queue.shape_data(shape), duration=remaining,
+                              queued_at=entry.queued_at if entry else old.created_at, priority=old.priority)
+    _record(again, from_state="", to_state=State.PENDING, actor=None,
+            reason=f"Requeued for the rest of reservation #{old.pk} ({queue.span(remaining)}), whose borrowed GPUs "
+                   "were taken back.", at=now)
+    return again
+
+
+@transaction.atomic
 def reservation_warn_expiry(*, reservation_id: int, now: datetime | None = None) -> bool:
     """Mail the holders of a running reservation that its window ends within EXPIRY_WARNING, once.
     Returns whether it mailed."""
@@ -658,6 +702,7 @@ def due_reservation_ids(now: datetime | None = None) -> dict[str, list[int]]:
     now = now or timezone.now()
     live = Reservation.objects.filter(state__in=Reservation.LIVE_STATES)
     return {
+        "preempt": list(live.filter(preempt_at__lte=now).values_list("id", flat=True)[:1000]),
         "warn_expiry": list(
             live.filter(expiry_warned_at__isnull=True, starts_at__lte=now, ends_at__gt=now,
                         ends_at__lte=now + settings.EXPIRY_WARNING,
@@ -676,7 +721,8 @@ def due_reservation_ids(now: datetime | None = None) -> dict[str, list[int]]:
 
 @transaction.atomic
 def quota_set(*, actor: AbstractBaseUser, team: Team, pool: GpuPool, max_ge: int,
-              ge_hours_per_month: int | None, priority_class: PriorityClass | None = None) -> Quota:
+              ge_hours_per_month: int | None, priority_class: PriorityClass | None = None,
+              max_borrow_ge=None) -> Quota:
     """Create or change a team's quota in a pool. It binds the next reservation; held ones stay."""
     if not actor.is_staff:
         raise PermissionDenied("Only staff can change quotas.", field="quota", rule="staff_required")
@@ -688,8 +734,9 @@ def quota_set(*, actor: AbstractBaseUser, team: Team, pool: GpuPool, max_ge: int
         exclude=["team", "pool"], validate_unique=False, validate_constraints=False)
     quota, _ = Quota.objects.select_for_update().get_or_create(
         team=team, pool=pool, defaults={"max_ge": max_ge, "ge_hours_per_month": ge_hours_per_month,
-                                        "priority_class": priority_class}
+                                        "priority_class": priority_class, "max_borrow_ge": max_borrow_ge}
     )
+    quota.max_borrow_ge = max_borrow_ge
     quota.max_ge = max_ge
     quota.ge_hours_per_month = ge_hours_per_month
     quota.priority_class = priority_class

@@ -65,6 +65,7 @@ def sweep_reservations() -> dict[str, int]:
         "expire": services.reservation_expire,
         "undo_again": services.reservation_undo_again,
         "warn_expiry": services.reservation_warn_expiry,
+        "preempt": services.reservation_preempt,
     }
     done = {name: 0 for name in steps}
     for name, ids in services.due_reservation_ids().items():

@@ -272,6 +272,11 @@ RESERVATION_MAX_LEAD = timedelta(days=env.int("RESERVATION_MAX_LEAD_DAYS", defau
 # Holders of a running reservation are mailed this long before its window ends, with a link to extend it.
 EXPIRY_WARNING = timedelta(seconds=env.int("EXPIRY_WARNING_SECONDS", default=1800))
 
+# Reclaiming borrowed GPUs: the notice a borrower gets before they are taken back, and the least a
+# booking runs before it may be reclaimed.
+PREEMPTION_NOTICE = timedelta(seconds=env.int("PREEMPTION_NOTICE_SECONDS", default=600))
+PREEMPTION_MIN_RUNTIME = timedelta(seconds=env.int("PREEMPTION_MIN_RUNTIME_SECONDS", default=600))
+
 # --- the queue (allocations.queue) ---------------------------------------------------------------
 # The longest a request may ask to run when it waits for room (`duration`).
 QUEUE_MAX_DURATION = timedelta(days=env.int("QUEUE_MAX_DURATION_DAYS", default=30))

@@ -95,6 +95,9 @@ class GpuPool(models.Model):
         help_text="In which order waiting requests are tried")
     backfill = models.BooleanField(
         default=True, help_text="A later request may start now if that delays no request ahead of it")
+    borrowing = models.BooleanField(
+        default=False, help_text="A team may start a booking beyond its quota on idle GPUs; what is beyond its "
+                                 "quota is borrowed and may be reclaimed, after a notice, for a request within quota")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

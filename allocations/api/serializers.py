@@ -35,7 +35,7 @@ class PoolSerializer(RefusesUnknownFields, CleanModelSerializer):
     class Meta:
         model = GpuPool
         fields = ["id", "slug", "name", "description", "sharing_mode", "sharing_config", "placement_policy",
-                  "queueing", "queue_ordering", "backfill", "gpus_total", "gpus_healthy", "gpus_allocated", "gpus_free", "created_at"]
+                  "queueing", "queue_ordering", "backfill", "borrowing", "gpus_total", "gpus_healthy", "gpus_allocated", "gpus_free", "created_at"]
 
     def validate(self, attrs: dict) -> dict:
         attrs = super().validate(attrs)  # the config's shape (GpuPool.clean)
@@ -157,6 +157,8 @@ class ReservationCreateInput(RefusesUnknownFields, serializers.Serializer):
                                           help_text="With duration: start no later than this, else it fails")
     priority_class = serializers.SlugField(max_length=32, required=False, help_text=(
         "The priority to run at: the quota's class (the default) or a lower one (400 `above_quota_class`)"))
+    requeue = serializers.BooleanField(required=False, default=False, help_text=(
+        "If GPUs it borrowed beyond its quota are taken back, wait in the queue again for the rest of its time"))
     queue = serializers.BooleanField(required=False, allow_null=True, default=None, help_text=(
         "With duration: false refuses at once (409) rather than wait; true insists on waiting (400 "
         "`queueing_off` where the pool does not queue); left out: wait where the pool queues"))
@@ -271,6 +273,9 @@ class ReservationSerializer(serializers.Serializer):
     gpu_cores_pct = serializers.IntegerField(read_only=True, allow_null=True)
     ge = serializers.FloatField(read_only=True, help_text="GPU-equivalents its grants were charged")
     priority_class = serializers.CharField(read_only=True, help_text="The priority class it runs at ('' : none)")
+    borrowed_ge = serializers.FloatField(read_only=True, help_text=(
+        "GE of it beyond its team's quota, borrowed on idle GPUs: those may be taken back after a notice"))
+    preempt_at = _time(allow_null=True, help_text="Set when its borrowed GPUs are being taken back: when")
     starts_at = _time()
     ends_at = _time()
     state = serializers.ChoiceField(choices=Reservation.State.choices, read_only=True)
@@ -333,10 +338,14 @@ class QuotaSerializer(RefusesUnknownFields, serializers.ModelSerializer):
 
     priority_class = SlugLookupField(slug_field="name", queryset=PriorityClass.objects.all(), required=False,
                                      allow_null=True, help_text="The highest priority class its requests may ask")
+    max_borrow_ge = serializers.DecimalField(
+        max_digits=8, decimal_places=2, min_value=0, allow_null=True, required=False, coerce_to_string=False,
+        help_text="Most GE it may borrow beyond max_ge where the pool lends idle GPUs; null: no cap")
 
     class Meta:
         model = Quota
-        fields = ["id", "team", "pool", "max_ge", "ge_hours_per_month", "priority_class", "updated_at"]
+        fields = ["id", "team", "pool", "max_ge", "ge_hours_per_month", "max_borrow_ge", "priority_class",
+                  "updated_at"]
         read_only_fields = ["updated_at"]
         # Uniqueness of (team, pool) is the service's get-or-create, not a 400 here.
         validators: list = []

@@ -167,13 +167,15 @@ class QuotaViewSet(viewsets.ModelViewSet):
         current = serializer.instance
         merged = {"team": current.team, "pool": current.pool, "max_ge": current.max_ge,
                   "ge_hours_per_month": current.ge_hours_per_month, "priority_class": current.priority_class,
+                  "max_borrow_ge": current.max_borrow_ge,
                   **serializer.validated_data}
         serializer.instance = self._set(merged)
 
     def _set(self, data: dict) -> Quota:
         return services.quota_set(actor=self.request.user, team=data["team"], pool=data["pool"],
                                   max_ge=data["max_ge"], ge_hours_per_month=data.get("ge_hours_per_month"),
-                                  priority_class=data.get("priority_class"))
+                                  priority_class=data.get("priority_class"),
+                                  max_borrow_ge=data.get("max_borrow_ge"))
 
 
 class PriorityClassViewSet(viewsets.ModelViewSet):

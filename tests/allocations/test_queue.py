@@ -319,3 +319,53 @@ def test_the_timeline_counts_what_the_queue_was_promised_as_taken(world, api):
 
     assert slot(4)["free"] == 4 and slot(4)["fits"]  # 8 free from then, 4 of them promised
     assert not slot(5)["fits"]
+
+
+def test_borrowed_gpus_are_taken_back_after_a_notice_for_a_request_within_quota(
+        world, api, settings, mailoutbox, django_capture_on_commit_callbacks):
+    from allocations import services
+    from allocations.tasks import sweep_reservations
+
+    world.pool.borrowing = True
+    world.pool.save()
+    # ml (quota 6) borrows 2 GE beyond its quota on idle GPUs, and asks to be requeued if reclaimed.
+    old = ask(world, api, gpus=6, duration="3h").json()
+    # Borrowing stops at the team's cap.
+    from allocations.models import Quota
+    Quota.objects.filter(team=world.team, pool=world.pool).update(max_borrow_ge=1)
+    capped = ask(world, api, gpus=2, duration="1h", queue=False)
+    assert capped.status_code == 409 and errors_of(capped) == [("gpus", "quota_exceeded")]
+    Quota.objects.filter(team=world.team, pool=world.pool).update(max_borrow_ge=None)
+    borrower = ask(world, api, gpus=2, duration="3h", requeue=True).json()
+    assert borrower["state"] == "scheduled" and borrower["borrowed_ge"] == 2.0 and old["borrowed_ge"] == 0
+    # The borrower ran long enough to be reclaimable.
+    long_ago = timezone.now() - settings.PREEMPTION_MIN_RUNTIME - timedelta(minutes=1)
+    Reservation.objects.filter(pk__in=[old["id"], borrower["id"]]).update(starts_at=long_ago)
+    Allocation.objects.filter(reservation_id__in=[old["id"], borrower["id"]]).update(starts_at=long_ago)
+    # infra asks for 2 within its quota: the pool is full, so the borrowed 2 are reclaimed after the notice.
+    with django_capture_on_commit_callbacks(execute=True):
+        waiting = ask(world, api, gpus=2, who=world.staff, team="infra").json()
+    assert waiting["state"] == "pending"
+    victim = Reservation.objects.get(pk=borrower["id"])
+    assert victim.preempt_at is not None and "team infra" in victim.preempt_reason
+    assert Reservation.objects.get(pk=old["id"]).preempt_at is None  # within quota: never a victim
+    entry = QueueEntry.objects.get(pk=waiting["id"])
+    assert abs(entry.start_by - victim.preempt_at) < timedelta(seconds=1)
+    assert [m.subject for m in mailoutbox] == [
+        f"[GPU Pool] Reservation #{victim.pk}: borrowed GPUs taken back at {victim.preempt_at:%H:%M} UTC"]
+    shown = api(world.member).get(f"{URL}{victim.pk}/").json()
+    assert shown["preempt_at"] and any("Reclaim notice" in e["reason"] for e in shown["events"])
+
+    # Before the notice runs out nothing is taken; after it, the victim goes and the waiter starts.
+    with django_capture_on_commit_callbacks(execute=True):
+        assert sweep_reservations()["preempt"] == 0
+    later = victim.preempt_at + timedelta(seconds=1)
+    assert services.reservation_preempt(reservation_id=victim.pk, now=later)
+    victim.refresh_from_db()
+    assert victim.state in ("released", "releasing") and "taken back" in victim.reason
+    assert not Allocation.objects.filter(reservation=victim, ends_at__gt=later).exists()
+    again = Reservation.objects.get(team=world.team, state="pending")
+    assert QueueEntry.objects.get(pk=again.pk).queued_at <= victim.created_at + timedelta(seconds=1)
+    assert again.ends_at - again.starts_at == victim.ends_at - later
+    queue.queue_pass(pool_id=world.pool.pk, now=later)
+    assert Reservation.objects.get(pk=waiting["id"]).state == "scheduled"

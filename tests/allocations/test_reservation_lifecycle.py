@@ -185,15 +185,16 @@ def test_the_sweep_activates_due_and_expires_ended_reservations(world, api):
     )
     future = reserve(client, hours_from_now=4)
     result = sweep_reservations()
-    assert result == {"activate": 1, "expire": 1, "undo_again": 0, "warn_expiry": 0, "apply_jobs": 0, "failover": 0}
+    assert result == {"activate": 1, "expire": 1, "undo_again": 0, "warn_expiry": 0, "preempt": 0, "apply_jobs": 0,
+                      "failover": 0}
     assert Reservation.objects.get(pk=due["id"]).state == State.APPLYING
     never_applied = Reservation.objects.get(pk=ended["id"])
     assert never_applied.state == State.FAILED and "before it could be applied" in never_applied.reason
     assert Reservation.objects.get(pk=future["id"]).state == State.SCHEDULED
     # The apply job's message is lost: once it is overdue, the sweep runs it itself.
     ApplyJob.objects.update(created_at=timezone.now() - timedelta(minutes=1))
-    assert sweep_reservations() == {"activate": 0, "expire": 0, "undo_again": 0, "warn_expiry": 0, "apply_jobs": 1,
-                                    "failover": 0}
+    assert sweep_reservations() == {"activate": 0, "expire": 0, "undo_again": 0, "warn_expiry": 0, "preempt": 0,
+                                    "apply_jobs": 1, "failover": 0}
     assert Reservation.objects.get(pk=due["id"]).state == State.ACTIVE
 
 

@@ -40,8 +40,9 @@ def inbox(worker_env):
     box = Inbox()
     controller = Controller(box, hostname="127.0.0.1", port=port)
     controller.start()
+    # QUEUE_PASS_SECONDS: the backstop stays out of it, so a release's own kick must start the waiter.
     worker_env.update(EMAIL_URL=f"smtp://127.0.0.1:{port}", EXPIRY_WARNING_SECONDS="1800",
-                      QUEUE_PASS_SECONDS="600")  # the backstop stays out of it: the release's kick must do it
+                      QUEUE_PASS_SECONDS="600", PREEMPTION_NOTICE_SECONDS="3", PREEMPTION_MIN_RUNTIME_SECONDS="0")
     yield box
     controller.stop()
 
@@ -80,3 +81,39 @@ def test_a_waiting_request_starts_seconds_after_a_release_and_the_expiry_warning
     assert inbox.subjects().count(subject) == 1
     assert inbox.subjects().count(f"[GPU Pool] Reservation #{rid} started") == 1
     assert not any(f"#{rid} ends in" in s for s in inbox.subjects())  # a 1 h booking that just started
+
+
+def test_borrowed_gpus_are_reclaimed_after_one_notice_and_the_waiter_starts(world, api, inbox, settings,
+                                                                            worker_env, celery_worker_process):
+    # This process gives the notice (the create runs the pass), the worker takes the GPUs back: both mail
+    # the same SMTP server and count the same notice and minimum runtime.
+    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", int(worker_env["EMAIL_URL"].rsplit(":", 1)[1])
+    settings.EMAIL_USE_TLS = settings.EMAIL_USE_SSL = False
+    settings.EMAIL_HOST_USER = settings.EMAIL_HOST_PASSWORD = ""
+    settings.PREEMPTION_NOTICE, settings.PREEMPTION_MIN_RUNTIME = timedelta(seconds=3), timedelta(0)
+    world.pool.borrowing = True
+    world.pool.save()
+    own = api(world.member).post(URL, {"pool": "a100", "team": "ml", "gpus": 6, "duration": "2h"}, format="json")
+    borrowed = api(world.member).post(URL, {"pool": "a100", "team": "ml", "gpus": 2, "duration": "2h",
+                                            "requeue": True}, format="json").json()
+    assert own.status_code == 201 and borrowed["borrowed_ge"] == 2.0
+    wait_for(lambda: Reservation.objects.get(pk=borrowed["id"]).state == "active", message="the borrower active")
+
+    waiter = api(world.staff).post(URL, {"pool": "a100", "team": "infra", "gpus": 2, "duration": "1h"},
+                                   format="json").json()
+    assert waiter["state"] == "pending"
+    victim = Reservation.objects.get(pk=borrowed["id"])
+    assert victim.preempt_at is not None
+    wait_for(lambda: Reservation.objects.get(pk=waiter["id"]).state == "active", timeout=20,
+             message="the waiter active once the notice ran out")
+    victim.refresh_from_db()
+    assert victim.state == "released" and "taken back" in victim.reason
+    assert victim.ended_at >= victim.preempt_at
+    requeued = Reservation.objects.get(team=world.team, state="pending")
+    assert requeued.events.first().reason.startswith(f"Requeued for the rest of reservation #{victim.pk}")
+    notices = [s for s in inbox.subjects() if "borrowed GPUs taken back" in s]
+    time.sleep(2)
+    assert notices == [f"[GPU Pool] Reservation #{victim.pk}: borrowed GPUs taken back at "
+                       f"{victim.preempt_at:%H:%M} UTC"]
+    assert [s for s in inbox.subjects() if "borrowed GPUs taken back" in s] == notices
