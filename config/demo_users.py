@@ -26,8 +26,9 @@ log = logging.getLogger(__name__)
 
 POOL = "l40s"
 USERS = (("bob", "vision"), ("carol", "nlp"))
-DEMO_USERS_SECONDS = 45.0
+DEMO_USERS_SECONDS = 20.0
 WAITING_WANTED = 3
+QUICK_ROUNDS = 8
 EARLY_RELEASE_CHANCE = 0.3
 
 
@@ -56,7 +57,10 @@ def step(rng: random.Random) -> str:
 
 def _loop(stop: threading.Event, seconds: float) -> None:
     rng = random.Random(7)
-    while not stop.wait(seconds):
+    rounds = 0
+    # The first rounds come 3 s apart, so the pool fills and a queue shows within the demo's first minute.
+    while not stop.wait(3.0 if rounds < QUICK_ROUNDS else seconds):
+        rounds += 1
         close_old_connections()
         try:
             log.info("demo users: %s", step(rng))
