@@ -369,3 +369,26 @@ def test_borrowed_gpus_are_taken_back_after_a_notice_for_a_request_within_quota(
     assert again.ends_at - again.starts_at == victim.ends_at - later
     queue.queue_pass(pool_id=world.pool.pk, now=later)
     assert Reservation.objects.get(pk=waiting["id"]).state == "scheduled"
+
+
+def test_fair_share_puts_the_team_that_used_less_of_its_quota_first(world, api, settings):
+    from allocations.models import Quota
+
+    settings.QUEUE_FAIRSHARE_HALF_LIFE = timedelta(hours=24)
+    world.pool.queue_ordering = "fairshare"
+    world.pool.save()
+    Quota.objects.filter(team=world.team, pool=world.pool).update(max_ge=8)
+    # ml held 6 GPUs for the last 10 hours; infra held 2.
+    then = timezone.now() - timedelta(hours=10)
+    for team, gpus, order in ((world.team, 6, "pk"), (world.other_team, 2, "-pk")):
+        past = Reservation.objects.create(team=team, pool=world.pool, gpus=gpus, starts_at=then,
+                                          ends_at=timezone.now() - timedelta(minutes=1), state="expired")
+        for gpu in world.pool.gpus.order_by(order)[:gpus]:
+            Allocation.objects.create(reservation=past, gpu=gpu, starts_at=then, ends_at=past.ends_at)
+    shares = queue.fair_shares(world.pool.pk, timezone.now(), {world.team.pk: 8.0, world.other_team.pk: 8.0})
+    assert shares[world.team.pk] > 2.5 * shares[world.other_team.pk] > 0
+    fill(world, api, gpus=8, hours=2, team="infra")
+    first = ask(world, api, gpus=2).json()  # ml asks first
+    second = ask(world, api, gpus=2, who=world.staff, team="infra").json()
+    positions = {r: QueueEntry.objects.get(pk=r).position for r in (first["id"], second["id"])}
+    assert positions == {second["id"]: 1, first["id"]: 2}
