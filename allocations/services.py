@@ -198,7 +198,7 @@ def _insert_row(*, asked: _Asked, actor: AbstractBaseUser, row: dict, starts_at:
         "INSERT INTO allocations_reservation (team_id, pool_id, requested_by_id, mode, gpus, shares, mig_profile, "
         "mig_count, gpu_memory_mib, gpu_cores_pct, ge, borrowed_ge, requeue, priority, priority_class, starts_at, "
         "ends_at, state, reason, ended_at, created_at, updated_at) "
-        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, '', NULL, %s, %s) RETURNING id",
+        f"VALUES ({', '.join(['%s'] * 18)}, '', NULL, %s, %s) RETURNING id",
         [asked.team.pk, asked.pool.pk, actor.pk, row["mode"], row["gpus"], row["shares"], row["mig_profile"],
          row["mig_count"], row["gpu_memory_mib"], row["gpu_cores_pct"], row["ge"], row.get("borrowed_ge", 0.0),
          requeue, asked.priority,
@@ -511,9 +511,9 @@ def _quota_limits(reservation: Reservation) -> quotas.QuotaLimits:
     quota = Quota.objects.filter(team_id=reservation.team_id, pool_id=reservation.pool_id).order_by().first()
     if quota is None:
         raise PermissionDenied(f"Team {team} has no quota in pool {pool}.", field="pool", rule="no_quota")
-    return quotas.QuotaLimits.of(team_id=reservation.team_id, team_slug=team, pool_id=reservation.pool_id, pool_slug=pool,
-                          max_ge=quota.max_ge, ge_hours_per_month=quota.ge_hours_per_month,
-                          team_max_ge=reservation.team.max_ge)
+    return quotas.QuotaLimits.of(team_id=reservation.team_id, team_slug=team, pool_id=reservation.pool_id,
+                                 pool_slug=pool, max_ge=quota.max_ge, ge_hours_per_month=quota.ge_hours_per_month,
+                                 team_max_ge=reservation.team.max_ge)
 
 
 @transaction.atomic

@@ -122,9 +122,9 @@ def reserve(request: HttpRequest) -> HttpResponse:
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
         try:
-            reservation = alloc_services.reservation_create(actor=request.user, request=alloc_services.ReservationRequest(
-                team=data["team"], pool=data["pool"], **form.timing(), **form.amounts(),
-            ))
+            asked = alloc_services.ReservationRequest(team=data["team"], pool=data["pool"], **form.timing(),
+                                                      **form.amounts())
+            reservation = alloc_services.reservation_create(actor=request.user, request=asked)
         except ApplicationError as error:
             _form_error(form, error)
             alternatives = [_offer_fields(offer) for offer in error.extra.get("alternatives", ())]
@@ -233,7 +233,8 @@ def reservations(request: HttpRequest) -> HttpResponse:
     live_page.object_list = alloc_selectors.with_allocated_gpus(list(live_page.object_list))
     ended = alloc_selectors.with_allocated_gpus(
         list(visible.filter(state__in=Reservation.FINAL_STATES).order_by("-ended_at", "-id")[:50]))
-    waiting = alloc_selectors.with_queue(list(visible.filter(state=Reservation.State.PENDING).order_by("pool__slug", "id")[:200]))
+    waiting = alloc_selectors.with_queue(
+        list(visible.filter(state=Reservation.State.PENDING).order_by("pool__slug", "id")[:200]))
     kept = request.GET.copy()
     kept.pop("page", None)
     return render(request, "portal/reservations.html", {
