@@ -133,7 +133,30 @@ def _overlapping(grants: Sequence[booking.Grant], start: datetime, end: datetime
     return tuple(g for g in grants if g.starts_at < end and g.ends_at > start and g.ends_at > g.starts_at)
 
 
+def _whole_gpus_short(gpus: Sequence[booking.PoolGpu], grants: Sequence[booking.Grant], count: int,
+                      start: datetime, end: datetime) -> str:
+    """Why `count` whole GPUs cannot be free for [start, end) ('' when they could): on one node when one
+    node has that many usable GPUs, else in total (booking.choose_whole_gpus's rule). Counted in plain
+    Python so the plan runs the engine only at starts where it can succeed: a pass tries many starts,
+    and each choose builds the pool's arrays anew (12 ms for 400 GPUs here, 2 ms for this)."""
+    busy = {g.gpu_id for g in grants if g.starts_at < end and g.ends_at > start and g.ends_at > g.starts_at}
+    usable: dict[int, int] = defaultdict(int)
+    free: dict[int, int] = defaultdict(int)
+    for gpu in gpus:
+        if gpu.usable:
+            usable[gpu.node_id] += 1
+            free[gpu.node_id] += gpu.id not in busy
+    if sum(free.values()) < count:
+        return "not_enough"
+    if count <= max(usable.values(), default=0) and max(free.values(), default=0) < count:
+        return "fragmented"
+    return ""
+
+
 def _try(gpus, grants, shape, start, end, policy) -> tuple[list[booking.NewGrant] | None, str]:
+    short = _whole_gpus_short(gpus, grants, shape.gpus, start, end) if shape.mode == SharingMode.EXCLUSIVE else ""
+    if short:
+        return None, short
     snapshot = booking.PoolSnapshot(start=start, end=end, gpus=gpus, grants=_overlapping(grants, start, end))
     try:
         return booking.choose(snapshot, shape, policy=policy), ""
