@@ -38,8 +38,10 @@ class Cluster(models.Model):
     telemetry_source = models.CharField(max_length=16, choices=TelemetrySource.choices, default=TelemetrySource.NONE,
                                         help_text="none, prometheus (the cluster's Prometheus HTTP API) or exporter "
                                                   "(the portal scrapes the dcgm-exporter pods itself)")
-    prometheus_url = models.URLField(max_length=500, blank=True,
-                                     help_text="The cluster's Prometheus, e.g. http://prometheus.monitoring:9090")
+    # A CharField checked by inventory.services (http/https and a host): in-cluster service names such as
+    # http://prometheus-server:9090 have no dot, which Django's URL validator refuses.
+    prometheus_url = models.CharField(max_length=500, blank=True,
+                                      help_text="The cluster's Prometheus, e.g. http://prometheus.monitoring:9090")
     # {"bearer_token": ...} or {"username": ..., "password": ...} as JSON, Fernet-encrypted like the
     # kubeconfig (inventory.kubernetes.crypto); never shown back.
     prometheus_auth_encrypted = models.TextField(blank=True, editable=False)

@@ -3,6 +3,7 @@ Kubernetes discovery report, and hosts that fell silent."""
 from __future__ import annotations
 
 import json
+from urllib.parse import urlsplit
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -240,7 +241,7 @@ def cluster_create(*, actor: AbstractBaseUser, name: str, kind: str, slug: str =
         raise ValidationFailed(f"{unknown[0]} is not a cluster field.", field=unknown[0], rule="unknown_field")
     cluster = Cluster(name=name, slug=slug, kind=kind, description=description, **telemetry)
     _cluster_credentials(cluster, kubeconfig=kubeconfig, in_cluster=in_cluster)
-    _cluster_telemetry(cluster, prometheus_auth=prometheus_auth)
+    cluster_telemetry_check(cluster=cluster, prometheus_auth=prometheus_auth)
     _cluster_save(cluster)
     return cluster
 
@@ -257,7 +258,7 @@ def cluster_update(*, actor: AbstractBaseUser, cluster: Cluster, kubeconfig: str
             raise ValidationFailed(f"{name} cannot be changed.", field=name, rule="read_only")
         setattr(cluster, name, value)
     _cluster_credentials(cluster, kubeconfig=kubeconfig, in_cluster=in_cluster)
-    _cluster_telemetry(cluster, prometheus_auth=prometheus_auth)
+    cluster_telemetry_check(cluster=cluster, prometheus_auth=prometheus_auth)
     _cluster_save(cluster)
     return cluster
 
@@ -268,7 +269,7 @@ TELEMETRY_FIELDS = ("telemetry_source", "prometheus_url", "exporter_selector", "
 MIN_TELEMETRY_PERIOD, MAX_TELEMETRY_PERIOD = 1.0, 300.0
 
 
-def _cluster_telemetry(cluster: Cluster, *, prometheus_auth: dict | None) -> None:
+def cluster_telemetry_check(*, cluster: Cluster, prometheus_auth: dict | None = None) -> None:
     """Check the telemetry settings together; a Prometheus credential is stored encrypted, never read back here."""
     if prometheus_auth is not None:
         token, user, password = (prometheus_auth.get(k, "") for k in ("bearer_token", "username", "password"))
@@ -295,9 +296,11 @@ def _cluster_telemetry(cluster: Cluster, *, prometheus_auth: dict | None) -> Non
     if source == TelemetrySource.EXPORTER and not cluster.has_credentials:
         raise ValidationFailed("The exporter source finds the exporter pods through the API server: give a "
                                "kubeconfig or in_cluster first.", field="telemetry_source", rule="no_credentials")
-    if cluster.prometheus_url and not cluster.prometheus_url.startswith(("http://", "https://")):
-        raise ValidationFailed("prometheus_url must be an http:// or https:// URL.", field="prometheus_url",
-                               rule="invalid")
+    if cluster.prometheus_url:
+        parts = urlsplit(cluster.prometheus_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+            raise ValidationFailed("prometheus_url must be an http:// or https:// URL of the Prometheus server "
+                                   "(no query).", field="prometheus_url", rule="invalid")
     period = cluster.telemetry_period_seconds
     if not isinstance(period, (int, float)) or not MIN_TELEMETRY_PERIOD <= period <= MAX_TELEMETRY_PERIOD:
         raise ValidationFailed(f"telemetry_period_seconds must be from {MIN_TELEMETRY_PERIOD:g} to "

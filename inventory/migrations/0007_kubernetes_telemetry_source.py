@@ -38,7 +38,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='cluster',
             name='prometheus_url',
-            field=models.URLField(blank=True, help_text="The cluster's Prometheus, e.g. http://prometheus.monitoring:9090", max_length=500),
+            field=models.CharField(blank=True, help_text="The cluster's Prometheus, e.g. http://prometheus.monitoring:9090", max_length=500),
         ),
         migrations.AddField(
             model_name='cluster',
