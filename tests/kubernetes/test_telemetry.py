@@ -143,7 +143,8 @@ def _listen_while(read, paths: list[tuple[str, object]]) -> list[dict]:
     return async_to_sync(run)()
 
 
-def test_prometheus_source_reaches_websocket_history_and_attributes_pods(fleet):
+def test_prometheus_source_reaches_websocket_history_and_attributes_pods(fleet, settings):
+    settings.METRICS_PUBLIC = True
     cluster = _use(fleet, "prometheus", prometheus_url=fleet.prometheus_url)
     node_msg, team_msg = _listen_while(lambda: kube_telemetry.cluster_telemetry_read(cluster=cluster),
                                        [(f"/ws/nodes/{fleet.node.pk}/", fleet.staff),
@@ -179,6 +180,9 @@ def test_prometheus_source_reaches_websocket_history_and_attributes_pods(fleet):
     client.force_login(fleet.staff)
     page = client.get("/telemetry/").content.decode()
     assert cluster.slug in page and fleet.ghost in page and "sneaky-0" in page and "prometheus" in page
+    metrics = client.get("/metrics").content.decode()
+    assert f'gpupool_k8s_telemetry_unknown_gpus{{cluster="{cluster.slug}",source="prometheus"}} 1.0' in metrics
+    assert f'gpupool_dcgm_fi_dev_gpu_util{{' in metrics and fleet.held.uuid in metrics
     node_page = client.get(f"/nodes/{fleet.node.pk}/").content.decode()
     assert "its Prometheus" in node_page and "samples" in node_page and "sneaky-0" in node_page
 
