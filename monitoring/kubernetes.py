@@ -25,11 +25,13 @@ stores each scrape once and the status shows the period the samples really have.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import statistics
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from urllib.parse import urlencode
@@ -178,14 +180,19 @@ def read_prometheus(cluster: Cluster) -> Reading:
         futures = {key: pool.submit(prometheus_query, cluster, query) for key, query in queries.items()}
         answers = {key: future.result() for key, future in futures.items()}
     reading = Reading(series=sum(len(a) for a in answers.values()))
+    values = reading.values
     for key, result in answers.items():
         if key == "":
             for item in result:
                 reading.add_dating(item["metric"], float(item["value"][1]))
             continue
-        add = reading.add_value
+        # add_value, inlined: this loop runs once per series (60,000 times a read at 10,000 GPUs).
         for item in result:
-            add(key, item["metric"], float(item["value"][1]))
+            labels = item["metric"]
+            uuid = labels.get("UUID")
+            value = float(item["value"][1])
+            if uuid and value == value:  # NaN: a field DCGM could not read
+                values[uuid].setdefault(labels.get("GPU_I_ID", ""), {})[key] = value
     return reading
 
 
@@ -403,6 +410,26 @@ def _node_names(cluster_id: int) -> dict[int, str]:
 
 def cluster_telemetry_read(*, cluster: Cluster, now: float | None = None) -> ClusterTelemetry:
     """Read one cluster's telemetry once, ingest what is new and record how it went on its status row."""
+    with _gc_paused():
+        return _read(cluster, now)
+
+
+@contextmanager
+def _gc_paused():
+    """A read at 10,000 GPUs decodes ~70,000 small dicts from Prometheus's JSON and makes as many tuples;
+    each allocation burst triggered collections that scanned all of them, for nothing (none is in a
+    cycle: refcounting frees them). Paused for the read, it took about half the CPU (measured at 10,000
+    GPUs: 0.30 against 0.56-0.91 s). Whatever cycle someone else makes meanwhile is collected after."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _read(cluster: Cluster, now: float | None) -> ClusterTelemetry:
     started = time.monotonic()
     now = time.time() if now is None else now
     at = timezone.now()

@@ -22,10 +22,12 @@ from allocations.services import ReservationRequest, reservation_activate, reser
 from config.asgi import application
 from inventory import services as inventory_services
 from inventory.kubernetes.discovery import discover_cluster
-from inventory.models import Gpu, Node
+from inventory.models import Gpu, GpuPool, Node
 from monitoring import kubernetes as kube_telemetry
 from monitoring.alerts import alerts_evaluate
 from monitoring.models import Alert, AlertRule, ClusterTelemetry, Sample
+from monitoring.selectors import usage
+from teams.models import Team
 from teams.services import api_token_create
 from tests.factories import MembershipFactory, QuotaFactory, TeamFactory, UserFactory
 from tests.kubernetes.conftest import make_gpu_node, unique
@@ -159,6 +161,9 @@ def test_prometheus_source_reaches_websocket_history_and_attributes_pods(fleet, 
     assert mine["gpu"] == fleet.held.pk
     (share,) = mine["shares"]
     assert share["reservation"] == fleet.reservation.pk and share["used"] == by_gpu[fleet.held.pk]["mem_used"] > 0
+    # Allocated vs used (the dashboard's): the team's Kubernetes GPU is allocated and busy.
+    (team_use,) = usage(GpuPool.objects.filter(pk=fleet.pool.pk), Team.objects.filter(pk=fleet.owner.pk))[1]
+    assert (team_use.allocated, team_use.used, team_use.avg_util) == (1, 1, 80)
     # History: the same samples, in the raw table the rollups read.
     assert set(Sample.objects.filter(gpu_id__in=[fleet.held.pk, fleet.free.pk]).values_list("gpu_id", flat=True)) \
         == {fleet.held.pk, fleet.free.pk}
