@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
             [sys.executable, "-m", "benchmarks.k8s_telemetry", "--watch", ws_base, token, ",".join(pools),
              str(watch_out)], cwd=ROOT, env=dict(os.environ, BENCH_WATCH_SECONDS=str(total_cycles * args.period + 8))))
         time.sleep(3)  # the client connects
-        result = run_cycles(args, kube, agents, prometheus, total_cycles)
+        result = run_cycles(args, kube, agents, prometheus, total_cycles, standin_pid=children[0].pid)
         deadline = time.time() + total_cycles * args.period + 30
         while not watch_out.exists() and time.time() < deadline:
             time.sleep(0.5)
@@ -288,7 +288,7 @@ def _proc_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_cycles(args, kube, agents, prometheus, total: int) -> dict:
+def run_cycles(args, kube, agents, prometheus, total: int, standin_pid: int) -> dict:
     from monitoring import ingest
     from monitoring.kubernetes import cluster_telemetry_read
 
@@ -298,7 +298,7 @@ def run_cycles(args, kube, agents, prometheus, total: int) -> dict:
         time.sleep(max(0.0, next_at - time.monotonic()))
         next_at += args.period
         measured = i >= args.warmup
-        prom0 = _proc_cpu(prometheus.process.pid)
+        prom0, standin0 = _proc_cpu(prometheus.process.pid), _proc_cpu(standin_pid)
         started, cpu0 = time.time(), time.process_time()
         status = cluster_telemetry_read(cluster=kube)
         cpu, wall = time.process_time() - cpu0, time.time() - started
@@ -309,6 +309,7 @@ def run_cycles(args, kube, agents, prometheus, total: int) -> dict:
             out["cycles"].append({"wall_s": round(wall, 3), "cpu_s": round(cpu, 3), "samples": status.samples_ingested,
                                   "series": status.series_read, "gpus": status.gpus_read,
                                   "prometheus_cpu_s": round(_proc_cpu(prometheus.process.pid) - prom0, 3),
+                                  "standin_cpu_s": round(_proc_cpu(standin_pid) - standin0, 3),
                                   "lag_s": status.lag_seconds, **getattr(status, "stages", {})})
         # Beside it, the agent path: the same number of GPUs, as 1,250 hosts' requests of 8 GPUs.
         from inventory.models import HostToken
@@ -364,6 +365,8 @@ def summarize(args, result: dict, arrivals: list) -> dict:
         **{f"{stage}_p50": statistics.median(c.get(stage, 0) for c in cycles) if cycles else None
            for stage in ("read_s", "map_s", "ingest_s")},
         "prometheus_cpu_s_per_cycle_p50": statistics.median(c["prometheus_cpu_s"] for c in cycles) if cycles else None,
+        "standin_cpu_s_per_cycle_p50": statistics.median(c["standin_cpu_s"] for c in cycles) if cycles else None,
+        "loadavg_at_end": os.getloadavg()[0],
         "sample_to_client_ms_p50": _percentile(sample_to_client, 50),
         "sample_to_client_ms_p95": _percentile(sample_to_client, 95),
         "read_to_client_ms_p50": _percentile(read_to_client, 50),
@@ -385,6 +388,8 @@ def print_table(r: dict) -> None:
         ("portal CPU per 1000 samples, agent ingest (ms)", r["agent_cpu_ms_per_1000_samples"]),
         ("Kubernetes / agent CPU", r["k8s_vs_agent_cpu"]),
         ("Prometheus CPU per cycle, p50 (s)", r["prometheus_cpu_s_per_cycle_p50"]),
+        ("DCGM stand-in CPU per cycle, p50 (s)", r["standin_cpu_s_per_cycle_p50"]),
+        ("load average at the end (1 min)", round(r["loadavg_at_end"], 2)),
         ("sample -> WebSocket client p50 / p95 (ms)", f"{r['sample_to_client_ms_p50']} / {r['sample_to_client_ms_p95']}"),
         ("read start -> WebSocket client p50 / p95 (ms)", f"{r['read_to_client_ms_p50']} / {r['read_to_client_ms_p95']}"),
         ("messages timed", r["messages"]),
