@@ -87,7 +87,8 @@ PROMETHEUS_QUERIES = {
         ("gr_active", 'DCGM_FI_PROF_GR_ENGINE_ACTIVE{GPU_I_ID!=""}'),
     )
 }
-PODS_QUERY = f"max by (UUID, GPU_I_ID, namespace, pod, container, Hostname) (timestamp({DATING_FIELD}))"
+PODS_QUERY = (f"max by (UUID, GPU_I_ID, Hostname, namespace, pod, container, exported_namespace, exported_pod, "
+              f"exported_container) (timestamp({DATING_FIELD}))")
 QUERIES_AT_ONCE = 4
 UNKNOWN_EXAMPLES = 20
 UNLEASED_KEPT = 200
@@ -112,6 +113,8 @@ class Reading:
     # uuid → [(namespace, pod, container, gpu instance id)]
     pods: dict[str, list[tuple[str, str, str, str]]] = field(default_factory=lambda: defaultdict(list))
     hostname: dict[str, str] = field(default_factory=dict)
+    # The exporter pods' own namespace (Cluster.exporter_namespace): see add_dating.
+    exporter_namespace: str = ""
 
     def add_value(self, key: str | None, labels: dict, value: float) -> None:
         uuid = labels.get("UUID")
@@ -127,9 +130,19 @@ class Reading:
             self.ts[uuid] = ts
         if labels.get("Hostname"):
             self.hostname[uuid] = labels["Hostname"]
-        if labels.get("pod"):
-            self.pods[uuid].append((labels.get("namespace", ""), labels["pod"], labels.get("container", ""),
-                                    labels.get("GPU_I_ID", "")))
+        # The workload on the GPU. Scraped with honor_labels false (the Prometheus Operator's default for a
+        # ServiceMonitor), the exporter's namespace/pod/container labels arrive renamed exported_*, and
+        # namespace/pod name the exporter pod itself: the exported_* ones are read first, and the
+        # exporter's own namespace, where staff named it, is never a workload's.
+        if labels.get("exported_pod"):
+            namespace, pod, container = (labels.get("exported_namespace", ""), labels["exported_pod"],
+                                         labels.get("exported_container", ""))
+        elif labels.get("pod") and not (self.exporter_namespace
+                                        and labels.get("namespace") == self.exporter_namespace):
+            namespace, pod, container = labels.get("namespace", ""), labels["pod"], labels.get("container", "")
+        else:
+            return
+        self.pods[uuid].append((namespace, pod, container, labels.get("GPU_I_ID", "")))
 
 
 # --- reading the sources ---------------------------------------------------------------------------
@@ -179,7 +192,7 @@ def read_prometheus(cluster: Cluster) -> Reading:
     with ThreadPoolExecutor(max_workers=QUERIES_AT_ONCE) as pool:
         futures = {key: pool.submit(prometheus_query, cluster, query) for key, query in queries.items()}
         answers = {key: future.result() for key, future in futures.items()}
-    reading = Reading(series=sum(len(a) for a in answers.values()))
+    reading = Reading(series=sum(len(a) for a in answers.values()), exporter_namespace=cluster.exporter_namespace)
     values = reading.values
     for key, result in answers.items():
         if key == "":
@@ -269,6 +282,7 @@ def read_exporter(cluster: Cluster) -> Reading:
         raise ReadFailed(f"no running exporter pod matches {cluster.exporter_selector!r}"
                          + (f" in namespace {cluster.exporter_namespace}" if cluster.exporter_namespace else ""))
     scrape = _scrape_proxy if cluster.exporter_via_proxy else _scrape_direct
+    # Read straight from the exporter, namespace/pod/container are the workload's (no scraper renamed them).
     reading, failed = Reading(), []
     with ThreadPoolExecutor(max_workers=min(16, len(targets))) as pool:
         futures = [(target, pool.submit(scrape, cluster, target)) for target in targets]
