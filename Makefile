@@ -8,7 +8,7 @@ PORT ?= 8000
 TEST_DATABASE_URL ?= postgres://gpupool:gpupool@127.0.0.1:5432/gpupool
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/14
 
-.PHONY: run test venv dev-venv services benchmark-api benchmark-api-cpu benchmark-api-floor benchmark-history benchmark-sharing benchmark-telemetry-history benchmark-apply clean
+.PHONY: run test venv dev-venv services benchmark-api benchmark-api-cpu benchmark-api-floor benchmark-history benchmark-sharing benchmark-telemetry-history benchmark-k8s-telemetry benchmark-apply clean
 
 $(VENV)/.runtime: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -72,6 +72,13 @@ APPLY_BENCH_REDIS_URL ?= redis://127.0.0.1:6379/10
 benchmark-apply: $(VENV)/.dev services
 	DATABASE_URL=$(APPLY_BENCH_DATABASE_URL) REDIS_URL=$(APPLY_BENCH_REDIS_URL) SECRET_KEY=bench-only \
 		$(PY) -m benchmarks.apply --fresh-db --json benchmarks/results/apply.json
+
+# Kubernetes GPUs read through a real Prometheus (10,000 GPUs on 1,250 nodes, every 5 s) beside the agent
+# ingest's CPU for as many samples, and sample → WebSocket client latency.
+benchmark-k8s-telemetry: $(VENV)/.dev services
+	PGPASSWORD=gpupool createdb -h 127.0.0.1 -U gpupool gpupool_bench 2>/dev/null || true
+	DATABASE_URL=$(BENCH_DATABASE_URL) REDIS_URL=redis://127.0.0.1:6379/13 SECRET_KEY=bench-only \
+		$(PY) -m benchmarks.k8s_telemetry --gpus 10000 --json benchmarks/results/k8s-telemetry.json
 
 # Telemetry at the issue's targets: 10,000 GPUs at 1 Hz and 1,000 WebSocket dashboards, Redis
 # mode (PostgreSQL + Redis, 2 uvicorn workers, the web server as config/web.py runs it), then the embedded

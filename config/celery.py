@@ -22,6 +22,7 @@ PERIODIC_TASKS = (
     ("RECONCILE_SECONDS", "allocations.tasks.reconcile_clusters", "reconcile clusters"),
     ("TELEMETRY_ROLLUP_SECONDS", "monitoring.tasks.rollup_telemetry", "roll up and prune telemetry"),
     ("ALERT_EVALUATE_SECONDS", "monitoring.tasks.evaluate_alerts", "evaluate alert rules"),
+    ("TELEMETRY_K8S_TICK_SECONDS", "monitoring.tasks.read_kubernetes_telemetry", "read Kubernetes GPU telemetry"),
 )
 
 

@@ -93,6 +93,35 @@ class PortalCollector:
             pool_held.add_metric([pool.pool.slug], pool.held_now)
         yield pool_capacity
         yield pool_held
+        yield from _kubernetes_telemetry_families(now)
+
+
+def _kubernetes_telemetry_families(now):
+    """How the reads of each Kubernetes cluster's telemetry go (monitoring.kubernetes), for the portal's own
+    monitoring: the silent-cluster alert can also be written against these."""
+    from monitoring.selectors import telemetry_sources
+
+    doc = {"seconds_since_read": "Seconds since the cluster's telemetry was last read successfully",
+           "lag_seconds": "Age of the newest samples at the last read (median over GPUs)",
+           "sample_period_seconds": "How far apart a GPU's samples really are (median)",
+           "series_read": "Series the last read returned",
+           "unknown_gpus": "GPUs the cluster's exporter reports that the inventory lacks",
+           "unleased_pods": "Pods on GPUs their team holds no reservation on",
+           "read_errors": "Reads that failed since the portal started reading the cluster"}
+    families = {name: GaugeMetricFamily(f"gpupool_k8s_telemetry_{name}", text, labels=["cluster", "source"])
+                for name, text in doc.items()}
+    for source in telemetry_sources(now=now):
+        row, labels = source.row, [source.cluster.slug, source.source]
+        if row is None:
+            continue
+        values = {"seconds_since_read": source.since_success_s, "lag_seconds": row.lag_seconds,
+                  "sample_period_seconds": row.sample_period_seconds, "series_read": row.series_read,
+                  "unknown_gpus": row.unknown_gpus, "unleased_pods": len(row.unleased),
+                  "read_errors": row.errors_total}
+        for name, value in values.items():
+            if value is not None:
+                families[name].add_metric(labels, value)
+    yield from families.values()
 
 
 DCGM_FIELDS = [

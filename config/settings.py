@@ -257,6 +257,13 @@ TELEMETRY_MAX_BODY_BYTES = env.int("TELEMETRY_MAX_BODY_BYTES", default=TELEMETRY
 TELEMETRY_MAX_FUTURE_SECONDS = env.float("TELEMETRY_MAX_FUTURE_SECONDS", default=30.0)
 # A GPU at or below this utilization counts as idle ("allocated but idle").
 TELEMETRY_IDLE_UTIL_PCT = env.float("TELEMETRY_IDLE_UTIL_PCT", default=1.0)
+# Kubernetes GPUs' telemetry (monitoring.kubernetes): beat checks this often which clusters are due a
+# read (each cluster has its own period, Cluster.telemetry_period_seconds); one read waits this long for
+# the cluster's Prometheus or an exporter pod; a cluster whose reads failed this long (or 3 of its
+# periods, if longer) is silent.
+TELEMETRY_K8S_TICK_SECONDS = env.float("TELEMETRY_K8S_TICK_SECONDS", default=1.0)
+TELEMETRY_K8S_TIMEOUT_SECONDS = env.float("TELEMETRY_K8S_TIMEOUT_SECONDS", default=4.0)
+TELEMETRY_K8S_SILENT_SECONDS = env.float("TELEMETRY_K8S_SILENT_SECONDS", default=30.0)
 ALERT_EVALUATE_SECONDS = env.float("ALERT_EVALUATE_SECONDS", default=15.0)
 # Links in mails (alerts, failovers) point here. Unset: this machine on the port the portal serves on
 # (PORT, which `make run` and the web server read), not a fixed 8000 that may be another program's.

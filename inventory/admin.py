@@ -20,9 +20,24 @@ class ClusterForm(forms.ModelForm):
         help_text="Paste a kubeconfig (credentials inline) to replace the stored one; leave empty to keep it.",
     )
 
+    prometheus_bearer_token = forms.CharField(
+        widget=forms.PasswordInput(attrs={"autocomplete": "off"}), required=False, strip=False,
+        help_text="A bearer token for prometheus_url (or a username and password below); stored encrypted. Leave "
+                  "all three empty to keep the stored one.")
+    prometheus_username = forms.CharField(required=False, widget=forms.TextInput(attrs={"autocomplete": "off"}))
+    prometheus_password = forms.CharField(widget=forms.PasswordInput(attrs={"autocomplete": "off"}), required=False,
+                                          strip=False)
+    forget_prometheus_credentials = forms.BooleanField(required=False, help_text="Remove the stored one")
+
     class Meta:
         model = Cluster
-        fields = ["name", "slug", "kind", "description", "in_cluster"]
+        fields = ["name", "slug", "kind", "description", "in_cluster", *services.TELEMETRY_FIELDS]
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # A form that leaves the telemetry settings out (or empty) keeps what the cluster has.
+        for name in services.TELEMETRY_FIELDS:
+            self.fields[name].required = False
 
     def clean_kubeconfig(self) -> str:
         text = self.cleaned_data.get("kubeconfig") or ""
@@ -40,12 +55,32 @@ class ClusterForm(forms.ModelForm):
                 self.add_error("kubeconfig", "Only Kubernetes clusters take a kubeconfig.")
             if data.get("in_cluster"):
                 self.add_error("in_cluster", "Only Kubernetes clusters take in-cluster credentials.")
+        # The telemetry settings are checked together by the same rules as the API's.
+        for name in services.TELEMETRY_FIELDS:
+            if data.get(name) in (None, "") and name not in ("prometheus_url", "exporter_namespace",
+                                                             "exporter_via_proxy"):
+                data[name] = getattr(self.instance, name)
+        auth = {k: data.get(f"prometheus_{k}") or "" for k in ("bearer_token", "username", "password")}
+        self.prometheus_auth = {} if data.get("forget_prometheus_credentials") else (
+            {k: v for k, v in auth.items() if v} or None)
+        probe = Cluster(**{name: data.get(name, getattr(self.instance, name)) for name in services.TELEMETRY_FIELDS},
+                        kind=data.get("kind") or self.instance.kind, in_cluster=bool(data.get("in_cluster")),
+                        kubeconfig_encrypted=self.instance.kubeconfig_encrypted or (data.get("kubeconfig") or "").strip())
+        try:
+            services.cluster_telemetry_check(cluster=probe, prometheus_auth=self.prometheus_auth)
+        except ValidationFailed as exc:
+            named = exc.errors[0].field
+            field = "prometheus_bearer_token" if named == "prometheus_auth" else named if named in self.fields else None
+            self.add_error(field, exc.message)
+        self.prometheus_auth_encrypted = probe.prometheus_auth_encrypted
         return data
 
     def save(self, commit: bool = True) -> Cluster:
         cluster = super().save(commit=False)
         if self.cleaned_data.get("kubeconfig", "").strip():
             cluster.kubeconfig_encrypted = crypto.encrypt(self.cleaned_data["kubeconfig"])
+        if self.prometheus_auth is not None:
+            cluster.prometheus_auth_encrypted = self.prometheus_auth_encrypted
         if commit:
             cluster.save()
         return cluster

@@ -11,6 +11,12 @@ from django.db import models
 from inventory.sharing import SharingMode, validate_sharing_config
 
 
+class TelemetrySource(models.TextChoices):
+    NONE = "none", "None"
+    PROMETHEUS = "prometheus", "Prometheus"
+    EXPORTER = "exporter", "DCGM exporter"
+
+
 class Cluster(models.Model):
     class Kind(models.TextChoices):
         KUBERNETES = "kubernetes", "Kubernetes"
@@ -27,6 +33,26 @@ class Cluster(models.Model):
     in_cluster = models.BooleanField(default=False, help_text="Use the portal's in-cluster service account")
     last_discovered_at = models.DateTimeField(null=True, blank=True, editable=False)
     discovery_error = models.TextField(blank=True, editable=False, help_text="Why the last discovery failed")
+    # Kubernetes only: where the portal reads its GPUs' live telemetry (monitoring.kubernetes). Agents
+    # report bare-metal hosts themselves; a Kubernetes node runs NVIDIA's DCGM exporter instead.
+    telemetry_source = models.CharField(max_length=16, choices=TelemetrySource.choices, default=TelemetrySource.NONE,
+                                        help_text="none, prometheus (the cluster's Prometheus HTTP API) or exporter "
+                                                  "(the portal scrapes the dcgm-exporter pods itself)")
+    # A CharField checked by inventory.services (http/https and a host): in-cluster service names such as
+    # http://prometheus-server:9090 have no dot, which Django's URL validator refuses.
+    prometheus_url = models.CharField(max_length=500, blank=True,
+                                      help_text="The cluster's Prometheus, e.g. http://prometheus.monitoring:9090")
+    # {"bearer_token": ...} or {"username": ..., "password": ...} as JSON, Fernet-encrypted like the
+    # kubeconfig (inventory.kubernetes.crypto); never shown back.
+    prometheus_auth_encrypted = models.TextField(blank=True, editable=False)
+    exporter_selector = models.CharField(max_length=253, default="app=nvidia-dcgm-exporter",
+                                         help_text="Label selector of the dcgm-exporter pods (exporter source)")
+    exporter_namespace = models.CharField(max_length=63, blank=True,
+                                          help_text="Namespace of the dcgm-exporter pods (empty: every namespace)")
+    exporter_port = models.PositiveIntegerField(default=9400, help_text="The exporter's metrics port")
+    exporter_via_proxy = models.BooleanField(
+        default=False, help_text="Read the exporter through the API server's pod proxy instead of the pods' addresses")
+    telemetry_period_seconds = models.FloatField(default=5.0, help_text="How often the portal reads (1 to 300 s)")
 
     class Meta:
         ordering = ["slug"]
@@ -37,6 +63,10 @@ class Cluster(models.Model):
     @property
     def has_credentials(self) -> bool:
         return bool(self.kubeconfig_encrypted) or self.in_cluster
+
+    @property
+    def has_prometheus_auth(self) -> bool:
+        return bool(self.prometheus_auth_encrypted)
 
 
 class Node(models.Model):

@@ -2,6 +2,9 @@
 Kubernetes discovery report, and hosts that fell silent."""
 from __future__ import annotations
 
+import json
+from urllib.parse import urlsplit
+
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
@@ -26,6 +29,7 @@ from inventory.models import (
     GpuPool,
     HostToken,
     Node,
+    TelemetrySource,
 )
 from inventory.signals import gpu_moving, node_health_changed
 
@@ -222,7 +226,8 @@ def _cluster_save(cluster: Cluster) -> None:
 
 @transaction.atomic
 def cluster_create(*, actor: AbstractBaseUser, name: str, kind: str, slug: str = "", description: str = "",
-                   kubeconfig: str | None = None, in_cluster: bool = False) -> Cluster:
+                   kubeconfig: str | None = None, in_cluster: bool = False, prometheus_auth: dict | None = None,
+                   **telemetry: object) -> Cluster:
     if not actor.is_staff:
         raise PermissionDenied("Only staff can register clusters.", field="cluster", rule="staff_required")
     slug = slug or slugify(name)[:64]
@@ -231,25 +236,77 @@ def cluster_create(*, actor: AbstractBaseUser, name: str, kind: str, slug: str =
                                rule="invalid")
     if Cluster.objects.filter(slug=slug).exists():
         raise ValidationFailed(f"A cluster with slug {slug!r} already exists.", field="slug", rule="unique")
-    cluster = Cluster(name=name, slug=slug, kind=kind, description=description)
+    unknown = sorted(set(telemetry) - set(TELEMETRY_FIELDS))
+    if unknown:
+        raise ValidationFailed(f"{unknown[0]} is not a cluster field.", field=unknown[0], rule="unknown_field")
+    cluster = Cluster(name=name, slug=slug, kind=kind, description=description, **telemetry)
     _cluster_credentials(cluster, kubeconfig=kubeconfig, in_cluster=in_cluster)
+    cluster_telemetry_check(cluster=cluster, prometheus_auth=prometheus_auth)
     _cluster_save(cluster)
     return cluster
 
 
 @transaction.atomic
 def cluster_update(*, actor: AbstractBaseUser, cluster: Cluster, kubeconfig: str | None = None,
-                   in_cluster: bool | None = None, **fields: object) -> Cluster:
-    """Change a cluster's fields; a kubeconfig given replaces the stored one ("" removes it)."""
+                   in_cluster: bool | None = None, prometheus_auth: dict | None = None, **fields: object) -> Cluster:
+    """Change a cluster's fields; a kubeconfig given replaces the stored one ("" removes it), and so does
+    a Prometheus credential ({} removes it)."""
     if not actor.is_staff:
         raise PermissionDenied("Only staff can change clusters.", field="cluster", rule="staff_required")
     for name, value in fields.items():
-        if name not in {"name", "slug", "kind", "description"}:
+        if name not in {"name", "slug", "kind", "description", *TELEMETRY_FIELDS}:
             raise ValidationFailed(f"{name} cannot be changed.", field=name, rule="read_only")
         setattr(cluster, name, value)
     _cluster_credentials(cluster, kubeconfig=kubeconfig, in_cluster=in_cluster)
+    cluster_telemetry_check(cluster=cluster, prometheus_auth=prometheus_auth)
     _cluster_save(cluster)
     return cluster
+
+
+# Where a Kubernetes cluster's live telemetry is read (monitoring.kubernetes reads it).
+TELEMETRY_FIELDS = ("telemetry_source", "prometheus_url", "exporter_selector", "exporter_namespace", "exporter_port",
+                    "exporter_via_proxy", "telemetry_period_seconds")
+MIN_TELEMETRY_PERIOD, MAX_TELEMETRY_PERIOD = 1.0, 300.0
+
+
+def cluster_telemetry_check(*, cluster: Cluster, prometheus_auth: dict | None = None) -> None:
+    """Check the telemetry settings together; a Prometheus credential is stored encrypted, never read back here."""
+    if prometheus_auth is not None:
+        token, user, password = (prometheus_auth.get(k, "") for k in ("bearer_token", "username", "password"))
+        if set(prometheus_auth) - {"bearer_token", "username", "password"}:
+            raise ValidationFailed("prometheus_auth takes bearer_token, or username and password.",
+                                   field="prometheus_auth", rule="unknown_field")
+        if token and (user or password):
+            raise ValidationFailed("Give a bearer token or a username and password, not both.",
+                                   field="prometheus_auth", rule="exclusive")
+        if bool(user) != bool(password) and not token:
+            raise ValidationFailed("Basic auth needs both a username and a password.", field="prometheus_auth",
+                                   rule="incomplete")
+        secret = {"bearer_token": token} if token else {"username": user, "password": password} if user else {}
+        cluster.prometheus_auth_encrypted = crypto.encrypt(json.dumps(secret)) if secret else ""
+    source = cluster.telemetry_source
+    if source not in TelemetrySource.values:
+        raise ValidationFailed(f"telemetry_source must be one of {', '.join(TelemetrySource.values)}.",
+                               field="telemetry_source", rule="invalid_choice")
+    if source != TelemetrySource.NONE and cluster.kind != Cluster.Kind.KUBERNETES:
+        raise ValidationFailed("Only Kubernetes clusters take a telemetry source (hosts run the agent).",
+                               field="telemetry_source", rule="not_kubernetes")
+    if source == TelemetrySource.PROMETHEUS and not cluster.prometheus_url:
+        raise ValidationFailed("The prometheus source needs prometheus_url.", field="prometheus_url", rule="required")
+    if source == TelemetrySource.EXPORTER and not cluster.has_credentials:
+        raise ValidationFailed("The exporter source finds the exporter pods through the API server: give a "
+                               "kubeconfig or in_cluster first.", field="telemetry_source", rule="no_credentials")
+    if cluster.prometheus_url:
+        parts = urlsplit(cluster.prometheus_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+            raise ValidationFailed("prometheus_url must be an http:// or https:// URL of the Prometheus server "
+                                   "(no query).", field="prometheus_url", rule="invalid")
+    period = cluster.telemetry_period_seconds
+    if not isinstance(period, (int, float)) or not MIN_TELEMETRY_PERIOD <= period <= MAX_TELEMETRY_PERIOD:
+        raise ValidationFailed(f"telemetry_period_seconds must be from {MIN_TELEMETRY_PERIOD:g} to "
+                               f"{MAX_TELEMETRY_PERIOD:g}.", field="telemetry_period_seconds", rule="range")
+    if not 1 <= int(cluster.exporter_port) <= 65535:
+        raise ValidationFailed("exporter_port must be from 1 to 65535.", field="exporter_port", rule="range")
 
 
 # --- GPUs --------------------------------------------------------------------------------------

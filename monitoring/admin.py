@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from monitoring.models import Alert, AlertRule, Silence
+from monitoring.models import Alert, AlertRule, ClusterTelemetry, Silence
 
 
 @admin.register(AlertRule)
@@ -31,3 +31,17 @@ class SilenceAdmin(admin.ModelAdmin):
         if not change and obj.created_by_id is None:
             obj.created_by = request.user
         super().save_model(request, obj, form, change)
+
+
+@admin.register(ClusterTelemetry)
+class ClusterTelemetryAdmin(admin.ModelAdmin):
+    """Read-only: the portal writes these after each read of a cluster's telemetry."""
+
+    list_display = ["cluster", "source", "last_success_at", "lag_seconds", "sample_period_seconds", "series_read",
+                    "unknown_gpus", "error"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False

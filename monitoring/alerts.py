@@ -34,7 +34,7 @@ from allocations.selectors import with_occupancy
 from common.notifications import mail_after_commit
 from inventory.models import Cluster, Gpu, GpuPool, Node
 from monitoring import hot, live, shares
-from monitoring.models import Alert, AlertRule, Metric, Scope, Silence
+from monitoring.models import Alert, AlertRule, ClusterTelemetry, Metric, Scope, Silence
 from teams.models import Membership, Team
 
 log = logging.getLogger(__name__)
@@ -86,6 +86,10 @@ class Fleet:
             return self._pool_allocation(rule)
         if rule.metric == Metric.SHARE_MEMORY:
             return self._share_memory(rule)
+        if rule.metric == Metric.TELEMETRY_SILENT:
+            return self._silent_clusters(rule)
+        if rule.metric == Metric.GPU_UNLEASED:
+            return self._unleased(rule)
         out: dict[str, Observation] = {}
         groups: dict[str, list] = defaultdict(list)
         for gpu_id, pool_id, node_id, cluster, node, index in self.gpus:
@@ -125,6 +129,42 @@ class Fleet:
         return {f"node:{node.pk}": Observation((self.now - node.last_seen_at).total_seconds(),
                                                f"{node.cluster.slug}/{node.name}", pool_of.get(node.pk), node.pk)
                 for node in nodes.select_related("cluster")}
+
+    def _silent_clusters(self, rule: AlertRule) -> dict[str, Observation]:
+        """Seconds since each Kubernetes cluster's telemetry was last read (since reading began, until a
+        first read succeeds). A rule limited to a pool watches the clusters with GPUs in it."""
+        rows = ClusterTelemetry.objects.select_related("cluster").exclude(cluster__telemetry_source="none")
+        if rule.pool_id is not None:
+            rows = rows.filter(cluster__nodes__gpus__pool_id=rule.pool_id).distinct()
+        out = {}
+        for row in rows:
+            last = row.last_success_at or row.since
+            why = f": {row.error[:120]}" if row.error else ""
+            out[f"cluster:{row.cluster_id}"] = Observation(
+                (self.now - last).total_seconds(), f"cluster {row.cluster.slug} telemetry ({row.source}){why}")
+        return out
+
+    def _unleased(self, rule: AlertRule) -> dict[str, Observation]:
+        """Per GPU and namespace: pods the last read of a Kubernetes cluster found on a GPU their team holds
+        no share of (or of a namespace that is no team's). The team, when there is one, is told."""
+        gpus = {g[0]: g for g in self.gpus}
+        out: dict[str, Observation] = {}
+        for unleased in ClusterTelemetry.objects.exclude(unleased=[]).values_list("unleased", flat=True):
+            for item in unleased:
+                gpu = gpus.get(item.get("gpu"))
+                if gpu is None:
+                    continue
+                gpu_id, pool_id, node_id, cluster, node, index = gpu
+                if rule.pool_id is not None and pool_id != rule.pool_id:
+                    continue
+                subject = f"gpu:{gpu_id}:ns:{item['namespace']}"[:64]
+                previous = out.get(subject)
+                who = f"team {item['team']}" if item.get("team") else "no team's namespace"
+                out[subject] = Observation(
+                    (previous.value if previous else 0) + 1,
+                    f"{cluster}/{node} GPU {index}: pods of {item['namespace']} ({who}) without a reservation",
+                    pool_id, node_id, item.get("team_id"))
+        return out
 
     def _share_memory(self, rule: AlertRule) -> dict[str, Observation]:
         """Each share's memory used (its processes, attributed at ingest) as a % of what it may use

@@ -154,14 +154,27 @@ def _host_key(token: HostToken) -> str:
     return f"tm:host:{token.pk}"
 
 
+def _cluster_key(cluster_id: int) -> str:
+    return f"tm:cluster:{cluster_id}"
+
+
 def host_gpus(token: HostToken, now=None, cached: dict | None = None) -> dict[str, GpuRef]:
     """uuid → the GPU of this token's host, with its pool, node and the team holding it now (cached)."""
-    key = _host_key(token)
+    return _gpu_map(_host_key(token), lambda: Gpu.objects.filter(node__cluster_id=token.cluster_id,
+                                                                 node__name=token.host_name), now, cached)
+
+
+def cluster_gpus(cluster_id: int, now=None) -> dict[str, GpuRef]:
+    """uuid → every GPU of a Kubernetes cluster, as host_gpus gives a host's (cached the same way): what
+    the portal's reads of the cluster's DCGM exporter or Prometheus are checked against."""
+    return _gpu_map(_cluster_key(cluster_id), lambda: Gpu.objects.filter(node__cluster_id=cluster_id), now, None)
+
+
+def _gpu_map(key: str, gpus_of, now, cached: dict | None) -> dict[str, GpuRef]:
     rows = cached.get(key) if cached is not None else cache.get(key)
     if rows is None:
         now = now or timezone.now()
-        gpus = list(Gpu.objects.filter(node__cluster_id=token.cluster_id, node__name=token.host_name)
-                    .values_list("id", "uuid", "pool_id", "node_id"))
+        gpus = list(gpus_of().values_list("id", "uuid", "pool_id", "node_id"))
         holders = shares.holders_by_gpu(shares.shares_now(now, [g[0] for g in gpus]))
         # Plain tuples: this is read back on every request, and tuples unpickle fastest.
         rows = [(gpu_id, uuid, pool_id, node_id, holders[gpu_id][0].team_id if gpu_id in holders else None,
@@ -227,8 +240,18 @@ def telemetry_ingest(*, token: HostToken, payload, now: float | None = None) -> 
     # GPU map and the stream's position.
     totals, cached, _ = hot.exchange(incr={flood_key: size}, incr_timeout=120, get=[_host_key(token), stream_key])
     _refuse_flood(token, size, totals.get(flood_key, 0))
-    refs = host_gpus(token, cached=cached)
-    last_seq = cached.get(stream_key, -1)
+    return samples_ingest(refs=host_gpus(token, cached=cached), batches=batches, now=now,
+                          who=f"{token.cluster.slug}/{token.host_name}", stream_key=stream_key,
+                          last_seq=cached.get(stream_key, -1))
+
+
+def samples_ingest(*, refs: dict[str, GpuRef], batches: list, now: float, who: str, stream_key: str | None = None,
+                   last_seq: int = -1) -> IngestResult:
+    """Store, cache and push batches of samples of these GPUs: the one pipeline every source feeds (an
+    agent's request through telemetry_ingest, a Kubernetes cluster's read through
+    monitoring.kubernetes). `stream_key`: the cache key of the sender's position, for senders that
+    number their batches and resend them (agents); the portal's own reads of a cluster have none, and
+    send each GPU's sample once (a sample already stored for that GPU and second is a duplicate)."""
     result = IngestResult(ack=last_seq if last_seq >= 0 else None)
     oldest = now - settings.TELEMETRY_RAW_RETENTION.total_seconds()
     rows: list[tuple] = []
@@ -286,14 +309,14 @@ def telemetry_ingest(*, token: HostToken, payload, now: float | None = None) -> 
     # are merged per GPU and the position only moves forward: a GPU whose samples were all rejected here
     # keeps its last good one, and a resent request finishing after the one that replaced it puts
     # neither older values nor a lower position back.
-    advance = {stream_key: max_seq} if max_seq > last_seq else {}
+    advance = {stream_key: max_seq} if stream_key is not None and max_seq > last_seq else {}
     _, _, positions = hot.exchange(newest=per_node, advance=advance, incr=hot.counter_amounts(
         {"accepted": result.accepted, **result.rejected, **result.clamped}))
     if positions:
         result.ack = positions[stream_key]
     if result.rejected or result.clamped:
-        log.warning("telemetry from %s/%s: %d accepted, rejected %s, clamped %s", token.cluster.slug, token.host_name,
-                    result.accepted, dict(result.rejected), dict(result.clamped))
+        log.warning("telemetry from %s: %d accepted, rejected %s, clamped %s", who, result.accepted,
+                    dict(result.rejected), dict(result.clamped))
     return result
 
 

@@ -13,7 +13,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
 from django.db import models
 
-from inventory.models import GpuPool, Node
+from inventory.models import Cluster, GpuPool, Node
 from teams.models import Team
 
 
@@ -92,6 +92,8 @@ class Metric(models.TextChoices):
     HOST_SILENT = "host_silent", "Seconds since the host last reported"
     POOL_ALLOCATION = "pool_allocation", "Pool GPUs allocated (%)"
     SHARE_MEMORY = "share_memory", "GPU memory a holder uses, % of its share"
+    TELEMETRY_SILENT = "telemetry_silent", "Seconds since a Kubernetes cluster's telemetry was last read"
+    GPU_UNLEASED = "gpu_unleased", "Pods on a Kubernetes GPU without their team's reservation on it"
 
 
 class Scope(models.TextChoices):
@@ -99,6 +101,7 @@ class Scope(models.TextChoices):
     NODE = "node", "Node"
     POOL = "pool", "Pool"
     TEAM = "team", "Team"
+    CLUSTER = "cluster", "Cluster"
 
 
 # Which scopes each metric can be evaluated at. GPU metrics at node, pool or team scope
@@ -113,6 +116,9 @@ METRIC_SCOPES = {
     Metric.POOL_ALLOCATION: {Scope.POOL},
     # Per share: one reservation's part of one GPU or MIG instance (its subject names both).
     Metric.SHARE_MEMORY: {Scope.GPU},
+    Metric.TELEMETRY_SILENT: {Scope.CLUSTER},
+    # Per GPU and namespace: a workload of that namespace on a GPU its team holds no share of.
+    Metric.GPU_UNLEASED: {Scope.GPU},
 }
 
 
@@ -240,3 +246,38 @@ class Silence(models.Model):
         return ((self.rule_id is None or self.rule_id == alert.rule_id)
                 and (not self.subject or self.subject == alert.subject)
                 and (self.pool_id is None or self.pool_id == alert.pool_id))
+
+
+class ClusterTelemetry(models.Model):
+    """How the portal's reads of one Kubernetes cluster's telemetry go (monitoring.kubernetes): one row per
+    cluster with a telemetry source, written after every read. What staff see on the cluster's status."""
+
+    cluster = models.OneToOneField(Cluster, on_delete=models.CASCADE, related_name="telemetry")
+    source = models.CharField(max_length=16, help_text="The source of the last read")
+    since = models.DateTimeField(help_text="When the portal started reading this cluster (silence counts from here "
+                                           "until a first read succeeds)")
+    next_read_at = models.DateTimeField(help_text="The next read is due then (claimed by a conditional update)")
+    last_attempt_at = models.DateTimeField(null=True, blank=True)
+    last_success_at = models.DateTimeField(null=True, blank=True)
+    read_seconds = models.FloatField(null=True, blank=True, help_text="How long the last successful read took")
+    lag_seconds = models.FloatField(null=True, blank=True,
+                                    help_text="Age of the newest samples at the last read (median over GPUs)")
+    sample_period_seconds = models.FloatField(null=True, blank=True,
+                                              help_text="How far apart a GPU's samples really are (median)")
+    series_read = models.PositiveIntegerField(default=0)
+    gpus_read = models.PositiveIntegerField(default=0, help_text="GPUs with a sample in the last read")
+    samples_ingested = models.PositiveIntegerField(default=0, help_text="New samples the last read stored")
+    unknown_gpus = models.PositiveIntegerField(default=0, help_text="GPUs the source reports that the inventory lacks")
+    unknown_examples = models.JSONField(default=list, blank=True, help_text="Some of them: [{uuid, hostname}]")
+    unleased = models.JSONField(default=list, blank=True,
+                                help_text="Pods on GPUs their team holds no share of: [{gpu, uuid, node, namespace, "
+                                          "pod, container, team}]")
+    error = models.TextField(blank=True, help_text="Why the last read failed (empty: it succeeded)")
+    errors_total = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        verbose_name = "cluster telemetry"
+        verbose_name_plural = "cluster telemetry"
+
+    def __str__(self) -> str:
+        return f"telemetry of {self.cluster}"

@@ -224,3 +224,45 @@ def node_leases(node: Node) -> dict | None:
         return None
     return {"held": report.held, "failed": sorted(report.failed.items()), "unleased_in_use": report.unleased_in_use,
             "reported_at": report.reported_at}
+
+
+# --- Kubernetes telemetry sources ------------------------------------------------------------
+
+@dataclass
+class SourceStatus:
+    """One Kubernetes cluster's telemetry as staff (and, for the source and period, its pages) see it."""
+
+    cluster: object
+    source: str
+    row: object | None  # monitoring.models.ClusterTelemetry, None before the first read
+    silent: bool
+    since_success_s: float | None
+
+    @property
+    def state(self) -> str:
+        if self.row is None:
+            return "waiting for the first read"
+        if self.silent:
+            return "silent"
+        return "error" if self.row.error else "ok"
+
+
+def telemetry_sources(cluster_ids=None, now=None) -> list[SourceStatus]:
+    """Every Kubernetes cluster with a telemetry source (of `cluster_ids` only, when given) and how its reads go."""
+    from inventory.models import Cluster, TelemetrySource
+    from monitoring.kubernetes import silent_after
+    from monitoring.models import ClusterTelemetry
+
+    now = now or timezone.now()
+    clusters = Cluster.objects.filter(kind=Cluster.Kind.KUBERNETES).exclude(telemetry_source=TelemetrySource.NONE)
+    if cluster_ids is not None:
+        clusters = clusters.filter(pk__in=list(cluster_ids))
+    rows = {r.cluster_id: r for r in ClusterTelemetry.objects.filter(cluster__in=clusters)}
+    out = []
+    for cluster in clusters.order_by("slug"):
+        row = rows.get(cluster.pk)
+        last = (row.last_success_at or row.since) if row else None
+        age = (now - last).total_seconds() if last else None
+        out.append(SourceStatus(cluster, cluster.telemetry_source, row,
+                                age is not None and age >= silent_after(cluster), age))
+    return out

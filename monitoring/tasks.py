@@ -1,4 +1,5 @@
-"""Periodic telemetry work: rollups and pruning, and alert evaluation (beat schedules both)."""
+"""Periodic telemetry work: rollups and pruning, alert evaluation, and reading Kubernetes clusters' GPU
+telemetry (beat schedules them)."""
 from __future__ import annotations
 
 from celery import shared_task
@@ -15,3 +16,24 @@ def rollup_telemetry() -> dict:
 @shared_task(name="monitoring.tasks.evaluate_alerts")
 def evaluate_alerts() -> dict:
     return alerts_evaluate()
+
+
+@shared_task(name="monitoring.tasks.read_kubernetes_telemetry", ignore_result=True)
+def read_kubernetes_telemetry() -> list[int]:
+    """Claim the clusters due a read and read each in its own task (a slow cluster delays no other)."""
+    from monitoring.kubernetes import clusters_due
+
+    due = clusters_due()
+    for cluster_id in due:
+        read_cluster_telemetry.delay(cluster_id)
+    return due
+
+
+@shared_task(name="monitoring.tasks.read_cluster_telemetry", ignore_result=True)
+def read_cluster_telemetry(cluster_id: int) -> None:
+    from inventory.models import Cluster
+    from monitoring.kubernetes import cluster_telemetry_read
+
+    cluster = Cluster.objects.filter(pk=cluster_id).first()
+    if cluster is not None:
+        cluster_telemetry_read(cluster=cluster)

@@ -1,6 +1,7 @@
 """Pages: a pool's and a node's live charts (Plotly over WebSockets), and the dashboard's usage block."""
 from __future__ import annotations
 
+from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
@@ -41,6 +42,8 @@ def pool_live(request: HttpRequest, slug: str) -> HttpResponse:
     gpus = [(g.pk, f"{g.node.name}:{g.index}", g.node_id)
             for g in pool.gpus.select_related("node").order_by("node__name", "index")]
     context = _chart_context(gpus, pool.name, f"/ws/pools/{pool.slug}/")
+    clusters = set(pool.gpus.values_list("node__cluster_id", flat=True))
+    context.update(telemetry=selectors.telemetry_sources(clusters) if clusters else [])
     context.update(pool=pool, alerts=selectors.alerts_visible_to(request.user).filter(
         pool=pool, state__in=["pending", "firing"])[:50],
         gpu_bars=_with_memory_used(pool_gpu_bars(pool, request.user), context["rows"]))
@@ -67,10 +70,21 @@ def node_live(request: HttpRequest, node_id: int) -> HttpResponse:
         raise Http404("No such node, or not one you may watch.")
     gpus = [(g.pk, f"GPU {g.index}", node.pk) for g in node.gpus.order_by("index")]
     context = _chart_context(gpus, f"{node.cluster.slug}/{node.name}", f"/ws/nodes/{node.pk}/")
+    sources = selectors.telemetry_sources([node.cluster_id])
     context.update(node=node, alerts=selectors.alerts_visible_to(request.user).filter(
         node=node, state__in=["pending", "firing"])[:50],
-        leases=selectors.node_leases(node) if request.user.is_staff else None)
+        leases=selectors.node_leases(node) if request.user.is_staff else None,
+        telemetry=sources[0] if sources else None,
+        unleased=[u for u in sources[0].row.unleased if u.get("node") == node.name]
+        if sources and sources[0].row and request.user.is_staff else [])
     return render(request, "monitoring/node.html", context)
+
+
+@staff_member_required
+def telemetry_sources(request: HttpRequest) -> HttpResponse:
+    """Staff: each Kubernetes cluster's telemetry source, last successful read, lag, series, unknown GPUs,
+    pods without a reservation, errors."""
+    return render(request, "monitoring/telemetry_sources.html", {"sources": selectors.telemetry_sources()})
 
 
 def dashboard_context(user) -> dict:

@@ -6,6 +6,12 @@ from inventory import services
 from inventory.models import Cluster, Gpu, GpuPool, HostToken, Node
 
 
+class PrometheusAuthSerializer(RefusesUnknownFields, serializers.Serializer):
+    bearer_token = serializers.CharField(required=False, allow_blank=True, max_length=4096, trim_whitespace=False)
+    username = serializers.CharField(required=False, allow_blank=True, max_length=256)
+    password = serializers.CharField(required=False, allow_blank=True, max_length=1024, trim_whitespace=False)
+
+
 class ClusterSerializer(RefusesUnknownFields, CleanModelSerializer):
     """Kubernetes credentials are write-only: `kubeconfig` is stored encrypted and never shown back;
     `has_credentials` says whether one (or in_cluster) is set."""
@@ -17,18 +23,30 @@ class ClusterSerializer(RefusesUnknownFields, CleanModelSerializer):
                                        help_text="kubeconfig YAML (credentials inline); stored encrypted, never "
                                                  "shown back. \"\" removes it.")
     has_credentials = serializers.BooleanField(read_only=True)
+    prometheus_auth = PrometheusAuthSerializer(write_only=True, required=False,
+                                               help_text="Bearer token, or username and password, for "
+                                                         "prometheus_url; stored encrypted, never shown back. {} "
+                                                         "removes it.")
+    has_prometheus_auth = serializers.BooleanField(read_only=True)
+    telemetry_period_seconds = serializers.FloatField(required=False, min_value=services.MIN_TELEMETRY_PERIOD,
+                                                      max_value=services.MAX_TELEMETRY_PERIOD)
 
     class Meta:
         model = Cluster
         fields = ["id", "name", "slug", "kind", "description", "in_cluster", "kubeconfig", "has_credentials",
+                  "telemetry_source", "prometheus_url", "prometheus_auth", "has_prometheus_auth", "exporter_selector",
+                  "exporter_namespace", "exporter_port", "exporter_via_proxy", "telemetry_period_seconds",
                   "last_discovered_at", "discovery_error", "created_at"]
         read_only_fields = ["last_discovered_at", "discovery_error"]
 
     def validate(self, attrs):
         kubeconfig = attrs.pop("kubeconfig", None)
+        prometheus_auth = attrs.pop("prometheus_auth", None)
         attrs = super().validate(attrs)
         if kubeconfig is not None:
             attrs["kubeconfig"] = kubeconfig
+        if prometheus_auth is not None:
+            attrs["prometheus_auth"] = prometheus_auth
         return attrs
 
     def create(self, validated_data):
