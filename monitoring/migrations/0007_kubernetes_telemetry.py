@@ -27,7 +27,7 @@ def remove_rules(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('inventory', '0007_kubernetes_telemetry_source'),
+        ('inventory', '0009_kubernetes_telemetry_source'),
         ('monitoring', '0006_share_memory_rule'),
     ]
 

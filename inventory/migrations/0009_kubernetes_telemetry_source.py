@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('inventory', '0006_gpu_model_weight_history'),
+        ('inventory', '0008_borrowing'),
     ]
 
     operations = [
