@@ -394,7 +394,7 @@ def replay(tasks: list[Task], nodes: list[tuple[str, str, int]], *, ordering: st
     window = (tasks[0].arrival, tasks[-1].arrival)
     result = summarize(outcomes, pool_ge=pool_ge, quotas=quotas, window=window, held=held)
     result["promise_moved_later"] = {"events": len(moved), "requests": len({pk for pk, _ in moved}),
-                                     "first_reasons": sorted({re.sub(r" \\(position .*\\)", "", reason.split(": ", 1)[-1])
+                                     "first_reasons": sorted({re.sub(r" \(position .*\)", "", reason.split(": ", 1)[-1])
                                                               for _, reason in moved})}
     result["refused_rules"] = sorted({o.refused for o in outcomes if o.refused})
     # Each request that waited, in simulated seconds from the replay's start: to look into the figures.
