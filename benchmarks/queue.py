@@ -20,6 +20,8 @@ How a trace task becomes a request:
   no priority input yet (priority classes are not built), so the replay writes the priority
   into the QueueEntry right after a create that waits: the create's own pass saw 0.
 
+The pool starts with a past: the `--history` whole-GPU tasks before the replayed ones, as bookings
+booked and released the same way before the replay (what `likely_start` learns early releases from).
 The pool is `--nodes` nodes drawn from the trace's node list (each GPU model in proportion; no
 GpuModel rows, so every GPU weighs 1 GE). Time is simulated: every service gets `now=`. A
 create runs its pass inline; a release kicks a pass after its commit (allocations.queue.kick
@@ -411,22 +413,21 @@ def replay(tasks: list[Task], nodes: list[tuple[str, str, int]], *, ordering: st
 
 # --- one pass over a long queue -------------------------------------------------------------------
 
-def pass_setup(tasks: list[Task], nodes: list[tuple[str, str, int]], queue_len: int, history: int,
-               now: datetime, seed: int):
+def pass_setup(tasks: list[Task], nodes: list[tuple[str, str, int]], history: int, now: datetime, seed: int):
     """A pool of `nodes` with every GPU held by a trace task (each at a random point of its booking),
     `history` ended bookings (the estimate's early-release history), written in bulk: setup, not measured."""
     from allocations.models import Allocation, Reservation
 
+    from inventory.models import Gpu
+    from teams.models import Team
+
     pool, _, users, _ = make_pool("pass", nodes, ordering="fcfs", backfill=True, teams=len(QUOTA_WEIGHTS),
                                   quota_factor=10.0)
-    from inventory.models import Gpu
-
     gpus_by_node: dict[int, list[int]] = {}
     for gpu_id, node_id in Gpu.objects.filter(pool=pool).order_by("node_id", "index").values_list("id", "node_id"):
         gpus_by_node.setdefault(node_id, []).append(gpu_id)
     rng = np.random.default_rng(seed)
-    team_ids = {k: __import__("teams.models", fromlist=["Team"]).Team.objects.get(slug=slug).pk
-                for k, (_, slug) in users.items()}
+    team_ids = {k: Team.objects.get(slug=slug).pk for k, (_, slug) in users.items()}
     rows, grants = [], []
     cursor = 0
     for node_gpus in gpus_by_node.values():
@@ -482,7 +483,7 @@ def time_pass(tasks: list[Task], nodes: list[tuple[str, str, int]], *, queue_siz
     from allocations import queue, services
 
     now = EPOCH + timedelta(days=400)
-    pool, users, team_ids, busy = pass_setup(tasks, nodes, max(queue_sizes), history, now, seed)
+    pool, users, team_ids, busy = pass_setup(tasks, nodes, history, now, seed)
     user, slug = users[0]
     with Kicks():
         create_s = []
