@@ -320,6 +320,7 @@ def replay(tasks: list[Task], nodes: list[tuple[str, str, int]], *, ordering: st
     pool, pool_ge, users, quotas = make_pool(tag, nodes, ordering=ordering, backfill=backfill, teams=teams,
                                              quota_factor=quota_factor)
     seed_history(pool, users, list(past), EPOCH)
+    analyze()
     at = lambda seconds: EPOCH + timedelta(seconds=seconds)  # noqa: E731
     seconds = lambda moment: (moment - EPOCH).total_seconds()  # noqa: E731
     outcomes = [Outcome(task) for task in tasks]
@@ -456,7 +457,17 @@ def pass_setup(tasks: list[Task], nodes: list[tuple[str, str, int]], history: in
                                  state="released", ended_at=start + timedelta(seconds=task.runtime)))
     Reservation.objects.bulk_create(ended)
     Allocation.objects.bulk_create(grants, batch_size=5000)
+    analyze()
     return pool, users, team_ids, len(rows)
+
+
+def analyze() -> None:
+    """Fresh planner statistics after a bulk write (autovacuum may be off, as on this machine): without them
+    PostgreSQL plans the pass's queries for the empty tables it last saw."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE allocations_reservation, allocations_allocation, allocations_queueentry")
 
 
 def add_waiters(pool, users, team_ids, tasks: list[Task], count: int, now: datetime) -> None:
@@ -473,6 +484,7 @@ def add_waiters(pool, users, team_ids, tasks: list[Task], count: int, now: datet
                    duration=task.booked, queued_at=now - timedelta(seconds=count - k),
                    priority=PRIORITY.get(task.qos, 0))
         for k, (reservation, task) in enumerate(zip(waiting, picked, strict=True)))
+    analyze()
 
 
 def time_pass(tasks: list[Task], nodes: list[tuple[str, str, int]], *, queue_sizes: list[int], creates: int,
