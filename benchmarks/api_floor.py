@@ -95,7 +95,8 @@ def _service_client(pairs: list[dict], deadline: float, seed: int, out: list) ->
 # --- the sql tier ------------------------------------------------------------------------------
 
 LOCK_POOL = (
-    "SELECT p.id, p.sharing_mode, p.sharing_config, p.placement_policy, t.id, m.role, q.max_ge, "
+    "SELECT p.id, p.sharing_mode, p.sharing_config, p.placement_policy, p.queueing, p.backfill, "
+    "p.queue_ordering, t.id, m.role, q.max_ge, "
     "q.ge_hours_per_month, q.id IS NOT NULL, t.max_ge FROM inventory_gpupool p JOIN teams_team t ON t.slug = %s "
     "LEFT JOIN teams_membership m ON m.team_id = t.id AND m.user_id = %s "
     "LEFT JOIN allocations_quota q ON q.team_id = t.id AND q.pool_id = p.id WHERE p.slug = %s FOR UPDATE OF p")
@@ -132,6 +133,11 @@ LOCK_RESERVATION = (
     "FROM allocations_reservation r JOIN teams_team t ON t.id = r.team_id "
     "JOIN inventory_gpupool p ON p.id = r.pool_id LEFT JOIN auth_user u ON u.id = r.requested_by_id "
     "LEFT JOIN teams_membership m ON m.team_id = r.team_id AND m.user_id = %s WHERE r.id = %s FOR UPDATE OF r")
+# Whether anyone waits in the pool's queue (allocations.queue.has_waiting, the ORM's EXISTS): a create asks it
+# before it books (the queue's promises), a release before it kicks a pass.
+HAS_WAITING = (
+    'SELECT %s AS "a" FROM "allocations_reservation" WHERE ("allocations_reservation"."pool_id" = %s AND '
+    '"allocations_reservation"."state" = %s AND NOT ("allocations_reservation"."id" IS NULL)) LIMIT 1')
 CANCEL_ALLOCATIONS = "UPDATE allocations_allocation SET ends_at = starts_at WHERE reservation_id = %s"
 RELEASE_RESERVATION = (
     "UPDATE allocations_reservation SET state = %s, reason = %s, updated_at = %s, ended_at = %s WHERE id = %s")
@@ -155,6 +161,7 @@ def _sql_client(dsn: str, ids: list[tuple], deadline: float, seed: int, out: lis
             started = time.perf_counter()
             with conn.transaction():
                 conn.execute(LOCK_POOL, (team_slug, user_id, pool_slug)).fetchall()
+                conn.execute(HAS_WAITING, (1, pool_id, "pending")).fetchall()
                 gpu_rows = conn.execute(POOL_GPUS, (pool_id,)).fetchall()
                 held = {row[0] for row in conn.execute(POOL_GRANTS, (pool_id, end, start)).fetchall()}
                 conn.execute(TEAM_WINDOWS, (team_id, start, end, start, pool_id)).fetchall()
@@ -173,6 +180,7 @@ def _sql_client(dsn: str, ids: list[tuple], deadline: float, seed: int, out: lis
             latencies.append((time.perf_counter() - started) * 1000)
             with conn.transaction():
                 conn.execute(LOCK_RESERVATION, (user_id, reservation_id)).fetchall()
+                conn.execute(HAS_WAITING, (1, pool_id, "pending")).fetchall()
                 conn.execute(CANCEL_ALLOCATIONS, (reservation_id,))
                 now = datetime.now(timezone.utc)
                 conn.execute(RELEASE_RESERVATION, ("released", "Cancelled before its start.", now, now, reservation_id))

@@ -1,0 +1,80 @@
+"""The queue benchmark: its arithmetic on hand-made outcomes, and a tiny replay end to end through the real
+services on PostgreSQL (a transactional test: the release's kick runs after its commit, as in the portal)."""
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+
+from benchmarks.queue import Outcome, Task, booking_length, jain, main, percentile, summarize
+
+
+def test_bookings_are_the_next_usual_length_strictly_above_the_runtime():
+    assert booking_length(60) == timedelta(minutes=30)
+    assert booking_length(1800) == timedelta(hours=1)  # a task of exactly 30 min books an hour: it ends early
+    assert booking_length(5 * 3600) == timedelta(hours=8)
+    assert booking_length(400 * 86400) == timedelta(days=30)
+
+
+def test_jain_and_percentiles():
+    assert jain([2.0, 2.0, 2.0]) == 1.0
+    assert jain([1.0, 0.0, 0.0, 0.0]) == 0.25
+    assert jain([]) is None
+    assert percentile([float(v) for v in range(1, 101)], 95) == 95.0
+    assert percentile([], 50) is None
+
+
+def task(k, arrival, gpus=1, team=0):
+    return Task(index=k, name=f"pod-{k}", arrival=arrival, runtime=600.0, gpus=gpus, qos="LS", team=team)
+
+
+def test_summary_of_hand_made_outcomes():
+    outcomes = [
+        Outcome(task(0, 0.0), start=0.0),  # started at once
+        Outcome(task(1, 0.0), start=100.0, waited=True, first_start_by=100.0, first_likely_start=90.0),
+        Outcome(task(2, 50.0, team=1), start=250.0, waited=True, first_start_by=200.0, first_likely_start=250.0),
+        Outcome(task(3, 60.0), refused="never_fits"),
+    ]
+    held = [(0, 0.0, 600.0, 1.0), (0, 100.0, 700.0, 1.0), (1, 250.0, 850.0, 1.0)]
+    result = summarize(outcomes, pool_ge=2.0, quotas={0: 2.0, 1: 1.0}, window=(0.0, 1000.0), held=held)
+    assert result["placed"] == 3 and result["refused"] == 1 and result["waited"] == 2
+    assert result["wait_mean_s"] == pytest.approx((0 + 100 + 200) / 3)
+    assert result["ge_utilization"] == pytest.approx((600 + 600 + 600) / 2000)
+    # GE-seconds over quota: team 0 1200 / 2 = 600, team 1 600 / 1 = 600: perfectly fair.
+    assert result["jain_quota_weighted"] == pytest.approx(1.0)
+    assert result["promise_kept"] == 0.5  # the second started 50 s after its first start_by
+    # |90 - 100| / 100 and |250 - 250| / 200
+    assert result["estimate_error_p50"] == 0.0 and result["estimate_error_p90"] == pytest.approx(0.1)
+    assert result["preemptions"] == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_tiny_replay_and_pass_run_end_to_end(tmp_path):
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.fail("needs PostgreSQL, as the benchmark does: run it with `make test`")
+    out = tmp_path / "queue.json"
+    # 3 nodes and a short, sped-up stretch of the trace: some requests must wait.
+    main(["--requests", "40", "--nodes", "3", "--speedup", "200", "--orderings", "fcfs,priority",
+          "--pass-nodes", "3", "--pass-queue", "5", "20", "--pass-repeats", "1", "--pass-history", "20",
+          "--json", str(out)])
+    result = json.loads(out.read_text())
+    assert set(result["configs"]) == {"fcfs/backfill", "fcfs/strict", "priority/backfill", "priority/strict"}
+    for name, figures in result["configs"].items():
+        assert figures["requests"] == 40, name
+        assert figures["placed"] + figures["refused"] == 40
+        assert figures["placed"] >= 30, (name, figures["refused_rules"])
+        assert 0 < figures["ge_utilization"] <= 1
+        assert figures["preemptions"] == 0
+    strict = result["configs"]["fcfs/strict"]
+    assert strict["waited"] > 0 and strict["wait_mean_s"] > 0  # the stretch does contend
+    assert 0 <= strict["promise_kept"] <= 1 and strict["estimate_error_p50"] is not None
+    passes = result["pass"]["passes"]
+    assert set(passes) == {"5", "20"} and passes["20"]["counts"]["waiting"] == 20
+    assert result["pass"]["create_ms_median"] > 0
+    assert "promise_kept_fcfs_backfill_ge_95pct" in result["targets"] and "pass_under_200ms" in result["targets"]
+    from inventory.models import GpuPool
+
+    assert not GpuPool.objects.filter(slug__startswith="bench-queue-").exists()  # it cleans up after itself
