@@ -587,7 +587,8 @@ def _write_entry(entry: QueueEntry, reservation: Reservation, planned: Planned, 
         ahead_before = entry.position or position
         moved_why = (f"Requests ordered ahead of it joined the queue (position {ahead_before} → {position})."
                      if position > ahead_before else
-                     "The pool lost capacity it was planned on (a node or GPU failed or was drained).")
+                     "The plan changed under it: requests ahead started sooner than planned, on GPUs it was "
+                     "planned on, or the pool lost capacity (a node or GPU failed or was drained).")
         record(reservation, from_state=State.PENDING, to_state=State.PENDING, actor=None,
                reason=f"Promised start moved from {entry.start_by:%Y-%m-%d %H:%M} to {start_by:%Y-%m-%d %H:%M} "
                       f"UTC: {moved_why}", at=now)
