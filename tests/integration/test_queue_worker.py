@@ -3,43 +3,23 @@
 once; the expiry warning goes out once."""
 from __future__ import annotations
 
-import email
-import socket
 import time
 from datetime import timedelta
-from email import policy
 
 import pytest
-from aiosmtpd.controller import Controller
 from django.utils import timezone
 
 from allocations.models import Allocation, QueueEntry, Reservation
 from tests.conftest import wait_for
+from tests.smtp import start_smtp
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 URL = "/api/v1/reservations/"
 
 
-class Inbox:
-    def __init__(self) -> None:
-        self.messages: list[email.message.EmailMessage] = []
-
-    async def handle_DATA(self, server, session, envelope):
-        self.messages.append(email.message_from_bytes(envelope.content, policy=policy.default))
-        return "250 OK"
-
-    def subjects(self) -> list[str]:
-        return [m["Subject"] for m in self.messages]
-
-
 @pytest.fixture
 def inbox(worker_env):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    box = Inbox()
-    controller = Controller(box, hostname="127.0.0.1", port=port)
-    controller.start()
+    box, controller, port = start_smtp()
     # QUEUE_PASS_SECONDS: the backstop stays out of it, so a release's own kick must start the waiter.
     worker_env.update(EMAIL_URL=f"smtp://127.0.0.1:{port}", EXPIRY_WARNING_SECONDS="1800",
                       QUEUE_PASS_SECONDS="600", PREEMPTION_NOTICE_SECONDS="3", PREEMPTION_MIN_RUNTIME_SECONDS="0")

@@ -1,43 +1,25 @@
 """Alerts against a real SMTP server (aiosmtpd): pending, one firing mail, one resolved mail; silences; repeats."""
 from __future__ import annotations
 
-import email
-import socket
 import threading
 import time
 from datetime import timedelta
-from email import policy
 
 import pytest
-from aiosmtpd.controller import Controller
 from django.utils import timezone
 
 from allocations.models import Allocation, Reservation
 from monitoring.alerts import alerts_evaluate
 from monitoring.models import Alert, AlertRule, Silence
 from tests.monitoring.conftest import batch, payload, post, sample
+from tests.smtp import Inbox, start_smtp
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-class Inbox:
-    def __init__(self) -> None:
-        self.messages: list[tuple[list[str], email.message.EmailMessage]] = []
-
-    async def handle_DATA(self, server, session, envelope):
-        self.messages.append((list(envelope.rcpt_tos), email.message_from_bytes(envelope.content,
-                                                                                 policy=policy.default)))
-        return "250 OK"
-
-
 @pytest.fixture
 def smtp(settings):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    inbox = Inbox()
-    controller = Controller(inbox, hostname="127.0.0.1", port=port)
-    controller.start()
+    inbox, controller, port = start_smtp()
     settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
     settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", port
     settings.EMAIL_USE_TLS = settings.EMAIL_USE_SSL = False
