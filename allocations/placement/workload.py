@@ -100,6 +100,8 @@ class ModelTerms:
     #: counts with the share of the cluster's GPUs it *cannot* use (0 for work that runs
     #: anywhere, nearly 1 for work only this model's few nodes can take).
     pinned_share: np.ndarray
+    #: (M + 1,) usable GPUs of each model in the cluster (GPU-less nodes: 0).
+    gpus: np.ndarray
 
 
 @dataclass
@@ -249,6 +251,7 @@ class WorkloadProfile:
             waste=waste,
             shapes=ShapeTable.per_model(union, p, models),
             pinned_share=pinned,
+            gpus=gpus_of,
         )
 
     @property

@@ -210,7 +210,8 @@ def test_model_balance_keeps_the_order_within_a_model(case, milli, cpu) -> None:
         if same.size == 0:
             continue
         # Within one model the charge is one number: the order of nodes cannot change.
-        assert np.allclose((scores - adjusted)[same], (scores - adjusted)[same][0])
+        charge = scores[same] - adjusted[same]
+        assert np.allclose(charge, charge[0])
 
 
 @given(mixed_clusters())

@@ -17,6 +17,33 @@ node order break ties. The cost of a node is the FGD fragment plus two terms FGD
 :class:`~allocations.placement.workload.WorkloadProfile`); ``W`` is the profile's remnant
 waste table (the idle milli a GPU with ``f`` free keeps if only common sizes arrive).
 
+Per GPU model (issue 18)
+------------------------
+Every term is conditioned on the node's GPU model: ``F_n``'s typical shapes, the
+stranding ratios and ``W`` are built, per model, from the work that *can* run on that
+model: its ``allowed_models`` admit it and some node of the model is big enough (an
+8-GPU, 120-core task can only ever use the 128-core 8-GPU servers). A workload pinned to
+one model is so scored against the nodes it can actually use; with one cluster-wide
+figure, CPU-hungry pinned work on 52-core-per-GPU T4 servers made 10-core-per-GPU work
+look like it strands GPUs everywhere else, and pinned shapes fell out of the cluster-wide
+95% typical set. A fourth term, applied after the cached scores because it reads the
+whole cluster (:meth:`PortalPolicy.adjust`), charges work that could go elsewhere for
+filling a model that tied work depends on::
+
+    balance_i = balance_weight * milli * used_i * pinned_i
+
+``used_i`` is the share of model ``i``'s GPUs taken, ``pinned_i`` how much of the work
+able to use ``i`` is tied to it (each task weighted by the share of the cluster's GPUs it
+cannot use). On a workload where nothing is tied to a model (every task fits every node
+type) ``pinned_i`` is 0 and the term vanishes.
+
+The constants (weights, levels, the filler cut-off) were chosen by
+``python -m benchmarks.placement_sweep`` on training variants of the trace and checked on
+held-out ones (README, Measured). A guard (``guard = "auto"``) runs the profile's work on
+a ~150-node copy of the cluster with and without the extra terms, once per profile and
+cluster, and scores as plain FGD when the terms place less; a pool can also simply use
+``fgd`` as its ``placement_policy``.
+
 Why it works
 ------------
 On the Alibaba trace the GPUs FGD leaves idle when arrivals reach 100% are of three kinds
@@ -259,9 +286,8 @@ class PortalPolicy(Policy):
         if rows.min() == rows.max():
             return scores
         m = len(arrays.models) + 1
-        idx = np.where(arrays.model_idx >= 0, arrays.model_idx, m - 1)
-        free = np.bincount(idx, weights=arrays.gpu_free.sum(axis=1), minlength=m)
-        cap = np.bincount(idx, weights=arrays.gpu_usable.sum(axis=1), minlength=m) * 1000.0
+        free = np.bincount(arrays.model_idx % m, weights=arrays.gpu_free.sum(axis=1), minlength=m)
+        cap = terms.gpus * 1000.0
         used = np.where(cap > 0, 1.0 - free / np.maximum(cap, 1.0), 1.0)
         charge = self.balance_weight * demand.total_milli * used[rows] * terms.pinned_share[rows]
         # In score levels: near 0 the sigmoid's slope is 1/4, so 1000 milli of cost is levels/4.
