@@ -1,8 +1,9 @@
 """Benchmark the placement policies on Alibaba's GPU-sharing trace, the way the FGD paper does.
 
-    python -m benchmarks.placement [--nodes FILE] [--trace FILE|default|gpushare40|multigpu30]
+    python -m benchmarks.placement [--nodes FILE] [--trace FILE|default|gpushare40|multigpu30|VARIANT]
                                    [--policies a,b,...] [--seeds 42-51] [--json OUT]
                                    [--synthetic-nodes 10000] [--replay-time]
+    python -m benchmarks.placement --variants train|heldout|all --policies portal,fgd [--seeds 42-51]
 
 Default: the GPU node list and the default trace from ../shared/data/alibaba-gpu-2023/,
 all policies, seeds 42-51. Per seed the trace is shuffled and inflated with sampled tasks
@@ -10,7 +11,9 @@ to 1.3x GPU capacity; tasks arrive one at a time, never leave, and are dropped w
 node fits. Reported per policy (means over seeds): unallocated GPU % of capacity when
 arrived GPU reaches 100% and 130%, fragmentation % at 90%, decisions per second and the
 p50/p99 decision latency. ``--replay-time`` instead replays creation/deletion times with
-queueing (see :mod:`benchmarks.placement_timereplay`).
+queueing (see :mod:`benchmarks.placement_timereplay`). ``--variants`` runs the default trace
+and the generated workload variants (:mod:`benchmarks.placement_variants`) and tables the
+first policy against the second at 90, 100 and 130% arrived.
 """
 
 from __future__ import annotations
@@ -22,21 +25,28 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import argparse  # noqa: E402
+import functools  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+from allocations.placement.arrays import ClusterArrays  # noqa: E402
 from allocations.placement.fragmentation import ShapeTable  # noqa: E402
-from allocations.placement.policies import POLICY_NAMES, get_policy  # noqa: E402
+from allocations.placement.policies import POLICY_NAMES, Policy, get_policy  # noqa: E402
 from allocations.placement.workload import WorkloadProfile  # noqa: E402
 
 from .placement_replay import RunResult, replay  # noqa: E402
 from .placement_synthetic import synthetic_cluster  # noqa: E402
+from .placement_variants import BY_NAME, make_variant, variants  # noqa: E402
 from .placement_trace import DEFAULT_NODES, DEFAULT_TRACE, TRACE_FILES, Trace, load_nodes, load_trace  # noqa: E402
+
+#: Arrived GPU % at which the variant table compares policies.
+ARRIVED_POINTS = (90, 100, 130)
 
 #: Published unallocated GPU % at arrived = 100% (FGD paper, mean of 10 seeds; data README).
 PUBLISHED = {
@@ -100,6 +110,7 @@ def summarise(runs: list[RunResult]) -> dict[str, Any]:
     decisions = sum(len(x) for x in lat)
     decision_time = sum(float(x.sum()) for x in lat)
     return {
+        "unallocated_pct_at_90": float(np.mean([r.unallocated_at(90) for r in runs])),
         "unallocated_pct_at_100": float(np.mean([r.unallocated_at(100) for r in runs])),
         "unallocated_pct_at_130": float(np.mean([r.unallocated_at(130) for r in runs])),
         "frag_pct_at_90": float(np.mean([r.frag_at(90) for r in runs])),
@@ -113,38 +124,120 @@ def summarise(runs: list[RunResult]) -> dict[str, Any]:
     }
 
 
-def run_trace(args: argparse.Namespace, policies: list[str], seeds: list[int]) -> dict:
-    nodes_path = Path(args.nodes) if args.nodes else DEFAULT_NODES
-    trace_path = resolve_trace(args.trace)
-    nodes = load_nodes(nodes_path)
-    trace = load_trace(trace_path)
+def load_trace_arg(text: str | None) -> tuple[Trace, str, str]:
+    """(trace, key, source) for ``--trace``: a file, a shipped trace's name, or a generated variant's name."""
+    if text in BY_NAME:
+        return make_variant(text), text, f"variant {text} of {DEFAULT_TRACE.name}"
+    path = resolve_trace(text)
+    return load_trace(path), trace_key(path), str(path)
+
+
+def compare_policies(
+    nodes: ClusterArrays,
+    trace: Trace,
+    policies: dict[str, Callable[[], Policy]],
+    seeds: list[int],
+    *,
+    use_cache: bool = True,
+    verbose: bool = False,
+    label: str = "",
+) -> dict[str, dict[str, Any]]:
+    """Each policy on ``trace`` for every seed: summaries (means over seeds, per-seed figures)."""
     profile = profile_of(trace)
     measure = ShapeTable(trace.typical_shapes(), nodes.models)
-    published = PUBLISHED.get(trace_key(trace_path), {})
+    out: dict[str, dict[str, Any]] = {}
+    for name, make in policies.items():
+        runs = []
+        for seed in seeds:
+            runs.append(replay(nodes, trace, make(), seed, measure, profile, use_cache=use_cache))
+            if verbose:
+                r = runs[-1]
+                print(f"  {label}{name} seed {seed}: {r.unallocated_at(100):.2f}% ({r.wall_s:.1f}s)", flush=True)
+        summary = summarise(runs)
+        for pct in ARRIVED_POINTS:
+            summary[f"per_seed_unallocated_pct_at_{pct}"] = {str(r.seed): r.unallocated_at(pct) for r in runs}
+        out[name] = summary
+    return out
+
+
+def run_trace(args: argparse.Namespace, policies: list[str], seeds: list[int]) -> dict:
+    nodes_path = Path(args.nodes) if args.nodes else DEFAULT_NODES
+    nodes = load_nodes(nodes_path)
+    trace, key, source = load_trace_arg(args.trace)
+    measure = ShapeTable(trace.typical_shapes(), nodes.models)
+    published = PUBLISHED.get(key, {})
     print(
-        f"trace {trace_path.name}: {len(trace)} tasks; cluster {nodes_path.name}: {nodes.n_nodes} nodes, "
+        f"trace {source}: {len(trace)} tasks; cluster {nodes_path.name}: {nodes.n_nodes} nodes, "
         f"{nodes.gpu_capacity_milli() // 1000} GPUs; {len(measure)} typical shapes; seeds {seeds[0]}..{seeds[-1]}",
         flush=True,
     )
-    out: dict = {"trace": str(trace_path), "nodes": str(nodes_path), "seeds": seeds, "policies": {}}
+    out: dict = {"trace": source, "nodes": str(nodes_path), "seeds": seeds, "policies": {}}
     started = time.perf_counter()
     for name in policies:
-        runs = []
-        for seed in seeds:
-            runs.append(replay(nodes, trace, get_policy(name), seed, measure, profile, use_cache=not args.no_cache))
-            if args.verbose:
-                r = runs[-1]
-                print(f"  {name} seed {seed}: {r.unallocated_at(100):.2f}% ({r.wall_s:.1f}s)", flush=True)
-        summary = summarise(runs)
+        summary = compare_policies(
+            nodes, trace, {name: functools.partial(get_policy, name)}, seeds,
+            use_cache=not args.no_cache, verbose=args.verbose,
+        )[name]
         if name in published:
             summary["published_unallocated_pct_at_100"] = published[name]
             summary["delta_vs_published"] = summary["unallocated_pct_at_100"] - published[name]
-        summary["per_seed_unallocated_pct_at_100"] = {str(r.seed): r.unallocated_at(100) for r in runs}
         out["policies"][name] = summary
         print_row(name, summary, header=len(out["policies"]) == 1)
     out["wall_s"] = time.perf_counter() - started
     print(f"all policies x {len(seeds)} seeds: {out['wall_s']:.0f} s", flush=True)
     return out
+
+
+def run_variants(args: argparse.Namespace, policies: list[str], seeds: list[int]) -> dict:
+    """Every generated variant of a split (see :mod:`benchmarks.placement_variants`), then a
+    table of the first policy against the second (``portal`` against ``fgd`` by default)."""
+    nodes_path = Path(args.nodes) if args.nodes else DEFAULT_NODES
+    nodes = load_nodes(nodes_path)
+    base = load_trace(DEFAULT_TRACE)
+    chosen = [("default", "-", base)] + [(v.name, v.split, make_variant(v.name, base)) for v in variants(args.variants)]
+    makers = {name: functools.partial(get_policy, name) for name in policies}
+    out: dict = {"nodes": str(nodes_path), "seeds": seeds, "split": args.variants, "variants": {}}
+    started = time.perf_counter()
+    for name, split, trace in chosen:
+        result = compare_policies(
+            nodes, trace, makers, seeds, use_cache=not args.no_cache, verbose=args.verbose, label=f"{name} "
+        )
+        out["variants"][name] = {"split": split, "policies": result}
+        print(f"{name} ({split}): " + ", ".join(
+            f"{p} {s['unallocated_pct_at_100']:.2f}" for p, s in result.items()), flush=True)
+    out["wall_s"] = time.perf_counter() - started
+    if len(policies) >= 2:
+        out["comparison"] = print_comparison(out["variants"], policies[0], policies[1], seeds)
+    return out
+
+
+def print_comparison(results: dict, ours: str, base: str, seeds: list[int]) -> dict:
+    """Per variant: unallocated % of ``ours`` and ``base`` at 90/100/130% arrived, the ratio at 100%
+    and on how many seeds ``ours`` is strictly lower at 100%."""
+    print(
+        f"\n{'variant':12s} {'split':8s} "
+        + " ".join(f"{ours[:6]}@{p:<3d} {base[:6]}@{p:<3d}" for p in ARRIVED_POINTS)
+        + f" {'ratio@100':>9s} {'wins@100':>8s}"
+    )
+    table = {}
+    for name, entry in results.items():
+        a, b = entry["policies"][ours], entry["policies"][base]
+        row = {"split": entry["split"]}
+        for p in ARRIVED_POINTS:
+            row[f"{ours}_at_{p}"] = a[f"unallocated_pct_at_{p}"]
+            row[f"{base}_at_{p}"] = b[f"unallocated_pct_at_{p}"]
+        row["ratio_at_100"] = a["unallocated_pct_at_100"] / b["unallocated_pct_at_100"]
+        per_a, per_b = a["per_seed_unallocated_pct_at_100"], b["per_seed_unallocated_pct_at_100"]
+        row["seeds_won_at_100"] = sum(per_a[s] < per_b[s] for s in per_a)
+        table[name] = row
+        print(
+            f"{name:12s} {entry['split']:8s} "
+            + " ".join(f"{row[f'{ours}_at_{p}']:10.2f} {row[f'{base}_at_{p}']:10.2f}" for p in ARRIVED_POINTS)
+            + f" {row['ratio_at_100']:9.3f} {row['seeds_won_at_100']:4d}/{len(seeds):<3d}"
+        )
+    worst = max(table, key=lambda k: table[k]["ratio_at_100"])
+    print(f"worst ratio at 100%: {table[worst]['ratio_at_100']:.3f} ({worst})", flush=True)
+    return table
 
 
 def print_row(name: str, s: dict, header: bool) -> None:
@@ -189,7 +282,14 @@ def run_synthetic(args: argparse.Namespace, policies: list[str], seeds: list[int
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.placement", description=__doc__.split("\n\n")[0])
     p.add_argument("--nodes", help="node list CSV (default: the trace's GPU node list)")
-    p.add_argument("--trace", help="pod list CSV, or default / gpushare40 / multigpu30")
+    p.add_argument(
+        "--trace", help="pod list CSV, or default / gpushare40 / multigpu30, or a generated variant (gpuspec25, ...)"
+    )
+    p.add_argument(
+        "--variants",
+        choices=["train", "heldout", "all"],
+        help="run the default trace and every generated variant of this split; compare the first two policies",
+    )
     p.add_argument(
         "--policies", help="comma-separated (default: all; with --replay-time: first_fit,best_fit,fgd,portal)"
     )
@@ -222,6 +322,9 @@ def main(argv: list[str] | None = None) -> int:
 
         result = run_time_replay(args, policies, seeds)
         default_json = f"/tmp/placement-replay-time-{trace_key(trace_path)}.json"
+    elif args.variants:
+        result = run_variants(args, policies, seeds)
+        default_json = f"/tmp/placement-variants-{args.variants}.json"
     elif args.synthetic_nodes:
         result = run_synthetic(args, policies, seeds)
         default_json = f"/tmp/placement-synthetic-{args.synthetic_nodes}.json"

@@ -4,7 +4,8 @@
 
 1. filter: :func:`feasibility.feasible_nodes` (health, labels, CPU, memory, GPU fit);
 2. score: the policy's ``evaluate`` on the feasible nodes (through a :class:`ScoreCache`
-   when the caller keeps one and the policy is ``node_local``);
+   when the caller keeps one and the policy is ``node_local``), then its ``adjust`` (a
+   cluster-wide correction, never cached);
 3. pick: the highest score; equal scores go to the lowest ``tie_rank`` (the cluster's
    fixed node order);
 4. GPUs: the policy's ``choose_gpus`` on the chosen node.
@@ -103,6 +104,7 @@ def decide(
     else:
         ev = policy.evaluate(arrays, demand, idx, fit, ctx)
         scores, slots = ev.scores, ev.slots
+    scores = policy.adjust(arrays, demand, idx, scores, ctx)
     pos = pick_best(scores, arrays.tie_rank[idx])
     node = int(idx[pos])
     hint = int(slots[pos]) if slots is not None else -1

@@ -86,6 +86,23 @@ class ShapeTable:
         self.needs_gpu = self.milli > 0
         self.p_gpu = self.p[self.needs_gpu]
         self.p_cpu_only = float(self.p[~self.needs_gpu].sum())
+        #: Optional per-model frequencies (see :meth:`per_model`): row = model index, -1 last.
+        self.p_model_gpu: np.ndarray | None = None
+        self.p_model_cpu_only: np.ndarray | None = None
+
+    @classmethod
+    def per_model(cls, shapes: Sequence[TaskShape], p: np.ndarray, models: Sequence[str]) -> ShapeTable:
+        """A table whose frequencies depend on the node's model: ``p[i, m]`` is shape ``m``'s
+        frequency among the work that may run on model ``i`` (row -1, GPU-less nodes, last).
+
+        The shapes carry no model restriction (the frequencies already say where they go),
+        so ``F_n`` of a node counts only the work that could ever use it.
+        """
+        table = cls([(s, 0.0) for s in shapes], models)
+        p = np.asarray(p, dtype=np.float64)
+        table.p_model_gpu = np.ascontiguousarray(p[:, table.needs_gpu])
+        table.p_model_cpu_only = p[:, ~table.needs_gpu].sum(axis=1)
+        return table
 
     def __len__(self) -> int:
         return len(self.shapes)
@@ -108,6 +125,7 @@ class FragmentTerms:
         self.shape_num = table.num[table.needs_gpu]
         self.total = free.sum(axis=1)
         self.cpu = np.asarray(cpu_free, dtype=np.int64)
+        self.model_idx = np.asarray(model_idx, dtype=np.int64)
         self.access = table.access[np.asarray(model_idx, dtype=np.int64)][:, table.needs_gpu]
         # ge[b, m, g]: GPU g of node b has room for one GPU of shape m.
         ge = free[:, None, :] >= self.milli[None, :, None]
@@ -129,6 +147,10 @@ class FragmentTerms:
         cpu = self.cpu[rows] if cpu is None else cpu
         fits = (cpu[:, None] >= self.shape_cpu[None, :]) & (count >= self.shape_num[None, :]) & self.access[rows]
         frag = np.where(fits, small, total[:, None]).astype(np.float64)
+        if self.table.p_model_gpu is not None:
+            model = self.model_idx[rows]
+            p_gpu, p_cpu = self.table.p_model_gpu[model], self.table.p_model_cpu_only[model]
+            return np.einsum("bm,bm->b", frag, p_gpu) + total * p_cpu
         return frag @ self.table.p_gpu + total * self.table.p_cpu_only
 
     def after_one_gpu(

@@ -59,6 +59,51 @@ def demand_for(request: PlacementRequest) -> Demand:
     return Demand.from_request(request, mig_milli=mig_milli)
 
 
+@dataclass(frozen=True)
+class TaskKey:
+    """A demand as the per-model terms see it: size and model restriction."""
+
+    allowed: frozenset[str]
+    cpu_milli: int
+    memory_mib: int
+    num_gpu: int
+    milli: int  # per GPU, 0 for CPU-only
+
+
+#: A cluster's node types, as the per-model terms need them: (model index, CPU, memory, GPUs, nodes).
+NodeTypes = tuple[tuple[int, int, int, int, int], ...]
+
+
+def node_types(arrays_model_idx: np.ndarray, cpu_cap: np.ndarray, mem_cap: np.ndarray, gpus: np.ndarray) -> NodeTypes:
+    rows = np.stack([arrays_model_idx, cpu_cap, mem_cap, gpus]).T.astype(np.int64)
+    kinds, counts = np.unique(rows, axis=0, return_counts=True)
+    return tuple((int(m), int(c), int(r), int(g), int(n)) for (m, c, r, g), n in zip(kinds, counts, strict=True))
+
+
+@dataclass
+class ModelTerms:
+    """The profile's terms per GPU model of one cluster.
+
+    Row ``i`` is built from the work that can run on model ``i``: its ``allowed_models``
+    admit the model *and* some node of that model is big enough for it (an 8-GPU task
+    asking for 120 cores can only ever use the 128-core 8-GPU servers, whatever its
+    ``gpu_spec`` says). Work that cannot use a model never competes for its nodes, so it
+    does not shape that model's terms. The last row (index -1: GPU-less nodes) and models
+    no recorded work can use take the whole workload's figures.
+    """
+
+    cpu_per_gpu: np.ndarray  # (M + 1,)
+    mem_per_gpu: np.ndarray  # (M + 1,)
+    waste: np.ndarray  # (M + 1, 1001)
+    shapes: ShapeTable  # typical shapes per model (ShapeTable.per_model)
+    #: (M + 1,) how much of the GPU work that can use the model is tied to it: each task
+    #: counts with the share of the cluster's GPUs it *cannot* use (0 for work that runs
+    #: anywhere, nearly 1 for work only this model's few nodes can take).
+    pinned_share: np.ndarray
+    #: (M + 1,) usable GPUs of each model in the cluster (GPU-less nodes: 0).
+    gpus: np.ndarray
+
+
 @dataclass
 class WorkloadProfile:
     shapes: list[tuple[TaskShape, float]]
@@ -66,8 +111,12 @@ class WorkloadProfile:
     mem_per_gpu_milli: float  # MiB GPU work brings per milli-GPU
     fraction_sizes: list[tuple[int, float]]  # (milli, share of fractional tasks), most common first
     filler_min_share: float = FILLER_MIN_SHARE
+    coverage: float = COVERAGE
+    #: Every demand's size and restriction, and how often it occurred (for :meth:`model_terms`).
+    task_counts: Counter = field(default_factory=Counter)
     _tables: dict[tuple[str, ...], ShapeTable] = field(default_factory=dict, repr=False)
     _waste: np.ndarray | None = field(default=None, repr=False)
+    _model_terms: dict[tuple, ModelTerms] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_demands(
@@ -84,12 +133,18 @@ class WorkloadProfile:
         mem = sum(d.memory_mib for d in gpu_work)
         fractions = Counter(d.milli for d in demands if d.num_gpu == 1 and 0 < d.milli < MILLI_PER_GPU)
         total_fr = sum(fractions.values())
+        task_counts = Counter(
+            TaskKey(d.allowed_models, d.cpu_milli, d.memory_mib, d.num_gpu, d.milli if d.num_gpu else 0)
+            for d in demands
+        )
         return cls(
             shapes=typical_shapes(shapes, coverage),
             cpu_per_gpu_milli=cpu / gpu_milli if gpu_milli else 0.0,
             mem_per_gpu_milli=mem / gpu_milli if gpu_milli else 0.0,
             fraction_sizes=[(m, c / total_fr) for m, c in sorted(fractions.items(), key=lambda kv: (-kv[1], kv[0]))],
             filler_min_share=filler_min_share,
+            coverage=coverage,
+            task_counts=task_counts,
         )
 
     @classmethod
@@ -123,6 +178,81 @@ class WorkloadProfile:
         if table is None:
             table = self._tables[key] = ShapeTable(self.shapes, models)
         return table
+
+    def model_terms(self, models: Sequence[str], types: NodeTypes, filler_min_share: float | None = None) -> ModelTerms:
+        """The per-model terms for a cluster's vocabulary and node types (cached).
+
+        ``filler_min_share`` overrides the profile's cut-off for reliable filler sizes.
+        """
+        share = self.filler_min_share if filler_min_share is None else filler_min_share
+        key = (tuple(models), types, share)
+        terms = self._model_terms.get(key)
+        if terms is None:
+            terms = self._model_terms[key] = self._build_model_terms(models, types, share)
+        return terms
+
+    def _build_model_terms(self, models: Sequence[str], types: NodeTypes, filler_min_share: float) -> ModelTerms:
+        rows = len(models) + 1
+        gpus_of = np.zeros(rows)
+        for m, _, _, g, n in types:
+            if m >= 0:
+                gpus_of[m] += g * n
+        all_gpus = gpus_of.sum()
+        # Per task kind: the models it can run on (allowed and some node of the model fits it).
+        usable: list[tuple[TaskKey, int, np.ndarray]] = []
+        for key, count in self.task_counts.items():
+            can = np.zeros(rows, dtype=bool)
+            for m, cpu_cap, mem_cap, g, _ in types:
+                if m < 0 or (key.allowed and models[m] not in key.allowed):
+                    continue
+                if cpu_cap >= key.cpu_milli and mem_cap >= key.memory_mib and g >= key.num_gpu:
+                    can[m] = True
+            if key.num_gpu == 0:
+                can[:] = True  # CPU-only work competes for every node's CPU
+            if can.any():
+                usable.append((key, count, can))
+        cpu = np.full(rows, self.cpu_per_gpu_milli)
+        mem = np.full(rows, self.mem_per_gpu_milli)
+        waste = np.tile(
+            remnant_waste_table([m for m, share in self.fraction_sizes if share >= filler_min_share]), (rows, 1)
+        )
+        pinned = np.zeros(rows)
+        per_model_shapes: list[dict[TaskShape, float]] = []
+        for i in range(len(models)):
+            on_i = [(k, c, can) for k, c, can in usable if can[i]]
+            gpu_work = [(k, c, can) for k, c, can in on_i if k.num_gpu > 0]
+            gpu = sum(c * k.num_gpu * k.milli for k, c, _ in gpu_work)
+            shapes: Counter = Counter()
+            for k, c, _ in on_i:
+                shapes[TaskShape(k.cpu_milli, k.milli, k.num_gpu)] += c
+            per_model_shapes.append(dict(typical_shapes(shapes.elements(), self.coverage)))
+            if gpu == 0:
+                continue  # no recorded GPU work can use this model: keep the whole workload's figures
+            cpu[i] = sum(c * k.cpu_milli for k, c, _ in gpu_work) / gpu
+            mem[i] = sum(c * k.memory_mib for k, c, _ in gpu_work) / gpu
+            pinned[i] = (
+                sum(c * k.num_gpu * k.milli * (1.0 - gpus_of[can].sum() / all_gpus) for k, c, can in gpu_work) / gpu
+            )
+            fractions = Counter({k.milli: 0 for k, _, _ in gpu_work if 0 < k.milli < MILLI_PER_GPU})
+            for k, c, _ in gpu_work:
+                if k.num_gpu == 1 and 0 < k.milli < MILLI_PER_GPU:
+                    fractions[k.milli] += c
+            total = sum(fractions.values())
+            if total:
+                waste[i] = remnant_waste_table([m for m, c in fractions.items() if c / total >= filler_min_share])
+        union = sorted({s for row in per_model_shapes for s in row}, key=lambda s: (s.cpu_milli, s.gpu_milli, s.num_gpu))
+        p = np.zeros((rows, len(union)))
+        for i, row in enumerate(per_model_shapes):
+            for j, s in enumerate(union):
+                p[i, j] = row.get(s, 0.0)
+        return ModelTerms(
+            cpu_per_gpu=cpu,
+            mem_per_gpu=mem,
+            waste=waste,
+            shapes=ShapeTable.per_model(union, p, models),
+            pinned_share=pinned,
+            gpus=gpus_of,
+        )
 
     @property
     def filler_sizes(self) -> list[int]:

@@ -137,6 +137,17 @@ class Policy:
         """Score ``nodes`` (indexes into ``arrays``) for ``demand``; ``fit`` is their (B, G) GPU fit."""
         raise NotImplementedError
 
+    def adjust(
+        self, arrays: ClusterArrays, demand: Demand, nodes: np.ndarray, scores: np.ndarray, ctx: PolicyContext
+    ) -> np.ndarray:
+        """Scores after a cluster-wide correction, applied after the (node-local, cached) scores.
+
+        ``evaluate`` must stay node-local for the score cache; a term that depends on the
+        whole cluster (how full each GPU model is) goes here and is recomputed every decision.
+        Default: none.
+        """
+        return scores
+
     def fraction_slots(
         self, arrays: ClusterArrays, nodes: np.ndarray, fit: np.ndarray, ctx: PolicyContext
     ) -> np.ndarray:
