@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 
-from allocations import booking, queue, quotas, selectors, shapes
+from allocations import booking, queue, quotas, shapes
 from allocations.models import Quota
 from common.errors import ApplicationError
 from inventory.models import GpuPool
@@ -27,12 +27,6 @@ from inventory.sharing import REPLICA_MODES, SharingMode
 from teams.models import Team
 
 MAX_OTHER_POOLS = 5
-
-
-def _team_holding(quota: quotas.QuotaLimits, start: datetime, end: datetime) -> queue.TeamHolding:
-    return queue.TeamHolding(
-        quota=quota, in_pool=selectors.team_windows(quota.team_id, quota.pool_id, start, end),
-        everywhere=(selectors.team_windows(quota.team_id, None, start, end) if quota.team_max_ge is not None else []))
 
 
 def earliest_window(*, pool: GpuPool, request: shapes.Amounts, quota: quotas.QuotaLimits, team: Team,
@@ -46,7 +40,7 @@ def earliest_window(*, pool: GpuPool, request: shapes.Amounts, quota: quotas.Quo
     shape = shapes.shape_for(pool, request, snapshot)
     start, _, _ = queue.earliest_fit(
         gpus=snapshot.gpus, grants=[*snapshot.grants, *promised], shape=shape, duration=duration, earliest=earliest,
-        latest=latest, policy=pool.placement_policy, team=_team_holding(quota, earliest, latest + duration))
+        latest=latest, policy=pool.placement_policy, team=queue.team_holding(quota, earliest, latest + duration))
     return start
 
 
@@ -96,9 +90,8 @@ def offers(*, team: Team, pool: GpuPool, request: shapes.Amounts, quota: quotas.
                       "request": _body(team, pool, request, start, start + duration)})
     snapshot = booking.pool_snapshot(pool.pk, starts_at, ends_at)
     shape = shapes.shape_for(pool, request, snapshot)
-    around = dataclasses.replace(snapshot, grants=(*snapshot.grants, *(
-        g for g in promised if g.starts_at < ends_at and g.ends_at > starts_at)))
-    holding = _team_holding(quota, starts_at, ends_at)
+    around = queue.with_promised(snapshot, promised)
+    holding = queue.team_holding(quota, starts_at, ends_at)
     asked = _amount(shape)
     most = min(asked - 1, booking.room(around, shape).most_together)
     for amount in range(most, 0, -1):
@@ -140,9 +133,8 @@ def _other_pools(*, team: Team, pool: GpuPool, request: shapes.Amounts, shape: b
             promised = queue.promised_grants(other.pool_id, now)
         except ApplicationError:
             continue
-        around = dataclasses.replace(there, grants=(*there.grants, *(
-            g for g in promised if g.starts_at < ends_at and g.ends_at > starts_at)))
-        if _fits(around, other_shape, other.pool, _team_holding(limits, starts_at, ends_at)):
+        around = queue.with_promised(there, promised)
+        if _fits(around, other_shape, other.pool, queue.team_holding(limits, starts_at, ends_at)):
             found.append({"kind": "other_pool", "message": f"{other_shape.in_words()} in pool {other.pool.slug}.",
                           "request": _body(team, other.pool, converted, starts_at, ends_at)})
     return found

@@ -40,19 +40,17 @@ from django.db import transaction
 from django.utils import timezone
 
 from allocations import booking, notices, quotas, selectors
-from allocations.models import QueueEntry, Reservation
-from allocations.placement.queueing import QueuedItem, order_queue
+from allocations.models import QueueEntry, Quota, Reservation
+from allocations.placement.queueing import ORDERINGS, QueuedItem, order_queue
 from allocations.transitions import move, record
 from common import sql
-from common.dispatch import enqueue_after_commit
+from common.dispatch import enqueue, enqueue_after_commit
 from common.errors import Conflict
 from inventory.models import GpuPool
 from inventory.sharing import SharingMode
 
 log = logging.getLogger(__name__)
 State = Reservation.State
-
-ORDERINGS = ("fcfs", "sjf", "priority", "fairshare")
 
 # Why a request waits, by the code the plan gives (the engine's where it has one), in words.
 REASONS = {
@@ -325,8 +323,8 @@ class PoolQueue:
     entries: dict[int, QueueEntry]
     teams: dict[int, TeamHolding]
 
-    def promise(self, *, extra_grants: Sequence[booking.Grant] = ()) -> list[Planned]:
-        return plan(gpus=self.snapshot.gpus, grants=[*self.snapshot.grants, *extra_grants], waiting=self.waiting,
+    def promise(self) -> list[Planned]:
+        return plan(gpus=self.snapshot.gpus, grants=self.snapshot.grants, waiting=self.waiting,
                     now=self.now, horizon=self.horizon, policy=self.pool.placement_policy,
                     backfill=self.pool.backfill, teams=self._fresh_teams())
 
@@ -387,9 +385,21 @@ def _cut_at_notice(snapshot: booking.PoolSnapshot, pool_id: int) -> booking.Pool
         if g.reservation_id in notice else g for g in snapshot.grants))
 
 
-def _team_holdings(pool: GpuPool, teams, now: datetime, horizon: datetime) -> dict[int, TeamHolding]:
-    from allocations.models import Quota
+def team_holding(quota: quotas.QuotaLimits, start: datetime, end: datetime) -> TeamHolding:
+    """The team's quota with what it holds over [start, end): in the pool, and across pools where a
+    team-wide cap makes that count."""
+    return TeamHolding(
+        quota=quota, in_pool=selectors.team_windows(quota.team_id, quota.pool_id, start, end),
+        everywhere=(selectors.team_windows(quota.team_id, None, start, end) if quota.team_max_ge is not None else []))
 
+
+def with_promised(snapshot: booking.PoolSnapshot, promised: Sequence[booking.Grant]) -> booking.PoolSnapshot:
+    """The snapshot with what the plan promises (promised_grants) inside its window taken too."""
+    inside = tuple(g for g in promised if g.starts_at < snapshot.end and g.ends_at > snapshot.start)
+    return dataclasses.replace(snapshot, grants=(*snapshot.grants, *inside)) if inside else snapshot
+
+
+def _team_holdings(pool: GpuPool, teams, now: datetime, horizon: datetime) -> dict[int, TeamHolding]:
     quotas_by_team = {q.team_id: q for q in Quota.objects.filter(pool=pool, team__in=teams)}
     held = {}
     for team in teams:
@@ -400,9 +410,7 @@ def _team_holdings(pool: GpuPool, teams, now: datetime, horizon: datetime) -> di
                                        max_ge=quota.max_ge, ge_hours_per_month=quota.ge_hours_per_month,
                                        team_max_ge=team.max_ge, borrowing=pool.borrowing,
                                        max_borrow_ge=quota.max_borrow_ge)
-        held[team.pk] = TeamHolding(
-            quota=limits, in_pool=selectors.team_windows(team.pk, pool.pk, now, horizon),
-            everywhere=(selectors.team_windows(team.pk, None, now, horizon) if team.max_ge is not None else []))
+        held[team.pk] = team_holding(limits, now, horizon)
     return held
 
 
@@ -453,7 +461,6 @@ def kick(pool_id: int) -> None:
         except Exception:  # noqa: BLE001 - the cache away: send the pass anyway; two passes are safe
             first = True
         if first:
-            from common.dispatch import enqueue
             enqueue("allocations.tasks.run_queue", pool_id)
 
     transaction.on_commit(send)
@@ -515,12 +522,8 @@ def queue_pass(*, pool_id: int, now: datetime | None = None, quiet: Sequence[int
         started_grants.extend(_as_grants(reservation.pk, planned.grants, now, now + planned.waiting.duration))
     if counts["started"] or counts["failed"]:
         # What started now holds its grants for real; plan the rest again around them.
+        # (_start added each to its team's holdings.)
         state.snapshot = dataclasses.replace(state.snapshot, grants=(*state.snapshot.grants, *started_grants))
-        for team_id in {w.team_id for w in state.waiting}:
-            team = state.teams[team_id]
-            team.in_pool = selectors.team_windows(team_id, state.pool.pk, now, state.horizon)
-            if team.quota.team_max_ge is not None:
-                team.everywhere = selectors.team_windows(team_id, None, now, state.horizon)
         promised = state.promise()
     if _reclaim(state, promised, now=now):
         state.snapshot = _cut_at_notice(state.snapshot, state.pool.pk)
@@ -558,6 +561,7 @@ def _start(reservation: Reservation, planned: Planned, state: PoolQueue, *, now:
                 "gpu_memory_mib = %s, borrowed_ge = %s WHERE id = %s",
                 [sql.db_datetime(now), sql.db_datetime(end), gpus, ge, memory, borrowed, reservation.pk])
     team.in_pool.append((now, end, ge))
+    team.everywhere.append((now, end, ge))
     reservation.starts_at, reservation.ends_at, reservation.gpus, reservation.ge = now, end, gpus, ge
     waited = now - state.entries[reservation.pk].queued_at
     move(reservation, State.SCHEDULED, now=now,

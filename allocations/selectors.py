@@ -412,9 +412,7 @@ def availability(pool: GpuPool, start: datetime, end: datetime, slot: timedelta,
     snapshot = booking.pool_snapshot(pool.pk, start, end)
     shape = availability_shape(pool, snapshot, request)
     # What the queue's plan promises to waiting requests is not free for a new booking either.
-    promised = [g for g in queue.promised_grants(pool.pk, timezone.now()) if g.starts_at < end and g.ends_at > start]
-    if promised:
-        snapshot = dataclasses.replace(snapshot, grants=(*snapshot.grants, *promised))
+    snapshot = queue.with_promised(snapshot, queue.promised_grants(pool.pk, timezone.now()))
     slots = []
     for i in range(count):
         s_start = start + i * slot

@@ -320,12 +320,6 @@ def _with_priority(asked: _Asked, name: str | None) -> _Asked:
     return dataclasses.replace(asked, priority_class=chosen.name, priority=chosen.value)
 
 
-def _with_promised(snapshot: booking.PoolSnapshot, promised: list[booking.Grant]) -> booking.PoolSnapshot:
-    """The snapshot with what the queue's plan holds in its window taken too."""
-    inside = tuple(g for g in promised if g.starts_at < snapshot.end and g.ends_at > snapshot.start)
-    return dataclasses.replace(snapshot, grants=(*snapshot.grants, *inside)) if inside else snapshot
-
-
 def _book(asked: _Asked, actor: AbstractBaseUser, request: ReservationRequest, starts_at: datetime,
           ends_at: datetime, now: datetime, promised: list[booking.Grant]) -> _Booked:
     """Book [starts_at, ends_at) around the bookings and the queue's promises, or refuse (Conflict)."""
@@ -334,7 +328,7 @@ def _book(asked: _Asked, actor: AbstractBaseUser, request: ReservationRequest, s
     shape = shapes.shape_for(pool, request, snapshot)
     field = shapes.AMOUNT_FIELD[shape.mode]
     try:
-        grants = booking.choose(_with_promised(snapshot, promised), shape, policy=pool.placement_policy)
+        grants = booking.choose(queue.with_promised(snapshot, promised), shape, policy=pool.placement_policy)
     except booking.BookingRefused as refused:
         if promised and _fits(snapshot, shape, pool):
             raise Conflict(f"{shape.in_words()} would be free for that window, but it is promised to requests "
@@ -395,14 +389,12 @@ def _book_asap(asked: _Asked, actor: AbstractBaseUser, request: ReservationReque
         raise Conflict(f"Requests are waiting in pool {pool.slug}, whose queue keeps strict order; queue is false.",
                        field="queue", rule="would_wait")
     if timing.starts_at <= now and not strict_and_waiting:
+        if not may_wait:  # now or never: refused as a fixed window is, with its alternatives
+            return _book_or_offer(asked, actor, request, now, now + timing.duration, now, promised)
         try:
             return _book(asked, actor, request, now, now + timing.duration, now, promised)
         except Conflict as refused:
-            if refused.errors[0].rule not in _ROOM_RULES or not may_wait:
-                if refused.errors[0].rule in _ROOM_RULES:
-                    refused.extra = {"alternatives": alternatives.offers(
-                        team=asked.team, pool=pool, request=request, quota=asked.quota, starts_at=now,
-                        ends_at=now + timing.duration, now=now, promised=promised)}
+            if refused.errors[0].rule not in _ROOM_RULES:
                 raise
     elif not may_wait:
         raise Conflict("It cannot start now (not_before is later) and queue is false.", field="queue",
@@ -550,7 +542,7 @@ def reservation_extend(*, actor: AbstractBaseUser, reservation_id: int, ends_at:
                        "cannot be extended on it. Book again for the extra time.", field="ends_at",
                        rule="gpus_unusable")
     # The extra time is booked like any other window: the same GPUs must be free for all of it.
-    extra = _with_promised(booking.pool_snapshot(pool_id, old_end, ends_at, without_reservation=reservation.pk),
+    extra = queue.with_promised(booking.pool_snapshot(pool_id, old_end, ends_at, without_reservation=reservation.pk),
                            queue.promised_grants(pool_id, now))
     clash = booking.first_clash(extra, held)
     if clash is not None:
