@@ -639,15 +639,12 @@ def _reclaim(state: PoolQueue, promised: list[Planned], *, now: datetime) -> boo
     for planned in promised:
         item = planned.waiting
         team = state.teams.get(item.team_id)
-        if planned.start is not None and planned.start <= at or team is None:
-            if planned.start is not None:
-                ahead.extend(_as_grants(item.reservation_id, planned.grants, planned.start,
-                                        planned.start + item.duration))
-            continue
-        victims = _victims(state, item, team, [r for r in lenders if r.team_id != item.team_id], ahead, at)
-        if victims:
-            _give_notice(victims, item, state, at=at, now=now)
-            return True
+        starts_anyway = planned.start is not None and planned.start <= at
+        if team is not None and not starts_anyway:
+            victims = _victims(state, item, team, [r for r in lenders if r.team_id != item.team_id], ahead, at)
+            if victims:
+                _give_notice(victims, item, state, at=at, now=now)
+                return True
         if planned.start is not None:
             ahead.extend(_as_grants(item.reservation_id, planned.grants, planned.start, planned.start + item.duration))
     return False
@@ -683,7 +680,7 @@ def _victims(state: PoolQueue, item: Waiting, team: TeamHolding, lenders: list[R
 
 def _give_notice(victims: list[Reservation], item: Waiting, state: PoolQueue, *, at: datetime,
                  now: datetime) -> None:
-    waiting_team = next((t.quota.team_slug for tid, t in state.teams.items() if tid == item.team_id), "another team")
+    waiting_team = state.teams[item.team_id].quota.team_slug
     for victim in victims:
         why = (f"Its {victim.borrowed_ge:.2f} GE borrowed beyond team {victim.team.slug}'s quota in pool "
                f"{state.pool.slug} are needed by team {waiting_team}, which asks within its quota. They are taken "
