@@ -43,8 +43,8 @@ from allocations import booking, notices, quotas, selectors
 from allocations.models import QueueEntry, Quota, Reservation
 from allocations.placement.queueing import ORDERINGS, QueuedItem, order_queue
 from allocations.transitions import move, record
-from common import sql
-from common.dispatch import enqueue, enqueue_after_commit
+from common import dispatch, sql
+from common.dispatch import enqueue_after_commit
 from common.errors import Conflict
 from inventory.models import GpuPool
 from inventory.sharing import SharingMode
@@ -461,7 +461,8 @@ def kick(pool_id: int) -> None:
         except Exception:  # noqa: BLE001 - the cache away: send the pass anyway; two passes are safe
             first = True
         if first:
-            enqueue("allocations.tasks.run_queue", pool_id)
+            # Looked up on the module when called, so a stand-in for the broker (the queue benchmark's) sees it.
+            dispatch.enqueue("allocations.tasks.run_queue", pool_id)
 
     transaction.on_commit(send)
 
