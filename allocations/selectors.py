@@ -23,8 +23,8 @@ from common.errors import ValidationFailed
 from inventory.models import Gpu, GpuPool
 from inventory.selectors import model_weights, weight_of
 from inventory.sharing import REPLICA_MODES, SharingMode, mig_layout_names
-from teams.models import Membership, Team
-from teams.selectors import teams_of
+from teams.models import Team
+from teams.selectors import team_ids_of, teams_of
 
 User = AbstractBaseUser | AnonymousUser
 
@@ -43,8 +43,7 @@ def reservations_visible_to(user: User) -> QuerySet[Reservation]:
     qs = Reservation.objects.select_related("team", "pool", "requested_by")
     if user.is_staff:
         return qs
-    team_ids = Membership.objects.filter(user_id=user.pk).order_by().values_list("team_id", flat=True)
-    return qs.filter(team_id__in=list(team_ids))
+    return qs.filter(team_id__in=team_ids_of(user))
 
 
 class ReservationRow(NamedTuple):
@@ -729,8 +728,7 @@ def pool_gpu_bars(pool: GpuPool, viewer: User, now: datetime | None = None) -> l
                          "share_from", "share_to", "mig_profile", "mig_start", "memory_mib", "cores_pct", "ge"))
     for row in rows:
         held.setdefault(row[0], []).append(row)
-    own_teams = None if viewer.is_staff else set(
-        Membership.objects.filter(user_id=viewer.pk).values_list("team_id", flat=True))
+    own_teams = None if viewer.is_staff else set(team_ids_of(viewer))
     config = pool.sharing_config or {}
     replicas = int(config.get("replicas") or 0)
     layouts: dict[str, list] = {}

@@ -305,6 +305,10 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 # API tokens a user keeps; making one more deletes the oldest.
 API_TOKENS_PER_USER = env.int("API_TOKENS_PER_USER", default=25)
+# Every API token stops working this many days after it was made, whatever expiry it was given
+# (tokens made before expiries existed included); a new token's default life is the second.
+API_TOKEN_MAX_AGE_DAYS = env.int("API_TOKEN_MAX_AGE_DAYS", default=365)
+API_TOKEN_DEFAULT_DAYS = env.int("API_TOKEN_DEFAULT_DAYS", default=90)
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard"
 LOGOUT_REDIRECT_URL = "login"

@@ -22,7 +22,7 @@ from inventory.api.agent import HeartbeatView, RegisterView
 from inventory.api.views import ClusterViewSet, GpuModelViewSet, GpuViewSet, HostTokenViewSet, NodeViewSet
 from monitoring.api.views import AlertRuleViewSet, AlertViewSet, PoolHistoryView, SilenceViewSet, TelemetryView
 from portal import views
-from teams.api.views import TeamViewSet, TokenView
+from teams.api.views import ApiTokenViewSet, TeamViewSet, TokenView
 
 router = DefaultRouter()
 router.register("reservations", ReservationViewSet, basename="reservation")
@@ -31,6 +31,7 @@ router.register("quotas", QuotaViewSet, basename="quota")
 router.register("priority-classes", PriorityClassViewSet, basename="priority-class")
 router.register("apply-jobs", ApplyJobViewSet, basename="apply-job")
 router.register("teams", TeamViewSet, basename="team")
+router.register("tokens", ApiTokenViewSet, basename="api-token")
 router.register("clusters", ClusterViewSet, basename="cluster")
 router.register("nodes", NodeViewSet, basename="node")
 router.register("gpus", GpuViewSet, basename="gpu")

@@ -1,6 +1,8 @@
 """Teams and their members. Staff users (is_staff) are the platform admins."""
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
@@ -52,7 +54,17 @@ class ApiToken(models.Model):
     Only its first characters (`prefix`, to find the row) and its SHA-256 (`digest`, to check
     the key) are stored: common.secrets holds that rule. A password change or a deactivation
     deletes the user's tokens (teams/credentials.py).
+
+    What a key may do is narrowed three ways (teams/tokens.py enforces them on every request):
+    it ends at `expires_at`, and never later than API_TOKEN_MAX_AGE_DAYS after it was made (so
+    staff can shorten the life of every token, old ones included, with one setting); a read-only
+    key may only read; a key limited to some teams sees and acts for those teams only, and never
+    carries its user's staff powers.
     """
+
+    class Scope(models.TextChoices):
+        READ = "read", "Read only"
+        WRITE = "write", "Read and write"
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
     name = models.CharField(max_length=64, blank=True)
@@ -60,9 +72,21 @@ class ApiToken(models.Model):
     digest = models.CharField(max_length=64, editable=False)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
     last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    expires_at = models.DateTimeField(
+        null=True, blank=True, editable=False,
+        help_text="When the key stops working; empty = at the staff-set maximum age (API_TOKEN_MAX_AGE_DAYS)")
+    scope = models.CharField(max_length=8, choices=Scope.choices, default=Scope.WRITE, editable=False)
+    teams = models.ManyToManyField(
+        Team, blank=True, related_name="+",
+        help_text="The teams the key may see and act for; none = all of its user's teams")
 
     class Meta:
         ordering = ["user_id", "-created_at"]
+
+    def ends_at(self):
+        """When the key stops working: its own expiry or the maximum age, whichever comes first."""
+        limit = self.created_at + timedelta(days=settings.API_TOKEN_MAX_AGE_DAYS)
+        return min(self.expires_at, limit) if self.expires_at else limit
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.name or 'unnamed'})"

@@ -9,18 +9,45 @@ from teams.models import Membership, Team
 User = AbstractBaseUser | AnonymousUser
 
 
+def _token_team_ids(user: User) -> frozenset[int] | None:
+    """The teams a team-limited API token lets this request's user see (teams/tokens.py), else None."""
+    return getattr(user, "token_team_ids", None)
+
+
 def teams_of(user: User) -> QuerySet[Team]:
-    """Teams the user belongs to (staff: every team)."""
+    """Teams the user belongs to (staff: every team), narrowed to a team-limited token's teams."""
     if not user.is_authenticated:
         return Team.objects.none()
     if user.is_staff:
         return Team.objects.all()
-    return Team.objects.filter(memberships__user=user)
+    teams = Team.objects.filter(memberships__user=user)
+    limit = _token_team_ids(user)
+    return teams if limit is None else teams.filter(pk__in=limit)
+
+
+def token_allows_team(user: User, team_id: int) -> bool:
+    """False when the request's API token is limited to other teams (for reads of a role done in SQL)."""
+    limit = _token_team_ids(user)
+    return limit is None or team_id in limit
+
+
+def team_ids_of(user: User) -> list[int]:
+    """The ids of the teams the user belongs to, narrowed to a team-limited token's teams (one
+    query on memberships; staff get theirs too: callers decide what staff see)."""
+    if not user.is_authenticated:
+        return []
+    ids = Membership.objects.filter(user_id=user.pk).order_by().values_list("team_id", flat=True)
+    limit = _token_team_ids(user)
+    return [i for i in ids if limit is None or i in limit]
 
 
 def role_in(user: User, team: Team) -> str | None:
-    """The user's role in the team, or None when they are not in it."""
+    """The user's role in the team, or None when they are not in it (or their token is limited to
+    other teams)."""
     if not user.is_authenticated:
+        return None
+    limit = _token_team_ids(user)
+    if limit is not None and team.pk not in limit:
         return None
     # order_by(): Membership's default ordering would join teams and users for first().
     return Membership.objects.filter(user=user, team=team).order_by().values_list("role", flat=True).first()

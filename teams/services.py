@@ -1,17 +1,21 @@
 """Writes about teams, members and API tokens. Each is one transaction and checks who asks."""
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 from decimal import Decimal
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
+from django.utils import timezone
 
 from common.errors import Conflict, NotFound, PermissionDenied, ValidationFailed
 from common.secrets import key_digest, key_prefix, new_key
 from teams.models import ApiToken, Membership, Team
-from teams.selectors import can_manage_team
+from teams.selectors import can_manage_team, role_in
+from teams.tokens import TokenGrant
 
 User = get_user_model()
 
@@ -127,21 +131,66 @@ def membership_remove(*, actor: AbstractBaseUser, team: Team, username: str) -> 
     membership.delete()
 
 
+def _token_teams(*, user: AbstractBaseUser, team_slugs: list[str], within: frozenset[int] | None) -> list[Team]:
+    """The teams a new token is limited to: each must be one of the user's (any team, for staff),
+    and a token made with a team-limited token stays within that token's teams."""
+    teams = []
+    for slug in dict.fromkeys(team_slugs):
+        team = Team.objects.filter(slug=slug).first()
+        if team is None or not (user.is_staff or role_in(user, team) is not None):
+            raise ValidationFailed(f"You are not a member of a team named {slug!r}.", field="teams",
+                                   rule="not_your_team")
+        teams.append(team)
+    if within is not None and (not teams or any(team.pk not in within for team in teams)):
+        raise PermissionDenied("A token limited to some teams can only make tokens limited to those teams.",
+                               field="teams", rule="beyond_token_teams")
+    return teams
+
+
 @transaction.atomic
-def api_token_create(*, user: AbstractBaseUser, name: str = "") -> tuple[ApiToken, str]:
+def api_token_create(*, user: AbstractBaseUser, name: str = "", scope: str = ApiToken.Scope.WRITE,
+                     expires_at: datetime | None = None, team_slugs: list[str] = (),
+                     made_with: TokenGrant | None = None) -> tuple[ApiToken, str]:
     """A new API token of `user`; returns it with the key, which is never stored or shown again.
 
+    It ends at `expires_at` (default API_TOKEN_DEFAULT_DAYS from now; at most API_TOKEN_MAX_AGE_DAYS).
+    A token made through another token (`made_with`) never does more or lives longer than that one.
     A user keeps at most API_TOKENS_PER_USER tokens: making one more deletes the oldest, so a
     script that asks for a token on every run does not pile them up without end."""
+    now = timezone.now()
+    longest = now + timedelta(days=settings.API_TOKEN_MAX_AGE_DAYS)
+    if expires_at is None:
+        expires_at = min(now + timedelta(days=settings.API_TOKEN_DEFAULT_DAYS), longest)
+    if expires_at <= now:
+        raise ValidationFailed("The expiry must be in the future.", field="expires_at", rule="in_past")
+    if expires_at > longest:
+        raise ValidationFailed(f"A token lives at most {settings.API_TOKEN_MAX_AGE_DAYS} days.",
+                               field="expires_at", rule="too_long")
+    if made_with is not None:
+        expires_at = min(expires_at, datetime.fromtimestamp(made_with.ends_at, tz=dt_timezone.utc))
+    teams = _token_teams(user=user, team_slugs=list(team_slugs),
+                         within=made_with.team_ids if made_with is not None else None)
     key = new_key()
-    token = ApiToken(user=user, name=name, prefix=key_prefix(key), digest=key_digest(key))
+    token = ApiToken(user=user, name=name, prefix=key_prefix(key), digest=key_digest(key),
+                     scope=scope, expires_at=expires_at, created_at=now)
     token.full_clean(validate_unique=False)  # the prefix is 72 random bits
     token.save()
+    if teams:
+        token.teams.set(teams)
     older = list(ApiToken.objects.filter(user_id=user.pk).order_by("-created_at", "-pk")
                  .values_list("pk", flat=True)[settings.API_TOKENS_PER_USER:])
     if older:
         ApiToken.objects.filter(pk__in=older).delete()
     return token, key
+
+
+@transaction.atomic
+def api_token_revoke(*, actor: AbstractBaseUser, prefix: str) -> None:
+    """Revoke (delete) one of the actor's own tokens, named by its prefix, as the tokens page and
+    `DELETE /api/v1/tokens/{prefix}/` do. Someone else's prefix is answered as unknown."""
+    deleted, _ = ApiToken.objects.filter(user_id=actor.pk, prefix=prefix).delete()
+    if not deleted:
+        raise NotFound(f"You have no token {prefix}….", field="prefix", rule="not_found")
 
 
 @transaction.atomic

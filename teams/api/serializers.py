@@ -1,7 +1,7 @@
 from rest_framework import serializers
 
 from common.api import RefusesUnknownFields
-from teams.models import Membership, Team
+from teams.models import ApiToken, Membership, Team
 
 
 class TeamSerializer(RefusesUnknownFields, serializers.ModelSerializer):
@@ -34,14 +34,48 @@ class MembershipChangeInput(RefusesUnknownFields, serializers.Serializer):
     role = serializers.ChoiceField(choices=Membership.Role.choices)
 
 
-class TokenInput(RefusesUnknownFields, serializers.Serializer):
-    username = serializers.CharField(max_length=150)
-    password = serializers.CharField(max_length=4096, style={"input_type": "password"}, trim_whitespace=False)
+class TokenLimitsInput(RefusesUnknownFields, serializers.Serializer):
+    """What a new token may do and how long it lives (every field optional)."""
+
     name = serializers.CharField(max_length=64, required=False, default="", allow_blank=True,
                                  help_text="What the token is for, to tell your tokens apart")
+    scope = serializers.ChoiceField(choices=ApiToken.Scope.choices, default=ApiToken.Scope.WRITE,
+                                    help_text="read: it may only read; write: it may also book, extend and release")
+    teams = serializers.ListField(child=serializers.SlugField(max_length=64), required=False, default=list,
+                                  max_length=100,
+                                  help_text="Slugs of the teams it may see and act for; empty: all of yours. "
+                                            "A team-limited token never carries staff powers")
+    expires_at = serializers.DateTimeField(required=False, allow_null=True, default=None,
+                                           help_text="When it stops working; default API_TOKEN_DEFAULT_DAYS "
+                                                     "from now, at most API_TOKEN_MAX_AGE_DAYS")
+
+
+class TokenInput(TokenLimitsInput):
+    username = serializers.CharField(max_length=150)
+    password = serializers.CharField(max_length=4096, style={"input_type": "password"}, trim_whitespace=False)
 
 
 class TokenOutput(serializers.Serializer):
     token = serializers.CharField(help_text="The key: shown this once, only its digest is stored")
     prefix = serializers.CharField(help_text="The key's first characters, which name it in lists")
     name = serializers.CharField()
+    scope = serializers.CharField()
+    teams = serializers.ListField(child=serializers.CharField())
+    expires_at = serializers.DateTimeField()
+
+
+class ApiTokenSerializer(serializers.ModelSerializer):
+    """One of your tokens as lists show it: never its key or digest."""
+
+    teams = serializers.SlugRelatedField(slug_field="slug", many=True, read_only=True)
+    expires_at = serializers.DateTimeField(source="ends_at", read_only=True,
+                                           help_text="When it stops working (its expiry or the maximum age)")
+
+    class Meta:
+        model = ApiToken
+        fields = ["prefix", "name", "scope", "teams", "created_at", "expires_at", "last_used_at"]
+        read_only_fields = fields
+
+
+def token_output(token: ApiToken, key: str) -> dict:
+    return {"token": key, **ApiTokenSerializer(token).data}

@@ -14,6 +14,9 @@ from rest_framework.views import APIView
 from common.errors import ApplicationError
 from teams import services
 from teams.api.serializers import (
+    ApiTokenSerializer,
+    TokenLimitsInput,
+    token_output,
     MembershipAddInput,
     MembershipChangeInput,
     MembershipSerializer,
@@ -21,9 +24,9 @@ from teams.api.serializers import (
     TokenInput,
     TokenOutput,
 )
-from teams.models import Team
+from teams.models import ApiToken, Team
 from teams.selectors import teams_of
-from teams.tokens import CachedTokenAuthentication
+from teams.tokens import CachedTokenAuthentication, TokenGrant
 
 
 class InvalidCredentials(ApplicationError):
@@ -59,12 +62,47 @@ class TokenView(APIView):
         if user is None or not user.is_active:
             raise InvalidCredentials("Unable to sign in with the username and password given.",
                                      field="password", rule="invalid_credentials")
-        token, key = services.api_token_create(user=user, name=data.validated_data["name"])
-        return Response({"token": key, "prefix": token.prefix, "name": token.name})
+        limits = {k: v for k, v in data.validated_data.items() if k not in ("username", "password")}
+        token, key = services.api_token_create(user=user, **_token_limits(limits))
+        return Response(token_output(token, key))
 
     @extend_schema(request=None, responses={204: None})
     def delete(self, request: Request) -> Response:
-        services.api_token_delete(actor=request.user, key=request.auth)
+        services.api_token_delete(actor=request.user, key=request.auth.key)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+def _token_limits(validated: dict) -> dict:
+    """A TokenLimitsInput's fields as api_token_create takes them."""
+    return {"name": validated["name"], "scope": validated["scope"], "expires_at": validated["expires_at"],
+            "team_slugs": validated["teams"]}
+
+
+class ApiTokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Your API tokens: list them, make one (signed in, by session or another token), revoke one.
+
+    Keys are shown once, in the answer that makes them. A token made with a token never does more
+    or lives longer than the one that made it."""
+
+    serializer_class = ApiTokenSerializer
+    lookup_field = "prefix"
+    lookup_value_regex = r"[-a-zA-Z0-9_]+"
+
+    def get_queryset(self):
+        return ApiToken.objects.filter(user_id=self.request.user.pk).prefetch_related("teams").order_by("-created_at")
+
+    @extend_schema(request=TokenLimitsInput, responses={201: TokenOutput})
+    def create(self, request: Request) -> Response:
+        data = TokenLimitsInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        made_with = request.auth if isinstance(request.auth, TokenGrant) else None
+        token, key = services.api_token_create(user=request.user, made_with=made_with,
+                                               **_token_limits(data.validated_data))
+        return Response(token_output(token, key), status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses={204: None})
+    def destroy(self, request: Request, prefix: str) -> Response:
+        services.api_token_revoke(actor=request.user, prefix=prefix)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 

@@ -12,6 +12,7 @@ from django.test.utils import CaptureQueriesContext
 from common.secrets import key_digest
 from teams.models import ApiToken
 from teams.services import api_token_create
+from teams.tokens import _cache_key
 from tests.factories import PASSWORD
 
 TOKEN_URL = "/api/v1/auth/token/"
@@ -87,7 +88,7 @@ def test_the_database_keeps_no_token_only_its_prefix_and_digest(world, api):
 def test_the_cached_lookup_holds_no_password_hash(world, api):
     client, token = _token_client(api, world.member)
     assert client.get("/api/v1/reservations/").status_code == 200
-    cached = cache.get("auth:token:" + token.digest)
+    cached = cache.get(_cache_key(token.digest))
     assert cached is not None
     dumped = pickle.dumps(cached)
     assert world.member.password.encode() not in dumped and b"password" not in dumped
