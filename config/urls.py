@@ -21,7 +21,7 @@ from config import health, metrics
 from inventory.api.agent import HeartbeatView, RegisterView
 from inventory.api.views import ClusterViewSet, GpuModelViewSet, GpuViewSet, HostTokenViewSet, NodeViewSet
 from monitoring.api.views import AlertRuleViewSet, AlertViewSet, PoolHistoryView, SilenceViewSet, TelemetryView
-from portal import views
+from portal import tokens, views
 from teams.api.views import ApiTokenViewSet, TeamViewSet, TokenView
 
 router = DefaultRouter()
@@ -78,6 +78,8 @@ urlpatterns = [
     path("reservations/<int:reservation_id>/release/", views.reservation_release, name="reservation-release"),
     path("reservations/<int:reservation_id>/extend/", views.reservation_extend, name="reservation-extend"),
     path("teams/<slug:slug>/", views.team_detail, name="team"),
+    path("tokens/", tokens.tokens, name="tokens"),
+    path("tokens/revoke/", tokens.token_revoke, name="token-revoke"),
     path("pools/<slug:slug>/queue/", views.pool_queue, name="pool-queue"),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),

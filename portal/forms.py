@@ -10,7 +10,7 @@ from allocations.queue import parse_duration
 from allocations.selectors import LATEST_INSTANT
 from allocations.shapes import AMOUNT_LIMITS
 from inventory.sharing import REPLICA_MODES
-from teams.models import Membership
+from teams.models import ApiToken, Membership
 
 DATETIME_LOCAL = "%Y-%m-%dT%H:%M"
 
@@ -165,3 +165,24 @@ class AvailabilityForm(forms.Form):
         if start is not None and start >= LATEST_INSTANT - timedelta(days=7):
             raise forms.ValidationError(f"Start before {LATEST_INSTANT:%Y-%m-%d}.", code="max_value")
         return start
+
+
+class TokenForm(forms.Form):
+    """A new API token: a name, a scope, optionally some of the user's teams, and a life in days."""
+
+    name = forms.CharField(max_length=64, required=False, help_text="What it is for, e.g. “CI on gitlab”.")
+    scope = forms.ChoiceField(choices=ApiToken.Scope.choices, initial=ApiToken.Scope.WRITE)
+    teams = forms.MultipleChoiceField(required=False, widget=forms.CheckboxSelectMultiple,
+                                      help_text="None ticked: all of your teams.")
+    days = forms.TypedChoiceField(coerce=int, label="Expires in", initial=90)
+
+    def __init__(self, *args, team_choices=(), max_days: int = 365, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["teams"].choices = list(team_choices)
+        choices = sorted({d for d in (7, 30, 90, 180, 365) if d <= max_days} | {max_days})
+        self.fields["days"].choices = [(d, f"{d} days") for d in choices]
+        self.fields["days"].initial = min(90, max_days)
+
+
+class TokenRevokeForm(forms.Form):
+    prefix = forms.SlugField(max_length=12)
