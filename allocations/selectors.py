@@ -16,11 +16,12 @@ from django.utils import timezone
 
 from allocations import booking, quota_math, shapes, units
 from allocations.models import Allocation, AllocationQuerySet, QueueEntry, Quota, Reservation
+from allocations.apply.desired import team_namespace
 from allocations.placement import mig
 from allocations.shapes import Amounts
 from common import sql
 from common.errors import ValidationFailed
-from inventory.models import Gpu, GpuPool
+from inventory.models import Cluster, Gpu, GpuPool
 from inventory.selectors import model_weights, weight_of
 from inventory.sharing import REPLICA_MODES, SharingMode, mig_layout_names
 from teams.models import Team
@@ -203,6 +204,38 @@ def with_allocated_gpus(reservations: list[Reservation]) -> list[Reservation]:
                      devices, config) in rows]
     set_grants(reservations, held)
     return with_queue(reservations)
+
+
+def job_environment(reservation: Reservation, now: datetime | None = None) -> dict | None:
+    """Where and how a job uses an active reservation's grants (reservation.grants, set by
+    with_allocated_gpus): `where` (host or kubernetes), the nodes, on Kubernetes the team's
+    namespace, and the variables a job on a host starts with: CUDA_VISIBLE_DEVICES names the GPU
+    UUIDs (MIG device UUIDs for MIG instances), as the host agent's reservation-<id>.env does; the
+    mode's limits (MPS pipes, HAMi limits) are host-local and only in that file. None until it is
+    active."""
+    if reservation.state != Reservation.State.ACTIVE:
+        return None
+    now = now or timezone.now()
+    grants = [g for g in getattr(reservation, "grants", ()) if g["starts_at"] <= now < g["ends_at"]]
+    if not grants:
+        return None
+    kinds = set(Gpu.objects.filter(uuid__in={g["uuid"] for g in grants})
+                .values_list("node__cluster__kind", flat=True))
+    on_kubernetes = kinds == {Cluster.Kind.KUBERNETES}
+    devices = [g["mig_instance"] if g.get("mode") == "mig" and str(g.get("mig_instance") or "").startswith("MIG-")
+               else g["uuid"] for g in grants]
+    variables = {
+        "GPUPOOL_RESERVATION": str(reservation.pk), "GPUPOOL_TEAM": reservation.team.slug,
+        "GPUPOOL_MODE": reservation.mode, "GPUPOOL_ENDS_AT": reservation.ends_at.isoformat(),
+    }
+    if not on_kubernetes:
+        variables = {"CUDA_VISIBLE_DEVICES": ",".join(dict.fromkeys(devices)), **variables}
+    return {
+        "where": "kubernetes" if on_kubernetes else "host",
+        "nodes": list(dict.fromkeys(g["node"] for g in grants)),
+        "namespace": team_namespace(reservation.team.slug) if on_kubernetes else None,
+        "variables": variables,
+    }
 
 
 def with_queue(reservations: list[Reservation], *, every_state: bool = False) -> list[Reservation]:

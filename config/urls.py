@@ -22,7 +22,7 @@ from inventory.api.agent import HeartbeatView, RegisterView
 from inventory.api.views import ClusterViewSet, GpuModelViewSet, GpuViewSet, HostTokenViewSet, NodeViewSet
 from monitoring.api.views import AlertRuleViewSet, AlertViewSet, PoolHistoryView, SilenceViewSet, TelemetryView
 from portal import tokens, views
-from teams.api.views import ApiTokenViewSet, TeamViewSet, TokenView
+from teams.api.views import ApiTokenViewSet, MeView, TeamViewSet, TokenView
 
 router = DefaultRouter()
 router.register("reservations", ReservationViewSet, basename="reservation")
@@ -43,6 +43,7 @@ router.register("silences", SilenceViewSet, basename="silence")
 
 api = [
     path("auth/token/", TokenView.as_view(), name="token"),
+    path("me/", MeView.as_view(), name="me"),
     path("agent/register/", RegisterView.as_view(), name="agent-register"),
     path("agent/heartbeat/", HeartbeatView.as_view(), name="agent-heartbeat"),
     path("agent/telemetry/", TelemetryView.as_view(), name="agent-telemetry"),

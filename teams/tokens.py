@@ -94,10 +94,19 @@ def _user_and_grant(key: str) -> tuple | None:
         # object is this request's alone; marked so that nothing saves the lowered flags.
         user_values = tuple(False if field in ("is_staff", "is_superuser") else value
                             for field, value in zip(USER_FIELDS, user_values))
-    user = get_user_model().from_db(DEFAULT_DB_ALIAS, USER_FIELDS, user_values)
+    user = _user_from_values(dict(zip(USER_FIELDS, user_values)))
     if grant.team_ids is not None:
         user.token_team_ids = grant.team_ids
     return user, grant
+
+
+def _user_from_values(values: dict):
+    """A User with these columns set and the others deferred. Model.from_db takes the values in the
+    model's field order, whatever order the names come in: given USER_FIELDS' order it once set
+    is_superuser to the username and username to the first name."""
+    model = get_user_model()
+    names = [field.attname for field in model._meta.concrete_fields if field.attname in values]
+    return model.from_db(DEFAULT_DB_ALIAS, names, [values[name] for name in names])
 
 
 def user_for_token(key: str):

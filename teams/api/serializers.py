@@ -79,3 +79,16 @@ class ApiTokenSerializer(serializers.ModelSerializer):
 
 def token_output(token: ApiToken, key: str) -> dict:
     return {"token": key, **ApiTokenSerializer(token).data}
+
+
+class MyTeamSerializer(serializers.Serializer):
+    slug = serializers.CharField()
+    name = serializers.CharField()
+    role = serializers.CharField(help_text="member, manager, or staff (a team staff see without being in it)")
+
+
+class MeSerializer(serializers.Serializer):
+    username = serializers.CharField()
+    is_staff = serializers.BooleanField(help_text="Staff powers on this request (never through a team-limited token)")
+    teams = MyTeamSerializer(many=True, help_text="The teams this request may see and act for")
+    token = ApiTokenSerializer(allow_null=True, help_text="The token the request came with; null for a session")

@@ -12,8 +12,10 @@ from rest_framework.throttling import ScopedRateThrottle
 from rest_framework.views import APIView
 
 from common.errors import ApplicationError
+from common.secrets import key_prefix
 from teams import services
 from teams.api.serializers import (
+    MeSerializer,
     ApiTokenSerializer,
     TokenLimitsInput,
     token_output,
@@ -25,7 +27,7 @@ from teams.api.serializers import (
     TokenOutput,
 )
 from teams.models import ApiToken, Team
-from teams.selectors import teams_of
+from teams.selectors import role_in, teams_of
 from teams.tokens import CachedTokenAuthentication, TokenGrant
 
 
@@ -76,6 +78,26 @@ def _token_limits(validated: dict) -> dict:
     """A TokenLimitsInput's fields as api_token_create takes them."""
     return {"name": validated["name"], "scope": validated["scope"], "expires_at": validated["expires_at"],
             "team_slugs": validated["teams"]}
+
+
+class MeView(APIView):
+    """Who the request is signed in as, in which teams with which role, and what its token allows."""
+
+    permission_classes = [IsAuthenticated]
+
+    @extend_schema(responses=MeSerializer)
+    def get(self, request: Request) -> Response:
+        user = request.user
+        grant = request.auth if isinstance(request.auth, TokenGrant) else None
+        token = None
+        if grant is not None:
+            token = ApiToken.objects.filter(prefix=key_prefix(grant.key)).prefetch_related("teams").first()
+        return Response(MeSerializer({
+            "username": user.username, "is_staff": user.is_staff,
+            "teams": [{"slug": team.slug, "name": team.name, "role": role_in(user, team) or "staff"}
+                      for team in teams_of(user).order_by("slug")],
+            "token": token,
+        }).data)
 
 
 class ApiTokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):

@@ -145,3 +145,15 @@ def test_bad_token_requests_name_the_field_and_the_rule(world, api, body, field,
     assert answer.status_code == 400
     assert (answer.json()["errors"][0]["field"], answer.json()["errors"][0]["rule"]) == (field, rule)
     assert not ApiToken.objects.exists()
+
+
+def test_me_says_who_which_teams_and_what_the_token_allows(world, api):
+    MembershipFactory(user=world.member, team=world.other_team)
+    _, key = api_token_create(user=world.member, team_slugs=["ml"], scope=ApiToken.Scope.READ)
+    me = _client(api, key).get("/api/v1/me/").json()
+    assert me["username"] == "member" and me["is_staff"] is False
+    assert me["teams"] == [{"slug": "ml", "name": "ML", "role": "member"}]
+    assert me["token"]["scope"] == "read" and me["token"]["teams"] == ["ml"]
+    by_session = api(world.member).get("/api/v1/me/").json()
+    assert [t["slug"] for t in by_session["teams"]] == ["infra", "ml"] and by_session["token"] is None
+    assert api().get("/api/v1/me/").status_code in (401, 403)
