@@ -29,9 +29,10 @@ class MembershipAdmin(admin.ModelAdmin):
 class ApiTokenAdmin(admin.ModelAdmin):
     """Staff see and delete API tokens; keys are made by their users (POST /api/v1/auth/token/), shown once."""
 
-    list_display = ["prefix", "user", "name", "created_at", "last_used_at"]
+    list_display = ["prefix", "user", "name", "scope", "created_at", "ends_at", "last_used_at"]
+    list_filter = ["scope"]
     search_fields = ["user__username", "prefix", "name"]
-    readonly_fields = ["user", "name", "prefix", "created_at", "last_used_at"]
+    readonly_fields = ["user", "name", "prefix", "scope", "teams", "created_at", "expires_at", "last_used_at"]
     exclude = ["digest"]
 
     def has_add_permission(self, request) -> bool:

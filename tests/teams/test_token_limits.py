@@ -157,3 +157,15 @@ def test_me_says_who_which_teams_and_what_the_token_allows(world, api):
     by_session = api(world.member).get("/api/v1/me/").json()
     assert [t["slug"] for t in by_session["teams"]] == ["infra", "ml"] and by_session["token"] is None
     assert api().get("/api/v1/me/").status_code in (401, 403)
+
+
+def test_the_admin_shows_a_tokens_limits_but_never_its_digest(world):
+    from django.test import Client
+    token, key = api_token_create(user=world.member, team_slugs=["ml"], scope=ApiToken.Scope.READ)
+    client = Client()
+    client.force_login(world.staff)
+    page = client.get(f"/admin/teams/apitoken/{token.pk}/change/")
+    assert page.status_code == 200
+    body = page.content.decode()
+    assert "Read only" in body and token.digest not in body and key not in body
+    assert client.get("/admin/teams/apitoken/").status_code == 200
