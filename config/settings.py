@@ -64,6 +64,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "channels",
     "axes",
+    "mozilla_django_oidc",
     "teams",
     "inventory",
     "allocations",
@@ -90,7 +91,10 @@ MIDDLEWARE = [
 
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
-    "django.contrib.auth.backends.ModelBackend",
+    # Passwords: every local account, or with LOCAL_LOGIN=staff only staff (the break-glass accounts).
+    "teams.backends.LocalAccountsBackend",
+    # Single sign-on (teams/oidc.py): inert until OIDC_ISSUER and OIDC_RP_CLIENT_ID are set.
+    "teams.oidc.PortalOIDCBackend",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -107,6 +111,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "teams.backends.sign_in_options",
             ],
         },
     },
@@ -312,6 +317,33 @@ API_TOKEN_DEFAULT_DAYS = env.int("API_TOKEN_DEFAULT_DAYS", default=90)
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard"
 LOGOUT_REDIRECT_URL = "login"
+# "all": every local account signs in with its password; "staff": only staff do (break-glass accounts,
+# when everyone else signs in through the identity provider).
+LOCAL_LOGIN = env.str("LOCAL_LOGIN", default="all")
+if LOCAL_LOGIN not in ("all", "staff"):
+    raise environ.ImproperlyConfigured("LOCAL_LOGIN must be all or staff")
+
+# --- single sign-on (OpenID Connect, teams/oidc.py) ----------------------------------------------
+# Set OIDC_ISSUER and OIDC_RP_CLIENT_ID to turn it on; the endpoints come from the issuer's discovery
+# document unless OIDC_OP_AUTHORIZATION_ENDPOINT, _TOKEN_, _USER_ or _JWKS_ENDPOINT say otherwise.
+OIDC_ISSUER = env.str("OIDC_ISSUER", default="")
+OIDC_PROVIDER_NAME = env.str("OIDC_PROVIDER_NAME", default="single sign-on")
+OIDC_RP_CLIENT_ID = env.str("OIDC_RP_CLIENT_ID", default="")
+_oidc_secret_file = env.str("OIDC_RP_CLIENT_SECRET_FILE", default="")
+OIDC_RP_CLIENT_SECRET = (Path(_oidc_secret_file).read_text().strip() if _oidc_secret_file
+                         else env.str("OIDC_RP_CLIENT_SECRET", default=""))
+OIDC_RP_SCOPES = env.str("OIDC_RP_SCOPES", default="openid email profile")
+OIDC_RP_SIGN_ALGO = env.str("OIDC_RP_SIGN_ALGO", default="RS256")
+for _name in ("OIDC_OP_AUTHORIZATION_ENDPOINT", "OIDC_OP_TOKEN_ENDPOINT", "OIDC_OP_USER_ENDPOINT",
+              "OIDC_OP_JWKS_ENDPOINT"):
+    globals()[_name] = env.str(_name, default="")
+OIDC_USE_PKCE = True
+OIDC_USERNAME_CLAIM = env.str("OIDC_USERNAME_CLAIM", default="preferred_username")
+OIDC_GROUPS_CLAIM = env.str("OIDC_GROUPS_CLAIM", default="groups")
+OIDC_TIMEOUT = env.int("OIDC_TIMEOUT_SECONDS", default=10)
+OIDC_AUTHENTICATE_CLASS = "teams.oidc.PortalOIDCRequestView"
+OIDC_CALLBACK_CLASS = "teams.oidc.PortalOIDCCallbackView"
+LOGIN_REDIRECT_URL_FAILURE = "login"
 
 # Login throttling (django-axes): after AXES_FAILURE_LIMIT failures for one username
 # from one address, that pair is locked out for AXES_COOLOFF_TIME (answered with 429).

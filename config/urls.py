@@ -22,7 +22,7 @@ from inventory.api.agent import HeartbeatView, RegisterView
 from inventory.api.views import ClusterViewSet, GpuModelViewSet, GpuViewSet, HostTokenViewSet, NodeViewSet
 from monitoring.api.views import AlertRuleViewSet, AlertViewSet, PoolHistoryView, SilenceViewSet, TelemetryView
 from portal import tokens, views
-from teams.api.views import ApiTokenViewSet, MeView, TeamViewSet, TokenView
+from teams.api.views import ApiTokenViewSet, GroupMappingViewSet, MeView, TeamViewSet, TokenView
 
 router = DefaultRouter()
 router.register("reservations", ReservationViewSet, basename="reservation")
@@ -32,6 +32,7 @@ router.register("priority-classes", PriorityClassViewSet, basename="priority-cla
 router.register("apply-jobs", ApplyJobViewSet, basename="apply-job")
 router.register("teams", TeamViewSet, basename="team")
 router.register("tokens", ApiTokenViewSet, basename="api-token")
+router.register("group-mappings", GroupMappingViewSet, basename="group-mapping")
 router.register("clusters", ClusterViewSet, basename="cluster")
 router.register("nodes", NodeViewSet, basename="node")
 router.register("gpus", GpuViewSet, basename="gpu")
@@ -84,6 +85,8 @@ urlpatterns = [
     path("pools/<slug:slug>/queue/", views.pool_queue, name="pool-queue"),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    # Single sign-on (teams/oidc.py): /oidc/authenticate/ and /oidc/callback/, off until configured.
+    path("oidc/", include("mozilla_django_oidc.urls")),
     path("", include("monitoring.urls")),
     path("admin/", admin.site.urls),
     # Namespaced: the router's names (reservation-release, ...) must not shadow the pages'.

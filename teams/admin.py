@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from teams.models import ApiToken, Membership, Team
+from teams.models import ApiToken, GroupMapping, Membership, Team
 
 
 class MembershipInline(admin.TabularInline):
@@ -37,3 +37,12 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request) -> bool:
         return False
+
+
+@admin.register(GroupMapping)
+class GroupMappingAdmin(admin.ModelAdmin):
+    """Which identity provider groups give which team, role and staff powers (teams/identity.py)."""
+
+    list_display = ["group", "team", "role", "staff"]
+    list_filter = ["role", "staff", "team"]
+    search_fields = ["group", "team__slug", "team__name"]

@@ -90,3 +90,33 @@ class ApiToken(models.Model):
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.name or 'unnamed'})"
+
+
+class GroupMapping(models.Model):
+    """An identity provider's group (an OIDC claim value or an LDAP group DN) and what it gives its
+    members in the portal: a team with a role, staff powers, or both.
+
+    A team named by any mapping is kept by the identity provider: at each single sign-on, the user's
+    membership and role there follow their groups, and a user no longer in any of the team's groups
+    leaves it (teams/identity.py). Teams no mapping names keep their memberships as managers set them."""
+
+    group = models.CharField(max_length=512, help_text="The group as the provider names it: an OIDC `groups` "
+                                                       "claim value, or an LDAP group's DN")
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, null=True, blank=True, related_name="group_mappings",
+                             help_text="The team its members join; empty when it only grants staff")
+    role = models.CharField(max_length=16, choices=Membership.Role.choices, default=Membership.Role.MEMBER)
+    staff = models.BooleanField(default=False, help_text="Its members are platform staff")
+
+    class Meta:
+        ordering = ["group", "team__slug"]
+        constraints = [
+            models.UniqueConstraint(fields=["group", "team"], name="group_mapping_once_per_team"),
+            models.CheckConstraint(condition=models.Q(team__isnull=False) | models.Q(staff=True),
+                                   name="group_mapping_gives_something"),
+        ]
+
+    def __str__(self) -> str:
+        gives = [f"{self.team} ({self.role})"] if self.team_id else []
+        if self.staff:
+            gives.append("staff")
+        return f"{self.group} → {', '.join(gives)}"

@@ -1,7 +1,7 @@
 from rest_framework import serializers
 
 from common.api import RefusesUnknownFields
-from teams.models import ApiToken, Membership, Team
+from teams.models import ApiToken, GroupMapping, Membership, Team
 
 
 class TeamSerializer(RefusesUnknownFields, serializers.ModelSerializer):
@@ -92,3 +92,22 @@ class MeSerializer(serializers.Serializer):
     is_staff = serializers.BooleanField(help_text="Staff powers on this request (never through a team-limited token)")
     teams = MyTeamSerializer(many=True, help_text="The teams this request may see and act for")
     token = ApiTokenSerializer(allow_null=True, help_text="The token the request came with; null for a session")
+
+
+class GroupMappingSerializer(RefusesUnknownFields, serializers.ModelSerializer):
+    """An identity provider group and what it gives: a team with a role, staff powers, or both."""
+
+    team = serializers.SlugRelatedField(slug_field="slug", queryset=Team.objects.all(), allow_null=True,
+                                        required=False, help_text="The team's slug; null when it only grants staff")
+
+    class Meta:
+        model = GroupMapping
+        fields = ["id", "group", "team", "role", "staff"]
+
+    def validate(self, attrs: dict) -> dict:
+        team = attrs.get("team", getattr(self.instance, "team", None))
+        staff = attrs.get("staff", getattr(self.instance, "staff", False))
+        if team is None and not staff:
+            raise serializers.ValidationError({"team": serializers.ErrorDetail(
+                "A mapping gives a team, staff powers, or both.", code="gives_nothing")})
+        return attrs

@@ -15,6 +15,7 @@ from common.errors import ApplicationError
 from common.secrets import key_prefix
 from teams import services
 from teams.api.serializers import (
+    GroupMappingSerializer,
     MeSerializer,
     ApiTokenSerializer,
     TokenLimitsInput,
@@ -26,7 +27,7 @@ from teams.api.serializers import (
     TokenInput,
     TokenOutput,
 )
-from teams.models import ApiToken, Team
+from teams.models import ApiToken, GroupMapping, Team
 from teams.selectors import role_in, teams_of
 from teams.tokens import CachedTokenAuthentication, TokenGrant
 
@@ -126,6 +127,14 @@ class ApiTokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
     def destroy(self, request: Request, prefix: str) -> Response:
         services.api_token_revoke(actor=request.user, prefix=prefix)
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class GroupMappingViewSet(viewsets.ModelViewSet):
+    """Staff map identity provider groups to teams, roles and staff powers; they apply at each sign-in."""
+
+    serializer_class = GroupMappingSerializer
+    permission_classes = [IsAdminUser]
+    queryset = GroupMapping.objects.select_related("team").order_by("group", "id")
 
 
 class TeamViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,

@@ -10,6 +10,7 @@ from allocations.models import ApplyJob, PriorityClass, Quota, Reservation
 from inventory import services as inventory_services
 from inventory.models import HostToken, Node
 from monitoring.models import Alert, AlertRule, Silence
+from teams.models import GroupMapping
 from teams.services import api_token_create
 
 
@@ -38,8 +39,9 @@ def fleet(world, api) -> dict[str, object]:
     silence = Silence.objects.create(rule=rule, created_by=None, starts_at=timezone.now(),
                                      ends_at=timezone.now() + timedelta(hours=1))
     priority = PriorityClass.objects.create(name="normal", value=50)
+    mapping = GroupMapping.objects.create(group="gpu-ml", team=world.team)
     return {
-        "priority-classes": priority.name,
+        "priority-classes": priority.name, "group-mappings": mapping.pk,
         "alert-rules": rule.pk, "alerts": alert.pk, "apply-jobs": job.pk, "clusters": node.cluster_id,
         "gpus": node.gpus.first().pk, "gpu-models": node.gpus.first().model_name, "host-tokens": host_token.pk, "nodes": node.pk, "pools": world.pool.slug,
         "quotas": Quota.objects.filter(team=world.team).first().pk, "reservations": reservation.pk,
