@@ -341,6 +341,34 @@ OIDC_USE_PKCE = True
 OIDC_USERNAME_CLAIM = env.str("OIDC_USERNAME_CLAIM", default="preferred_username")
 OIDC_GROUPS_CLAIM = env.str("OIDC_GROUPS_CLAIM", default="groups")
 OIDC_TIMEOUT = env.int("OIDC_TIMEOUT_SECONDS", default=10)
+# --- LDAP / Active Directory (teams/ldap.py; needs requirements-ldap.txt) ----------------------------
+# On when LDAP_SERVER_URI is set. Users are found under LDAP_USER_SEARCH_BASE with LDAP_USER_FILTER
+# (%(user)s is the username typed), groups under LDAP_GROUP_SEARCH_BASE; LDAP_GROUP_TYPE is
+# group_of_names (member: DN), posix (memberUid) or active_directory (nested groups).
+LDAP_SERVER_URI = env.str("LDAP_SERVER_URI", default="")
+if LDAP_SERVER_URI:
+    import ldap as _ldap
+    from django_auth_ldap.config import (GroupOfNamesType, LDAPSearch, NestedActiveDirectoryGroupType,
+                                         PosixGroupType)
+
+    _ldap_password_file = env.str("LDAP_BIND_PASSWORD_FILE", default="")
+    AUTH_LDAP_SERVER_URI = LDAP_SERVER_URI
+    AUTH_LDAP_BIND_DN = env.str("LDAP_BIND_DN", default="")
+    AUTH_LDAP_BIND_PASSWORD = (Path(_ldap_password_file).read_text().strip() if _ldap_password_file
+                               else env.str("LDAP_BIND_PASSWORD", default=""))
+    AUTH_LDAP_START_TLS = env.bool("LDAP_START_TLS", default=False)
+    AUTH_LDAP_USER_SEARCH = LDAPSearch(env.str("LDAP_USER_SEARCH_BASE"), _ldap.SCOPE_SUBTREE,
+                                       env.str("LDAP_USER_FILTER", default="(uid=%(user)s)"))
+    AUTH_LDAP_USER_ATTR_MAP = {"first_name": "givenName", "last_name": "sn", "email": "mail"}
+    _group_types = {"group_of_names": (GroupOfNamesType, "(objectClass=groupOfNames)"),
+                    "posix": (PosixGroupType, "(objectClass=posixGroup)"),
+                    "active_directory": (NestedActiveDirectoryGroupType, "(objectClass=group)")}
+    _group_type, _group_filter = _group_types[env.str("LDAP_GROUP_TYPE", default="group_of_names")]
+    AUTH_LDAP_GROUP_SEARCH = LDAPSearch(env.str("LDAP_GROUP_SEARCH_BASE"), _ldap.SCOPE_SUBTREE, _group_filter)
+    AUTH_LDAP_GROUP_TYPE = _group_type()
+    AUTH_LDAP_CONNECTION_OPTIONS = {_ldap.OPT_NETWORK_TIMEOUT: env.int("LDAP_TIMEOUT_SECONDS", default=10)}
+    AUTHENTICATION_BACKENDS.insert(2, "teams.ldap.PortalLDAPBackend")
+
 OIDC_AUTHENTICATE_CLASS = "teams.oidc.PortalOIDCRequestView"
 OIDC_CALLBACK_CLASS = "teams.oidc.PortalOIDCCallbackView"
 LOGIN_REDIRECT_URL_FAILURE = "login"
