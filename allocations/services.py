@@ -689,7 +689,7 @@ def reservation_warn_expiry(*, reservation_id: int, now: datetime | None = None)
         reservation, f"Reservation #{reservation.pk} ends in {queue.span(left)}",
         f"Its window ends at {reservation.ends_at:%Y-%m-%d %H:%M} UTC; its GPUs go back to the pool then. To keep "
         "them longer, extend it on its page (or POST .../extend/ with a later ends_at) while they stay free of "
-        "other bookings.")
+        "other bookings.", event="reservation.expiring")
     return True
 
 

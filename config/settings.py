@@ -323,6 +323,15 @@ LOCAL_LOGIN = env.str("LOCAL_LOGIN", default="all")
 if LOCAL_LOGIN not in ("all", "staff"):
     raise environ.ImproperlyConfigured("LOCAL_LOGIN must be all or staff")
 
+# --- notification channels (teams/notify.py) ------------------------------------------------------
+NOTIFY_ATTEMPTS = env.int("NOTIFY_ATTEMPTS", default=6)  # then a delivery is given up
+NOTIFY_RETRY_SECONDS = env.float("NOTIFY_RETRY_SECONDS", default=30.0)  # doubled after each failure
+NOTIFY_TIMEOUT_SECONDS = env.float("NOTIFY_TIMEOUT_SECONDS", default=10.0)
+NOTIFY_SWEEP_SECONDS = env.float("NOTIFY_SWEEP_SECONDS", default=15.0)  # how often beat sends what is due
+# Webhook URLs leading to loopback or private addresses are refused unless this is set (a site whose
+# chat server is on its own network sets it).
+NOTIFY_ALLOW_PRIVATE_URLS = env.bool("NOTIFY_ALLOW_PRIVATE_URLS", default=False)
+
 # --- single sign-on (OpenID Connect, teams/oidc.py) ----------------------------------------------
 # Set OIDC_ISSUER and OIDC_RP_CLIENT_ID to turn it on; the endpoints come from the issuer's discovery
 # document unless OIDC_OP_AUTHORIZATION_ENDPOINT, _TOKEN_, _USER_ or _JWKS_ENDPOINT say otherwise.

@@ -21,8 +21,8 @@ from config import health, metrics
 from inventory.api.agent import HeartbeatView, RegisterView
 from inventory.api.views import ClusterViewSet, GpuModelViewSet, GpuViewSet, HostTokenViewSet, NodeViewSet
 from monitoring.api.views import AlertRuleViewSet, AlertViewSet, PoolHistoryView, SilenceViewSet, TelemetryView
-from portal import tokens, views
-from teams.api.views import ApiTokenViewSet, GroupMappingViewSet, MeView, TeamViewSet, TokenView
+from portal import channels, tokens, views
+from teams.api.views import ApiTokenViewSet, ChannelViewSet, GroupMappingViewSet, MeView, TeamViewSet, TokenView
 
 router = DefaultRouter()
 router.register("reservations", ReservationViewSet, basename="reservation")
@@ -33,6 +33,7 @@ router.register("apply-jobs", ApplyJobViewSet, basename="apply-job")
 router.register("teams", TeamViewSet, basename="team")
 router.register("tokens", ApiTokenViewSet, basename="api-token")
 router.register("group-mappings", GroupMappingViewSet, basename="group-mapping")
+router.register("notification-channels", ChannelViewSet, basename="notification-channel")
 router.register("clusters", ClusterViewSet, basename="cluster")
 router.register("nodes", NodeViewSet, basename="node")
 router.register("gpus", GpuViewSet, basename="gpu")
@@ -82,6 +83,8 @@ urlpatterns = [
     path("teams/<slug:slug>/", views.team_detail, name="team"),
     path("tokens/", tokens.tokens, name="tokens"),
     path("tokens/revoke/", tokens.token_revoke, name="token-revoke"),
+    path("notifications/", channels.channels, name="channels"),
+    path("notifications/<int:channel_id>/<str:action>/", channels.channel_action, name="channel-action"),
     path("pools/<slug:slug>/queue/", views.pool_queue, name="pool-queue"),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),

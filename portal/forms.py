@@ -10,7 +10,8 @@ from allocations.queue import parse_duration
 from allocations.selectors import LATEST_INSTANT
 from allocations.shapes import AMOUNT_LIMITS
 from inventory.sharing import REPLICA_MODES
-from teams.models import ApiToken, Membership
+from teams.models import ApiToken, Membership, NotificationChannel
+from teams.notify import EVENTS
 
 DATETIME_LOCAL = "%Y-%m-%dT%H:%M"
 
@@ -186,3 +187,21 @@ class TokenForm(forms.Form):
 
 class TokenRevokeForm(forms.Form):
     prefix = forms.SlugField(max_length=12)
+
+
+class ChannelForm(forms.Form):
+    """A notification channel: whose, which kind, where, and which events (teams/notify.py)."""
+
+    name = forms.CharField(max_length=64)
+    owner = forms.ChoiceField(label="For", required=False, help_text="Yourself, or a team you manage.")
+    kind = forms.ChoiceField(choices=NotificationChannel.Kind.choices)
+    email = forms.EmailField(required=False, help_text="E-mail channels: the address.")
+    url = forms.URLField(required=False, max_length=2000, label="Webhook URL", assume_scheme="https",
+                         help_text="Webhook, Slack, DingTalk, WeCom, Feishu: the incoming webhook's URL.")
+    secret = forms.CharField(required=False, max_length=256, widget=forms.PasswordInput(render_value=False),
+                             help_text="Webhook: the signing key; DingTalk, Feishu: the robot's signing secret.")
+    events = forms.MultipleChoiceField(widget=forms.CheckboxSelectMultiple, choices=list(EVENTS.items()))
+
+    def __init__(self, *args, teams=(), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["owner"].choices = [("", "Me")] + [(team.slug, f"Team {team.name}") for team in teams]

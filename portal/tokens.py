@@ -11,6 +11,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
 
@@ -66,7 +67,11 @@ def token_revoke(request: HttpRequest) -> HttpResponse:
     token = ApiToken.objects.filter(user_id=request.user.pk, prefix=prefix).first()
     if token is not None and request.POST.get("confirm") != "yes":
         # As release does: without JavaScript's dialog (which adds confirm=yes), a page asks first.
-        return render(request, "portal/token_revoke_confirm.html", {"token": token})
+        label = f"{token.prefix}…" + (f" ({token.name})" if token.name else "")
+        return render(request, "portal/confirm.html", {
+            "question": f"Revoke token {token.prefix}…?", "button": "Revoke", "back": reverse("tokens"),
+            "detail": f"Revoke token {label}? Scripts using it are refused from then on.",
+            "action": reverse("token-revoke"), "fields": [("prefix", token.prefix)]})
     try:
         team_services.api_token_revoke(actor=request.user, prefix=prefix)
     except ApplicationError as error:

@@ -120,3 +120,69 @@ class GroupMapping(models.Model):
         if self.staff:
             gives.append("staff")
         return f"{self.group} → {', '.join(gives)}"
+
+
+class NotificationChannel(models.Model):
+    """Somewhere a team's or a person's notifications go beside the usual mail: an e-mail address, a
+    generic webhook (JSON signed with HMAC-SHA256), or a Slack, DingTalk, WeCom or Feishu/Lark incoming
+    webhook. It receives the events it lists (teams/notify.py EVENTS). Its URL and secret are stored
+    encrypted (common.crypto) and never shown back: a chat webhook's URL is itself a credential."""
+
+    class Kind(models.TextChoices):
+        EMAIL = "email", "E-mail"
+        WEBHOOK = "webhook", "Webhook (JSON, HMAC-SHA256 signed)"
+        SLACK = "slack", "Slack"
+        DINGTALK = "dingtalk", "DingTalk"
+        WECOM = "wecom", "WeCom"
+        FEISHU = "feishu", "Feishu / Lark"
+
+    name = models.CharField(max_length=64)
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, null=True, blank=True, related_name="channels")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, null=True, blank=True,
+                             related_name="notification_channels")
+    email = models.EmailField(blank=True, help_text="e-mail channels: the address")
+    url_encrypted = models.TextField(blank=True, editable=False)
+    secret_encrypted = models.TextField(blank=True, editable=False)
+    events = models.JSONField(default=list, help_text="The events it receives (names from teams/notify.py)")
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_attempt_at = models.DateTimeField(null=True, blank=True, editable=False)
+    last_error = models.TextField(blank=True, editable=False)
+    failing_since = models.DateTimeField(null=True, blank=True, editable=False,
+                                         help_text="Set while its deliveries fail; cleared by the next success")
+
+    class Meta:
+        ordering = ["team__slug", "user__username", "name"]
+        constraints = [models.CheckConstraint(
+            condition=(models.Q(team__isnull=False, user__isnull=True) | models.Q(team__isnull=True, user__isnull=False)),
+            name="channel_of_a_team_or_a_person")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.kind}) of {self.team or self.user}"
+
+
+class Delivery(models.Model):
+    """One event sent to one channel: the truth the delivery task works from. A failed attempt is tried
+    again later (backoff doubling from NOTIFY_RETRY_SECONDS) until NOTIFY_ATTEMPTS, then given up."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending", "Pending"
+        SENT = "sent", "Sent"
+        GIVEN_UP = "given_up", "Given up"
+
+    channel = models.ForeignKey(NotificationChannel, on_delete=models.CASCADE, related_name="deliveries")
+    event = models.CharField(max_length=64)
+    payload = models.JSONField(help_text="subject, text, link and data of the notification")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    response_status = models.PositiveIntegerField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-pk"]
+        indexes = [models.Index(fields=["next_attempt_at"], condition=models.Q(status="pending"),
+                                name="delivery_due")]

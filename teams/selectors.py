@@ -4,7 +4,7 @@ from __future__ import annotations
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db.models import QuerySet
 
-from teams.models import Membership, Team
+from teams.models import Membership, NotificationChannel, Team
 
 User = AbstractBaseUser | AnonymousUser
 
@@ -61,3 +61,12 @@ def can_act_for_team(user: User, team: Team) -> bool:
 def can_manage_team(user: User, team: Team) -> bool:
     """Managers (and staff) add and remove the team's members."""
     return user.is_authenticated and (user.is_staff or role_in(user, team) == Membership.Role.MANAGER)
+
+
+def channels_visible_to(user: User):
+    """Notification channels a user sees: their own, and those of the teams they may see."""
+    if not user.is_authenticated:
+        return NotificationChannel.objects.none()
+    own = NotificationChannel.objects.filter(user_id=user.pk)
+    teams = NotificationChannel.objects.filter(team__in=teams_of(user))
+    return (own | teams).select_related("team", "user").order_by("team__slug", "name", "pk")

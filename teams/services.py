@@ -4,6 +4,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 from decimal import Decimal
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -12,9 +13,11 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from common.errors import Conflict, NotFound, PermissionDenied, ValidationFailed
+from common import crypto
 from common.secrets import key_digest, key_prefix, new_key
-from teams.models import ApiToken, Membership, Team
+from teams.models import ApiToken, Membership, NotificationChannel, Team
 from teams.selectors import can_manage_team, role_in
+from teams.notify import EVENTS, send_test
 from teams.tokens import TokenGrant
 
 User = get_user_model()
@@ -197,3 +200,81 @@ def api_token_revoke(*, actor: AbstractBaseUser, prefix: str) -> None:
 def api_token_delete(*, actor: AbstractBaseUser, key: str) -> None:
     """Delete the token with this key, the actor's own (signing a script out)."""
     ApiToken.objects.filter(user_id=actor.pk, prefix=key_prefix(key), digest=key_digest(key)).delete()
+
+
+# --- notification channels (teams/notify.py sends to them) -------------------------------------------
+
+def _channel_fields(*, kind: str, email: str, url: str, events: list[str]) -> None:
+    unknown = [event for event in events if event not in EVENTS]
+    if unknown:
+        raise ValidationFailed(f"Unknown events: {', '.join(unknown)}. Known: {', '.join(EVENTS)}.",
+                               field="events", rule="unknown_event")
+    if kind == NotificationChannel.Kind.EMAIL:
+        if not email:
+            raise ValidationFailed("An e-mail channel needs an address.", field="email", rule="required")
+        if url:
+            raise ValidationFailed("An e-mail channel takes an address, not a URL.", field="url", rule="not_for_kind")
+        return
+    if not url:
+        raise ValidationFailed(f"A {kind} channel needs its webhook URL.", field="url", rule="required")
+    if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
+        raise ValidationFailed("The URL must be an http or https address.", field="url", rule="invalid_url")
+
+
+def _may_manage_channel(actor: AbstractBaseUser, *, team: Team | None, user_id: int | None) -> None:
+    if team is not None:
+        _require_manager(actor, team)
+    elif user_id != actor.pk:
+        raise NotFound("There is no such channel.", field="id", rule="not_found")
+
+
+@transaction.atomic
+def channel_create(*, actor: AbstractBaseUser, name: str, kind: str, team: Team | None = None, email: str = "",
+                   url: str = "", secret: str = "", events: list[str] = (), enabled: bool = True
+                   ) -> NotificationChannel:
+    """A channel of a team (its managers and staff make it) or of the actor."""
+    events = list(dict.fromkeys(events))
+    _may_manage_channel(actor, team=team, user_id=None if team else actor.pk)
+    _channel_fields(kind=kind, email=email, url=url, events=events)
+    channel = NotificationChannel(name=name, kind=kind, team=team, user=None if team else actor, email=email,
+                                  url_encrypted=crypto.encrypt(url) if url else "",
+                                  secret_encrypted=crypto.encrypt(secret) if secret else "",
+                                  events=events, enabled=enabled)
+    channel.full_clean()
+    channel.save()
+    return channel
+
+
+@transaction.atomic
+def channel_update(*, actor: AbstractBaseUser, channel: NotificationChannel, **fields) -> NotificationChannel:
+    """Change a channel's name, events, address, URL, secret or whether it is on. A URL or secret given
+    replaces the stored one; one not given keeps it (they are never shown back)."""
+    channel = NotificationChannel.objects.select_for_update().get(pk=channel.pk)
+    _may_manage_channel(actor, team=channel.team, user_id=channel.user_id)
+    for name in ("name", "email", "enabled"):
+        if name in fields:
+            setattr(channel, name, fields[name])
+    if "events" in fields:
+        channel.events = list(dict.fromkeys(fields["events"]))
+    if fields.get("url"):
+        channel.url_encrypted = crypto.encrypt(fields["url"])
+    if "secret" in fields:
+        channel.secret_encrypted = crypto.encrypt(fields["secret"]) if fields["secret"] else ""
+    url = fields.get("url") or (crypto.decrypt(channel.url_encrypted) if channel.url_encrypted else "")
+    _channel_fields(kind=channel.kind, email=channel.email, url=url, events=channel.events)
+    channel.full_clean()
+    channel.save()
+    return channel
+
+
+@transaction.atomic
+def channel_delete(*, actor: AbstractBaseUser, channel: NotificationChannel) -> None:
+    _may_manage_channel(actor, team=channel.team, user_id=channel.user_id)
+    channel.delete()
+
+
+@transaction.atomic
+def channel_test(*, actor: AbstractBaseUser, channel: NotificationChannel):
+    """Send a test message to a channel (who may change it may test it); sent after the commit."""
+    _may_manage_channel(actor, team=channel.team, user_id=channel.user_id)
+    return send_test(channel)

@@ -1,7 +1,11 @@
+from urllib.parse import urlsplit
+
 from rest_framework import serializers
 
+from common import crypto
 from common.api import RefusesUnknownFields
-from teams.models import ApiToken, GroupMapping, Membership, Team
+from teams.models import ApiToken, Delivery, GroupMapping, Membership, NotificationChannel, Team
+from teams.notify import EVENTS
 
 
 class TeamSerializer(RefusesUnknownFields, serializers.ModelSerializer):
@@ -111,3 +115,40 @@ class GroupMappingSerializer(RefusesUnknownFields, serializers.ModelSerializer):
             raise serializers.ValidationError({"team": serializers.ErrorDetail(
                 "A mapping gives a team, staff powers, or both.", code="gives_nothing")})
         return attrs
+
+
+class ChannelSerializer(RefusesUnknownFields, serializers.ModelSerializer):
+    """A notification channel: where a team's or your notifications go, and for which events. The URL and
+    secret are write-only (a chat webhook's URL is itself a credential): `url_host` tells it apart."""
+
+    team = serializers.SlugRelatedField(slug_field="slug", queryset=Team.objects.all(), allow_null=True,
+                                        required=False, help_text="The team's slug; null: a channel of your own")
+    url = serializers.URLField(write_only=True, required=False, allow_blank=True, max_length=2000,
+                               help_text="webhook, slack, dingtalk, wecom, feishu: the incoming webhook URL")
+    secret = serializers.CharField(write_only=True, required=False, allow_blank=True, max_length=256, help_text=(
+        "webhook: the HMAC-SHA256 key of X-GpuPool-Signature; dingtalk, feishu: the robot's signing secret"))
+    events = serializers.ListField(child=serializers.CharField(max_length=64), max_length=50, help_text=(
+        "Which events it receives: " + ", ".join(EVENTS)))
+    url_host = serializers.SerializerMethodField(help_text="The URL's host, to tell channels apart")
+
+    class Meta:
+        model = NotificationChannel
+        fields = ["id", "name", "kind", "team", "email", "url", "secret", "url_host", "events", "enabled",
+                  "created_at", "last_attempt_at", "last_error", "failing_since"]
+        read_only_fields = ["created_at", "last_attempt_at", "last_error", "failing_since"]
+
+    def get_url_host(self, channel: NotificationChannel) -> str | None:
+        return urlsplit(crypto.decrypt(channel.url_encrypted)).hostname if channel.url_encrypted else None
+
+
+class ChannelUpdateSerializer(ChannelSerializer):
+    class Meta(ChannelSerializer.Meta):
+        read_only_fields = [*ChannelSerializer.Meta.read_only_fields, "kind", "team"]
+
+
+class DeliverySerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Delivery
+        fields = ["id", "event", "status", "attempts", "next_attempt_at", "response_status", "last_error",
+                  "created_at", "delivered_at"]
+        read_only_fields = fields

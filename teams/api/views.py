@@ -15,6 +15,9 @@ from common.errors import ApplicationError
 from common.secrets import key_prefix
 from teams import services
 from teams.api.serializers import (
+    ChannelSerializer,
+    ChannelUpdateSerializer,
+    DeliverySerializer,
     GroupMappingSerializer,
     MeSerializer,
     ApiTokenSerializer,
@@ -28,7 +31,7 @@ from teams.api.serializers import (
     TokenOutput,
 )
 from teams.models import ApiToken, GroupMapping, Team
-from teams.selectors import role_in, teams_of
+from teams.selectors import channels_visible_to, role_in, teams_of
 from teams.tokens import CachedTokenAuthentication, TokenGrant
 
 
@@ -127,6 +130,41 @@ class ApiTokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
     def destroy(self, request: Request, prefix: str) -> Response:
         services.api_token_revoke(actor=request.user, prefix=prefix)
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class ChannelViewSet(viewsets.ModelViewSet):
+    """Notification channels: your own, and your teams' (their managers and staff change those).
+    POST .../test/ sends a test message; GET .../deliveries/ lists what was sent and how it went."""
+
+    serializer_class = ChannelSerializer
+
+    def get_queryset(self):
+        return channels_visible_to(self.request.user)
+
+    def get_serializer_class(self):
+        return ChannelUpdateSerializer if self.action in ("update", "partial_update") else ChannelSerializer
+
+    def perform_create(self, serializer: ChannelSerializer) -> None:
+        serializer.instance = services.channel_create(actor=self.request.user, **serializer.validated_data)
+
+    def perform_update(self, serializer: ChannelSerializer) -> None:
+        serializer.instance = services.channel_update(actor=self.request.user, channel=serializer.instance,
+                                                      **serializer.validated_data)
+
+    def perform_destroy(self, instance) -> None:
+        services.channel_delete(actor=self.request.user, channel=instance)
+
+    @extend_schema(request=None, responses={202: DeliverySerializer})
+    @action(detail=True, methods=["post"])
+    def test(self, request: Request, pk: str) -> Response:
+        delivery = services.channel_test(actor=request.user, channel=self.get_object())
+        return Response(DeliverySerializer(delivery).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(responses=DeliverySerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def deliveries(self, request: Request, pk: str) -> Response:
+        page = self.paginate_queryset(self.get_object().deliveries.order_by("-created_at", "-pk"))
+        return self.get_paginated_response(DeliverySerializer(page, many=True).data)
 
 
 class GroupMappingViewSet(viewsets.ModelViewSet):
