@@ -182,6 +182,15 @@ else:
                     "CONFIG": {"hosts": [{"address": REDIS_URL}], "prefix": channel_layer_prefix(REDIS_URL)}}
     }
     CELERY_BROKER_URL = REDIS_URL
+    # Beat, one active at a time however many run (RedBeat): the schedule lives in Redis and the
+    # running beat holds a lock it renews every tick (at most BEAT_TICK_SECONDS apart); the others
+    # wait on the lock and one takes over within BEAT_LOCK_SECONDS + a tick of the holder's death.
+    # So a sweep or an alert evaluation is neither doubled nor skipped for longer than that.
+    CELERY_BEAT_SCHEDULER = "redbeat.RedBeatScheduler"
+    CELERY_REDBEAT_REDIS_URL = REDIS_URL
+    CELERY_REDBEAT_KEY_PREFIX = channel_layer_prefix(REDIS_URL) + "redbeat"
+    CELERY_REDBEAT_LOCK_TIMEOUT = env.int("BEAT_LOCK_SECONDS", default=5)
+    CELERY_BEAT_MAX_LOOP_INTERVAL = env.float("BEAT_TICK_SECONDS", default=1.0)
 
 # --- outages (common/outages.py) -------------------------------------------------------------
 # Redis or PostgreSQL not answering costs a request a second or two, never the operating system's
