@@ -155,6 +155,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="this host's token (or GPUPOOL_AGENT_TOKEN)")
     parser.add_argument("--simulate", metavar="SPEC",
                         help="SIMULATED GPUs instead of NVML, e.g. 8xH100 or 2xA100-80GB:mig=all-1g.10gb")
+    parser.add_argument("--ws-url", default=os.environ.get("GPUPOOL_AGENT_WS_URL"),
+                        help="the lease channel's WebSocket URL, when the portal serves WebSockets at another "
+                             "address than --portal (e.g. wss://ws.gpupool.example.com/ws/agent/); default: "
+                             "--portal's /ws/agent/, as an ingress routing /ws/ to the ws process serves it")
     parser.add_argument("--hostname", default=socket.gethostname())
     parser.add_argument("--heartbeat", type=float, default=10.0, help="seconds between heartbeats")
     parser.add_argument("--state-dir", default=DEFAULT_DIR,
@@ -183,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     backend.portal_users = {local: user for user, local in user_map.items()}
     if not args.no_lease_channel:
         channel = lease_channel.LeaseChannel(args.portal, args.token, agent.take_leases, agent.stop,
-                                             ready=lambda: agent.registered)
+                                             ready=lambda: agent.registered, url=args.ws_url)
         channel.connected = agent.lease_channel_open
         lease_channel.start(channel)
     if args.telemetry_interval > 0:

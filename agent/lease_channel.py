@@ -26,8 +26,9 @@ def ws_url(portal: str) -> str:
 
 class LeaseChannel:
     def __init__(self, portal: str, token: str, handle: Callable[[list[dict]], dict], stop: threading.Event,
-                 max_backoff: float = 30.0, ready: Callable[[], bool] = lambda: True) -> None:
-        self.url = ws_url(portal)
+                 max_backoff: float = 30.0, ready: Callable[[], bool] = lambda: True, url: str | None = None
+                 ) -> None:
+        self.url = url or ws_url(portal)
         self.token = token
         self.handle = handle  # leases -> the report to send back
         self.stop = stop
@@ -59,8 +60,10 @@ class LeaseChannel:
                             ws.send(json.dumps({"type": "held", **self.handle(message.get("leases", []))}))
             except InvalidStatus as error:
                 status = error.response.status_code
-                log.error("the portal refused the lease channel (%s)%s", status,
-                          ": token revoked or wrong" if status in (401, 403) else "")
+                hint = {401: ": token revoked or wrong", 403: ": token revoked or wrong",
+                        404: f": nothing serves WebSockets at {self.url}; route /ws/ to the portal's ws process "
+                             "or give its address with --ws-url (leases still arrive by the HTTP poll)"}
+                log.error("the portal refused the lease channel (%s)%s", status, hint.get(status, ""))
             except (OSError, TimeoutError, WebSocketException, ValueError) as error:
                 log.warning("lease channel: %s", error)
             self.connected.clear()
