@@ -62,7 +62,11 @@ def user_for_token(key: str):
         cache.set(cache_key, values, TOKEN_CACHE_SECONDS if values != _NO_USER else UNKNOWN_KEY_SECONDS)
     if values == _NO_USER:
         return None
-    return get_user_model().from_db(DEFAULT_DB_ALIAS, USER_FIELDS, values)
+    # from_db takes the values in the model's field order, not in the order of the names it is given.
+    user_model = get_user_model()
+    by_name = dict(zip(USER_FIELDS, values))
+    names = [field.attname for field in user_model._meta.concrete_fields if field.attname in by_name]
+    return user_model.from_db(DEFAULT_DB_ALIAS, names, [by_name[name] for name in names])
 
 
 def token_forget(sender=None, instance=None, **kwargs) -> None:
