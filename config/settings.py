@@ -64,6 +64,9 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "channels",
     "axes",
+    # django-auditlog's registry and diffs; "audit" holds our entry model, API and admin (audit/__init__.py).
+    "auditlog",
+    "audit",
     "teams",
     "inventory",
     "allocations",
@@ -80,6 +83,8 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # Audit entries written during a request name its user and its source (API, admin or page).
+    "audit.middleware.AuditSourceMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Redis or PostgreSQL unreachable in a view outside DRF: 503 JSON or the "temporarily unavailable" page.
@@ -197,6 +202,40 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 # How often beat sweeps reservations (activate due ones, expire ended ones). The
 # database is the truth; this sweep is what moves time-driven states.
 RESERVATION_SWEEP_SECONDS = env.float("RESERVATION_SWEEP_SECONDS", default=5.0)
+
+# --- audit log (audit/) ----------------------------------------------------------------------
+# Every change of these models is recorded (who, when, from where, the fields before and after).
+# Fields left out: secrets and token digests (never in the log), and what changes on every heartbeat
+# or use (a row per heartbeat would bury the changes people make). Reservations are recorded by their
+# transitions (allocations.transitions.record writes the ReservationEvent and its audit entry).
+AUDITLOG_LOGENTRY_MODEL = "audit.AuditEntry"
+AUDITLOG_STORE_JSON_CHANGES = True  # before/after as JSON values, not their str()
+AUDITLOG_DISABLE_REMOTE_ADDR = True  # who acted is the account; addresses are the access log's
+# What changes on every heartbeat, use or save, in every model below.
+_AUDIT_UNTRACKED = ["created_at", "updated_at", "last_used_at", "last_seen_at", "last_login"]
+AUDITLOG_INCLUDE_TRACKING_MODELS = tuple(
+    {"model": model, "exclude_fields": [*_AUDIT_UNTRACKED, *untracked]} for model, untracked in (
+        ("auth.user", ["password", "date_joined"]),
+        ("teams.team", []),
+        ("teams.membership", []),
+        ("teams.apitoken", ["digest"]),
+        ("inventory.cluster",
+         ["kubeconfig_encrypted", "prometheus_auth_encrypted", "last_discovered_at", "discovery_error"]),
+        ("inventory.node", []),
+        ("inventory.gpupool", []),
+        ("inventory.gpu", []),
+        ("inventory.gpumodel", []),
+        ("inventory.hosttoken", ["key_hash"]),
+        ("allocations.priorityclass", []),
+        ("allocations.quota", []),
+        ("monitoring.alertrule", []),
+        ("monitoring.silence", []),
+    ))
+# Entries older than this are deleted by a periodic task (the one path the append-only trigger allows).
+AUDIT_RETENTION_DAYS = env.int("AUDIT_RETENTION_DAYS", default=400)
+if AUDIT_RETENTION_DAYS < 1:
+    raise environ.ImproperlyConfigured("AUDIT_RETENTION_DAYS must be at least 1")
+AUDIT_RETENTION_CHECK_SECONDS = env.float("AUDIT_RETENTION_CHECK_SECONDS", default=3600.0)
 
 # --- applying reservations (Kubernetes and host agents) -------------------------------------
 # A reservation not applied (or undone) within this long fails with the reason, never hangs.
