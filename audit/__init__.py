@@ -9,6 +9,7 @@ PostgreSQL, keeps one table, and lets us bring our own entry model (AUDITLOG_LOG
 adds the `source` column and keeps entries apart from the rows they describe (no cascades).
 
 Which models are tracked, and which of their fields never are (secrets, token digests, heartbeat
-timestamps), is wiring: AUDITLOG_INCLUDE_TRACKING_MODELS in config/settings.py, by label, so this
-app imports none of the domain apps (they import it, to record what a bulk update changed).
+timestamps), is wiring: AUDIT_TRACKED_MODELS in config/settings.py, by label, registered with
+auditlog by audit.apps, so this app imports none of the domain apps (they import it, to record what a
+bulk update or a hand-written SQL statement changed).
 """

@@ -204,7 +204,7 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 RESERVATION_SWEEP_SECONDS = env.float("RESERVATION_SWEEP_SECONDS", default=5.0)
 
 # --- audit log (audit/) ----------------------------------------------------------------------
-# Every change of these models is recorded (who, when, from where, the fields before and after).
+# Every change of the models below is recorded (who, when, from where, the fields before and after).
 # Fields left out: secrets and token digests (never in the log), and what changes on every heartbeat
 # or use (a row per heartbeat would bury the changes people make). Reservations are recorded by their
 # transitions (allocations.transitions.record writes the ReservationEvent and its audit entry).
@@ -214,26 +214,24 @@ AUDITLOG_LOGENTRY_MODEL = "audit.AuditEntry"
 MIGRATION_MODULES = {"auditlog": None}
 AUDITLOG_STORE_JSON_CHANGES = True  # before/after as JSON values, not their str()
 AUDITLOG_DISABLE_REMOTE_ADDR = True  # who acted is the account; addresses are the access log's
-# What changes on every heartbeat, use or save, in every model below.
-_AUDIT_UNTRACKED = ["created_at", "updated_at", "last_used_at", "last_seen_at", "last_login"]
-AUDITLOG_INCLUDE_TRACKING_MODELS = tuple(
-    {"model": model, "exclude_fields": [*_AUDIT_UNTRACKED, *untracked]} for model, untracked in (
-        ("auth.user", ["password", "date_joined"]),
-        ("teams.team", []),
-        ("teams.membership", []),
-        ("teams.apitoken", ["digest"]),
-        ("inventory.cluster",
-         ["kubeconfig_encrypted", "prometheus_auth_encrypted", "last_discovered_at", "discovery_error"]),
-        ("inventory.node", []),
-        ("inventory.gpupool", []),
-        ("inventory.gpu", []),
-        ("inventory.gpumodel", []),
-        ("inventory.hosttoken", ["key_hash"]),
-        ("allocations.priorityclass", []),
-        ("allocations.quota", []),
-        ("monitoring.alertrule", []),
-        ("monitoring.silence", []),
-    ))
+# The models whose every change is recorded, each with the fields never recorded beside the ones every
+# model leaves out (audit.apps.ALWAYS_UNTRACKED: timestamps of each heartbeat, use or save; reverse relations).
+AUDIT_TRACKED_MODELS = {
+    "auth.user": ["password", "date_joined"],
+    "teams.team": [],
+    "teams.membership": [],
+    "teams.apitoken": ["digest"],
+    "inventory.cluster": ["kubeconfig_encrypted", "prometheus_auth_encrypted", "last_discovered_at", "discovery_error"],
+    "inventory.node": [],
+    "inventory.gpupool": [],
+    "inventory.gpu": [],
+    "inventory.gpumodel": [],
+    "inventory.hosttoken": ["key_hash"],
+    "allocations.priorityclass": [],
+    "allocations.quota": [],
+    "monitoring.alertrule": [],
+    "monitoring.silence": [],
+}
 # Entries older than this are deleted by a periodic task (the one path the append-only trigger allows).
 AUDIT_RETENTION_DAYS = env.int("AUDIT_RETENTION_DAYS", default=400)
 if AUDIT_RETENTION_DAYS < 1:

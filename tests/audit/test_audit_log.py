@@ -214,6 +214,8 @@ def test_a_change_in_the_django_admin_is_recorded_with_source_admin(world):
     pc = PriorityClass.objects.get(name="batch")
     entry = last_entry(PriorityClass, pc.pk)
     assert (entry.source, entry.actor_label, entry.changes["value"]) == ("admin", "staff", [None, 5])
+    # Its own fields only: not its id, nor its reverse relations (quotas), which read "allocations.Quota.None"
+    assert set(entry.changes) == {"name", "value", "description"}
 
 
 def test_a_change_on_a_page_is_recorded_with_source_page(world):
