@@ -1,5 +1,6 @@
 """The audit log in the admin: read-only (no add, change or delete, not even by a superuser)."""
 from auditlog.admin import LogEntryAdmin
+from auditlog.filters import ResourceTypeFilter
 from django.contrib import admin
 
 from audit.models import AuditEntry
@@ -12,11 +13,12 @@ if admin.site.is_registered(AuditEntry):
 @admin.register(AuditEntry)
 class AuditEntryAdmin(LogEntryAdmin):
     list_display = ["created", "resource_url", "action", "msg_short", "user_url", "source"]
-    list_filter = ["source", "action", *LogEntryAdmin.list_filter[1:]]
+    # No correlation-id filter: entries carry none (auditlog's middleware, which reads one, is not used).
+    list_filter = ["source", "action", ResourceTypeFilter]
     list_select_related = ["content_type"]
     search_fields = ["object_repr", "actor_username", "actor_email"]
     fieldsets = [
-        (None, {"fields": ["created", "user_url", "source", "resource_url", "cid"]}),
+        (None, {"fields": ["created", "user_url", "source", "resource_url"]}),
         ("Changes", {"fields": ["action", "msg"]}),
     ]
     readonly_fields = [*LogEntryAdmin.readonly_fields, "source"]
