@@ -26,6 +26,13 @@ from common import sql
 RETENTION_SETTING = "audit.retention_days"
 
 
+# benchmarks/api_floor.py sends the same statement (a reservation create and release write two).
+INSERT_ENTRY = (
+    "INSERT INTO audit_auditentry (content_type_id, object_pk, object_id, object_repr, action, changes_text, "
+    "changes, actor_id, actor_username, actor_email, timestamp, additional_data, source) "
+    "VALUES (%s, %s, %s, %s, %s, '', %s, %s, %s, %s, %s, %s, %s)")
+
+
 def audit_record(*, model: type[models.Model], object_id: int, object_repr: str, changes: dict[str, list[Any]],
                  action: int = AuditEntry.Action.UPDATE, actor: AbstractBaseUser | None = None,
                  additional_data: dict[str, Any] | None = None) -> None:
@@ -39,9 +46,7 @@ def audit_record(*, model: type[models.Model], object_id: int, object_repr: str,
     if acting.detail:
         additional_data = {"task": acting.detail, **(additional_data or {})}
     sql.execute(
-        f"INSERT INTO {AuditEntry._meta.db_table} (content_type_id, object_pk, object_id, object_repr, action, "
-        "changes_text, changes, actor_id, actor_username, actor_email, timestamp, additional_data, source) "
-        "VALUES (%s, %s, %s, %s, %s, '', %s, %s, %s, %s, %s, %s, %s)",
+        INSERT_ENTRY,
         [ContentType.objects.get_for_model(model).pk, str(object_id), object_id, object_repr, action,
          json.dumps(changes, cls=DjangoJSONEncoder),
          actor.pk if actor is not None else None, actor.get_username() if actor is not None else "",
