@@ -412,3 +412,15 @@ def test_the_admin_shows_entries_read_only(world):
     assert client.get(f"/admin/audit/auditentry/{entry.pk}/delete/").status_code == 403
     assert client.post(f"/admin/audit/auditentry/{entry.pk}/change/", {"object_repr": "forged"}).status_code == 403
     assert AuditEntry.objects.get(pk=entry.pk).object_repr == "ml"
+
+
+def test_beat_runs_the_retention_task_on_its_period(settings):
+    from config.celery import app
+
+    app.loader.import_default_modules()
+    app.finalize()
+    schedule = {entry["task"]: entry["schedule"] for entry in app.conf.beat_schedule.values()}
+    assert "audit.tasks.delete_expired_audit_entries" in schedule
+    period = schedule["audit.tasks.delete_expired_audit_entries"]
+    seconds = period if isinstance(period, (int, float)) else period.run_every.total_seconds()
+    assert seconds == settings.AUDIT_RETENTION_CHECK_SECONDS
