@@ -213,7 +213,6 @@ AUDITLOG_LOGENTRY_MODEL = "audit.AuditEntry"
 # predate the swap); unused, it held a foreign key to the users that stopped the test runner's TRUNCATE.
 MIGRATION_MODULES = {"auditlog": None}
 AUDITLOG_STORE_JSON_CHANGES = True  # before/after as JSON values, not their str()
-AUDITLOG_DISABLE_REMOTE_ADDR = True  # who acted is the account; addresses are the access log's
 # The models whose every change is recorded, each with the fields never recorded beside the ones every
 # model leaves out (audit.apps.ALWAYS_UNTRACKED: timestamps of each heartbeat, use or save; reverse relations).
 AUDIT_TRACKED_MODELS = {
