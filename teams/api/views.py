@@ -59,6 +59,7 @@ class TokenView(APIView):
         if user is None or not user.is_active:
             raise InvalidCredentials("Unable to sign in with the username and password given.",
                                      field="password", rule="invalid_credentials")
+        request.user = user  # who signed in is who made the token (the audit log reads the request's user)
         token, key = services.api_token_create(user=user, name=data.validated_data["name"])
         return Response({"token": key, "prefix": token.prefix, "name": token.name})
 

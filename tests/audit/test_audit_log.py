@@ -154,7 +154,7 @@ def test_api_tokens_are_recorded_created_and_revoked_never_their_value(world, ap
     key = created.json()["token"]
     token = ApiToken.objects.get(user=world.member, name="ci")
     entry = last_entry(ApiToken, token.pk)
-    assert entry.action == AuditEntry.Action.CREATE and entry.source == "api"
+    assert (entry.action, entry.source, entry.actor_label) == (AuditEntry.Action.CREATE, "api", "member")
     assert entry.changes["name"] == [None, "ci"]
     revoked = api().delete("/api/v1/auth/token/", HTTP_AUTHORIZATION=f"Token {key}")
     assert revoked.status_code == 204, revoked.content
