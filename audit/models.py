@@ -41,7 +41,9 @@ class AuditEntry(AbstractLogEntry):
     class Meta(AbstractLogEntry.Meta):
         verbose_name = "audit entry"
         verbose_name_plural = "audit entries"
-        indexes = [models.Index(fields=["content_type", "object_id", "-timestamp"], name="audit_object_time")]
+        # The API's and the page's filters: an object's history, and one person's changes, newest first.
+        indexes = [models.Index(fields=["content_type", "object_id", "-timestamp"], name="audit_object_time"),
+                   models.Index(fields=["actor_username", "-timestamp"], name="audit_actor_time")]
 
     def save(self, *args, **kwargs) -> None:
         if not self._state.adding:
