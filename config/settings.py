@@ -206,8 +206,7 @@ RESERVATION_SWEEP_SECONDS = env.float("RESERVATION_SWEEP_SECONDS", default=5.0)
 # --- audit log (audit/) ----------------------------------------------------------------------
 # Every change of the models below is recorded (who, when, from where, the fields before and after).
 # Fields left out: secrets and token digests (never in the log), and what changes on every heartbeat
-# or use (a row per heartbeat would bury the changes people make). Reservations are recorded by their
-# transitions (allocations.transitions.record writes the ReservationEvent and its audit entry).
+# or use (a row per heartbeat would bury the changes people make).
 AUDITLOG_LOGENTRY_MODEL = "audit.AuditEntry"
 # django-auditlog's migrations create its own entry table even when another model replaces it (they
 # predate the swap); unused, it held a foreign key to the users that stopped the test runner's TRUNCATE.
@@ -228,6 +227,9 @@ AUDIT_TRACKED_MODELS = {
     "inventory.hosttoken": ["key_hash"],
     "allocations.priorityclass": [],
     "allocations.quota": [],
+    # Its state changes are written by hand with their events (allocations.transitions.record); this
+    # catches what changes through a save (an extension's new end, a field edited in the admin).
+    "allocations.reservation": ["expiry_warned_at"],
     "monitoring.alertrule": [],
     "monitoring.silence": [],
 }

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
+from datetime import timezone as dt_timezone
 from decimal import Decimal
 
 import pytest
@@ -12,6 +13,7 @@ from django.contrib.contenttypes.models import ContentType
 from django.db import DatabaseError, connection, transaction
 from django.test import Client
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from allocations.models import PriorityClass, Quota, Reservation, ReservationEvent
 from audit.models import AppendOnly, AuditEntry
@@ -203,6 +205,21 @@ def test_reservation_transitions_are_in_the_log_and_point_at_their_events(world,
     assert [e.additional_data["reservation_event"] for e in entries] == [ev.pk for ev in events]
     assert {(e.actor_label, e.source) for e in entries} == {("member", "api")}
     assert entries[0].action == AuditEntry.Action.CREATE
+
+
+def test_an_extension_records_the_new_end_beside_its_event(world, api):
+    client = api(world.member)
+    made = reserve(client, hours_from_now=24)
+    old_end = Reservation.objects.get(pk=made["id"]).ends_at
+    new_end = old_end + timedelta(hours=1)
+    response = client.post(f"/api/v1/reservations/{made['id']}/extend/", {"ends_at": new_end.isoformat()},
+                           format="json")
+    assert response.status_code == 200, response.content
+    saved = [e for e in entries_for(Reservation, made["id"]) if "ends_at" in e.changes]
+    assert len(saved) == 1 and saved[0].actor_label == "member"
+    # django-auditlog writes datetimes in UTC without the offset
+    before, after = (parse_datetime(value).replace(tzinfo=dt_timezone.utc) for value in saved[0].changes["ends_at"])
+    assert (before, after) == (old_end, new_end)
 
 
 def test_a_change_in_the_django_admin_is_recorded_with_source_admin(world):
