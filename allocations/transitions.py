@@ -13,6 +13,8 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.utils import timezone
 
 from allocations.models import Reservation
+from audit.models import AuditEntry
+from audit.services import audit_record
 from common import sql
 
 
@@ -48,12 +50,18 @@ class TransitionNotAllowed(RuntimeError):
 
 def record(reservation: Reservation, *, from_state: str, to_state: str, actor: AbstractBaseUser | None,
            reason: str = "", at: datetime | None = None) -> None:
+    """The ReservationEvent (the reservation's own history, shown on its page) and its audit entry (the
+    one log of every change, where staff look), which points back at the event."""
     actor_id = actor.pk if actor is not None and actor.is_authenticated else None
-    sql.execute(
+    (event_id,) = sql.fetch_one(
         "INSERT INTO allocations_reservationevent (reservation_id, from_state, to_state, actor_id, at, reason) "
-        "VALUES (%s, %s, %s, %s, %s, %s)",
+        "VALUES (%s, %s, %s, %s, %s, %s) RETURNING id",
         [reservation.pk, from_state, to_state, actor_id, sql.db_datetime(at or timezone.now()), reason],
     )
+    audit_record(model=Reservation, object_id=reservation.pk, object_repr=f"reservation {reservation.pk}",
+                 action=AuditEntry.Action.CREATE if not from_state else AuditEntry.Action.UPDATE,
+                 changes={"state": [from_state or None, to_state]}, actor=actor,
+                 additional_data={"reservation_event": event_id, "reason": reason})
 
 
 def move(reservation: Reservation, to_state: str, *, actor: AbstractBaseUser | None = None, reason: str = "",

@@ -24,6 +24,7 @@ any HTTP is spoken.
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import os
 import random
@@ -128,7 +129,12 @@ INSERT_ALLOCATION = (
     "share_to, milli, mig_profile, mig_start, memory_mib, cores_pct) VALUES ")
 INSERT_EVENT = (
     "INSERT INTO allocations_reservationevent (reservation_id, from_state, to_state, actor_id, at, reason) "
-    "VALUES (%s, %s, %s, %s, %s, %s)")
+    "VALUES (%s, %s, %s, %s, %s, %s) RETURNING id")
+# Each event's audit entry (audit.services.audit_record).
+INSERT_AUDIT_ENTRY = (
+    "INSERT INTO audit_auditentry (content_type_id, object_pk, object_id, object_repr, action, changes_text, "
+    "changes, actor_id, actor_username, actor_email, timestamp, additional_data, source) "
+    "VALUES (%s, %s, %s, %s, %s, '', %s, %s, %s, %s, %s, %s, %s)")
 LOCK_RESERVATION = (
     "SELECT r.id, r.mode, r.gpus, r.shares, r.mig_profile, r.mig_count, r.gpu_memory_mib, r.gpu_cores_pct, "
     "r.ge, r.borrowed_ge, r.priority_class, r.preempt_at, r.starts_at, r.ends_at, r.state, r.reason, r.ended_at, r.created_at, r.updated_at, "
@@ -158,6 +164,16 @@ def _sql_client(dsn: str, ids: list[tuple], deadline: float, seed: int, out: lis
     rng = random.Random(seed)
     latencies, refused = [], 0
     with psycopg.connect(dsn, autocommit=True, prepare_threshold=1) as conn:
+        # Django's ContentType cache holds it after a process's first lookup: once per client here too.
+        (reservation_type,) = conn.execute("SELECT id FROM django_content_type WHERE app_label = 'allocations' "
+                                           "AND model = 'reservation'").fetchone()
+
+        def audit(reservation_id, event_id, user_id, now, before, after, reason):
+            conn.execute(INSERT_AUDIT_ENTRY, (
+                reservation_type, str(reservation_id), reservation_id, f"reservation {reservation_id}",
+                0 if not before else 1, json.dumps({"state": [before or None, after]}), user_id, f"user{user_id}",
+                None, now, json.dumps({"reservation_event": event_id, "reason": reason}), "api"))
+
         while time.monotonic() < deadline:
             team_id, team_slug, pool_id, pool_slug, user_id = ids[rng.randrange(len(ids))]
             start, end, gpus = _window(rng)
@@ -180,7 +196,9 @@ def _sql_client(dsn: str, ids: list[tuple], deadline: float, seed: int, out: lis
                 conn.execute(INSERT_ALLOCATION + ", ".join(["(" + ", ".join(["%s"] * 13) + ")"] * gpus),
                              [v for gpu_id in free for v in (reservation_id, gpu_id, start, end, "exclusive", 1.0, 0,
                                                              1000, 1000, "", None, None, None)])
-                conn.execute(INSERT_EVENT, (reservation_id, "", "scheduled", user_id, now, f"{gpus} GPU(s) placed"))
+                (event_id,) = conn.execute(INSERT_EVENT, (reservation_id, "", "scheduled", user_id, now,
+                                                          f"{gpus} GPU(s) placed")).fetchone()
+                audit(reservation_id, event_id, user_id, now, "", "scheduled", f"{gpus} GPU(s) placed")
             latencies.append((time.perf_counter() - started) * 1000)
             with conn.transaction():
                 conn.execute(LOCK_RESERVATION, (user_id, reservation_id)).fetchall()
@@ -188,7 +206,9 @@ def _sql_client(dsn: str, ids: list[tuple], deadline: float, seed: int, out: lis
                 conn.execute(CANCEL_ALLOCATIONS, (reservation_id,))
                 now = datetime.now(timezone.utc)
                 conn.execute(RELEASE_RESERVATION, ("released", "Cancelled before its start.", now, now, reservation_id))
-                conn.execute(INSERT_EVENT, (reservation_id, "scheduled", "released", user_id, now, "Cancelled."))
+                (event_id,) = conn.execute(INSERT_EVENT, (reservation_id, "scheduled", "released", user_id, now,
+                                                          "Cancelled.")).fetchone()
+                audit(reservation_id, event_id, user_id, now, "scheduled", "released", "Cancelled.")
             conn.execute(ALLOCATED_GPUS, (reservation_id,)).fetchall()
     out.append((latencies, refused))
 

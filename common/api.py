@@ -10,6 +10,8 @@ from rest_framework import parsers, permissions, serializers
 from rest_framework.exceptions import ParseError
 from rest_framework.pagination import LimitOffsetPagination
 
+from common.errors import FieldError, ValidationFailed
+
 
 def _has_nul(value: Any) -> bool:
     """Whether a NUL character is in any string of a decoded JSON value (keys too); iterative, as
@@ -137,3 +139,30 @@ class Pagination(LimitOffsetPagination):
 
     def get_count(self, queryset) -> int:
         return super().get_count(queryset if self.count_of is None else self.count_of)
+
+
+class RefusesUnknownQueryParameters:
+    """A list view mixin: a query parameter that is neither one of its filters nor paging is refused (400,
+    rule `unknown_field`) instead of being ignored, where a misspelt filter (`?actr=alice`) would
+    answer the whole, unfiltered list as if it were the answer."""
+
+    def known_query_parameters(self) -> set[str]:
+        known = {"format"}
+        filterset_class = getattr(self, "filterset_class", None)
+        if filterset_class is not None:
+            known |= set(filterset_class.base_filters)
+        paginator = getattr(self, "paginator", None)
+        if paginator is not None:
+            known |= {getattr(paginator, name) for name in ("limit_query_param", "offset_query_param")
+                      if getattr(paginator, name, None)}
+        return known
+
+    def initial(self, request, *args, **kwargs):
+        super().initial(request, *args, **kwargs)
+        known = self.known_query_parameters()
+        unknown = sorted(name for name in request.query_params if name not in known)
+        if unknown:
+            raise ValidationFailed(
+                f"Unknown query parameter {unknown[0]!r}: this endpoint takes {', '.join(sorted(known))}.",
+                errors=[FieldError(field=name, rule="unknown_field",
+                                   message=f"Unknown query parameter {name!r}.") for name in unknown])

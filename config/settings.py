@@ -65,6 +65,9 @@ INSTALLED_APPS = [
     "channels",
     "axes",
     "mozilla_django_oidc",
+    # django-auditlog's registry and diffs; "audit" holds our entry model, API and admin (audit/__init__.py).
+    "auditlog",
+    "audit",
     "teams",
     "inventory",
     "allocations",
@@ -81,6 +84,8 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # Audit entries written during a request name its user and its source (API, admin or page).
+    "audit.middleware.AuditSourceMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Redis or PostgreSQL unreachable in a view outside DRF: 503 JSON or the "temporarily unavailable" page.
@@ -211,6 +216,45 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 # How often beat sweeps reservations (activate due ones, expire ended ones). The
 # database is the truth; this sweep is what moves time-driven states.
 RESERVATION_SWEEP_SECONDS = env.float("RESERVATION_SWEEP_SECONDS", default=5.0)
+
+# --- audit log (audit/) ----------------------------------------------------------------------
+# Every change of the models below is recorded (who, when, from where, the fields before and after).
+# Fields left out: secrets and token digests (never in the log), and what changes on every heartbeat
+# or use (a row per heartbeat would bury the changes people make).
+AUDITLOG_LOGENTRY_MODEL = "audit.AuditEntry"
+# django-auditlog's migrations create its own entry table even when another model replaces it (they
+# predate the swap); unused, it held a foreign key to the users that stopped the test runner's TRUNCATE.
+MIGRATION_MODULES = {"auditlog": None}
+AUDITLOG_STORE_JSON_CHANGES = True  # before/after as JSON values, not their str()
+# The models whose every change is recorded, each with the fields never recorded beside the ones every
+# model leaves out (audit.apps.ALWAYS_UNTRACKED: timestamps of each heartbeat, use or save; reverse relations).
+AUDIT_TRACKED_MODELS = {
+    "auth.user": ["password", "date_joined"],
+    "teams.team": [],
+    "teams.membership": [],
+    "teams.apitoken": ["digest"],
+    "inventory.cluster": ["kubeconfig_encrypted", "prometheus_auth_encrypted", "last_discovered_at", "discovery_error"],
+    "inventory.node": [],
+    "inventory.gpupool": [],
+    "inventory.gpu": [],
+    "inventory.gpumodel": [],
+    "inventory.hosttoken": ["key_hash"],
+    "allocations.priorityclass": [],
+    "allocations.quota": [],
+    # Its state changes are written by hand with their events (allocations.transitions.record); this
+    # catches what changes through a save (an extension's new end, a field edited in the admin).
+    "allocations.reservation": ["expiry_warned_at"],
+    "monitoring.alertrule": [],
+    "monitoring.silence": [],
+    "teams.groupmapping": [],
+    "teams.notificationchannel": ["url_encrypted", "secret_encrypted", "last_attempt_at", "last_error",
+                                  "failing_since"],
+}
+# Entries older than this are deleted by a periodic task (the one path the append-only trigger allows).
+AUDIT_RETENTION_DAYS = env.int("AUDIT_RETENTION_DAYS", default=400)
+if AUDIT_RETENTION_DAYS < 1:
+    raise environ.ImproperlyConfigured("AUDIT_RETENTION_DAYS must be at least 1")
+AUDIT_RETENTION_CHECK_SECONDS = env.float("AUDIT_RETENTION_CHECK_SECONDS", default=3600.0)
 
 # --- applying reservations (Kubernetes and host agents) -------------------------------------
 # A reservation not applied (or undone) within this long fails with the reason, never hangs.

@@ -17,6 +17,7 @@ from allocations.api.views import (
     TeamUsageView,
 )
 from allocations.webhooks import urlpatterns as kube_webhooks
+from audit.api.views import AuditEntryListView
 from config import health, metrics
 from inventory.api.agent import HeartbeatView, RegisterView
 from inventory.api.views import ClusterViewSet, GpuModelViewSet, GpuViewSet, HostTokenViewSet, NodeViewSet
@@ -53,6 +54,7 @@ api = [
     path("agent/leases/", LeasesView.as_view(), name="agent-leases"),
     # Beside the teams' routes: a team's use is the allocations app's to read (teams know no bookings).
     path("teams/<slug:slug>/usage/", TeamUsageView.as_view(), name="team-usage"),
+    path("audit/", AuditEntryListView.as_view(), name="audit"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
     path("", include(router.urls)),
@@ -85,6 +87,7 @@ urlpatterns = [
     path("tokens/revoke/", tokens.token_revoke, name="token-revoke"),
     path("notifications/", channels.channels, name="channels"),
     path("notifications/<int:channel_id>/<str:action>/", channels.channel_action, name="channel-action"),
+    path("audit/", views.audit_log, name="audit"),
     path("pools/<slug:slug>/queue/", views.pool_queue, name="pool-queue"),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),

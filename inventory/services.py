@@ -12,9 +12,11 @@ from decimal import Decimal, InvalidOperation
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.cache import cache
 from django.db import IntegrityError, transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 from django.utils.text import slugify
 
+from audit.services import audit_record
 from common.errors import Conflict, NotFound, PermissionDenied, ValidationFailed
 from common.secrets import key_digest, new_key
 from common import crypto
@@ -141,7 +143,7 @@ def host_register(*, token: HostToken, gpus: list[ReportedGpu], backend: str, no
     node.labels = {**node.labels, "gpupool.io/agent-backend": backend}
     node.save()
     known = {gpu.uuid: gpu for gpu in node.gpus.all()}
-    node.gpus.exclude(uuid__in=uuids).update(healthy=False)
+    _gpus_mark_gone(node.gpus.exclude(uuid__in=uuids))
     for reported in gpus:
         gpu = known.get(reported.uuid) or Gpu(node=node, uuid=reported.uuid,
                                               pool=pool_for_model(token.cluster, reported.name))
@@ -159,13 +161,25 @@ def host_register(*, token: HostToken, gpus: list[ReportedGpu], backend: str, no
     return node
 
 
+def _gpus_mark_gone(gpus: QuerySet[Gpu]) -> None:
+    """GPUs their host no longer reports: unhealthy (kept, as reservations point at them), each recorded."""
+    for gpu_id, uuid in gpus.filter(healthy=True).values_list("id", "uuid"):
+        if Gpu.objects.filter(pk=gpu_id, healthy=True).update(healthy=False):
+            audit_record(model=Gpu, object_id=gpu_id, object_repr=uuid, changes={"healthy": [True, False]},
+                         additional_data={"reason": "no longer reported by its host"})
+
+
 def host_heartbeat(*, token: HostToken, now: datetime | None = None) -> Node | None:
     """Note that the host is alive; a host that was marked silent rejoins. None if it never registered."""
     now = now or timezone.now()
     node = token.registered_node()
     if node is None:
         return None
-    Node.objects.filter(pk=node.pk).update(last_seen_at=now, healthy=True)
+    # Two updates, not one: the audit log records the host coming back, not every heartbeat.
+    if Node.objects.filter(pk=node.pk, healthy=False).update(last_seen_at=now, healthy=True):
+        audit_record(model=Node, object_id=node.pk, object_repr=str(node), changes={"healthy": [False, True]})
+    else:
+        Node.objects.filter(pk=node.pk).update(last_seen_at=now)
     HostToken.objects.filter(pk=token.pk).update(last_used_at=now)
     return node
 
@@ -183,6 +197,8 @@ def nodes_mark_silent(*, timeout: timedelta, now: datetime | None = None) -> lis
         if Node.objects.filter(id=node_id, healthy=True).update(healthy=False):
             marked.append(node_id)
             reason = f"host stopped reporting for {timeout.total_seconds():g} s"
+            audit_record(model=Node, object_id=node_id, object_repr=f"node {node_id}",
+                         changes={"healthy": [True, False]}, additional_data={"reason": reason})
             transaction.on_commit(lambda node_id=node_id, reason=reason: node_health_changed.send(
                 sender=Node, node_id=node_id, healthy=False, reason=reason))
     return marked
@@ -420,7 +436,7 @@ def _discovered_gpus(cluster: Cluster, node: Node, found: DiscoveredNode, change
     gone = node.gpus.exclude(uuid__in=uuids).filter(healthy=True)
     for uuid in gone.values_list("uuid", flat=True):
         changes.append(f"GPU {uuid} is no longer reported by node {node.name}: marked unhealthy")
-    gone.update(healthy=False)
+    _gpus_mark_gone(gone)
     count = 0
     for reported in found.gpus:
         if reported.uuid in elsewhere:

@@ -11,6 +11,7 @@ from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -23,6 +24,8 @@ from allocations import services as alloc_services
 from allocations import shapes as alloc_shapes
 from allocations.filters import ReservationFilterSet
 from allocations.models import Reservation
+from audit.filters import AuditEntryFilterSet
+from audit.selectors import audit_entries
 from common.errors import ApplicationError
 from monitoring import views as monitoring_views
 from portal.forms import AvailabilityForm, ExtendForm, MemberAddForm, MemberRemoveForm, ReservationForm
@@ -31,6 +34,7 @@ from teams import services as team_services
 from teams.selectors import can_manage_team, teams_of
 
 LIVE_RESERVATIONS_PER_PAGE = 50
+AUDIT_ENTRIES_PER_PAGE = 50
 
 
 def _form_error(form, error: ApplicationError) -> None:
@@ -356,3 +360,22 @@ def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
         "can_manage": manager,
         "form": form,
     }, status=400 if form.errors else 200)
+
+
+@login_required
+def audit_log(request: HttpRequest) -> HttpResponse:
+    """Staff: the audit log with the API's filters (GET /api/v1/audit/ lists the same entries)."""
+    if not request.user.is_staff:
+        raise PermissionDenied("The audit log is for staff.")
+    filters = AuditEntryFilterSet(request.GET, queryset=audit_entries())
+    page = Paginator(filters.qs, AUDIT_ENTRIES_PER_PAGE).get_page(request.GET.get("page"))
+    kept = request.GET.copy()
+    kept.pop("page", None)
+    return render(request, "portal/audit.html", {
+        "filters": filters,
+        "filtered": any(request.GET.get(name) for name in filters.filters),
+        "filter_query": kept.urlencode(),
+        "page": page,
+        "object_types": filters.filters["object_type"].extra["choices"](),
+        "sources": filters.filters["source"].extra["choices"],
+    })

@@ -68,6 +68,7 @@ class TokenView(APIView):
         if user is None or not user.is_active:
             raise InvalidCredentials("Unable to sign in with the username and password given.",
                                      field="password", rule="invalid_credentials")
+        request.user = user  # who signed in is who made the token (the audit log reads the request's user)
         limits = {k: v for k, v in data.validated_data.items() if k not in ("username", "password")}
         token, key = services.api_token_create(user=user, **_token_limits(limits))
         return Response(token_output(token, key))

@@ -27,6 +27,21 @@ def test_a_token_from_username_and_password_authenticates_the_api(world, api):
     assert client.get("/api/v1/reservations/").status_code == 200
 
 
+def test_a_token_user_has_its_own_fields_each_in_its_place(world, api):
+    """Model.from_db takes values in the model's field order: given them in another, a member's token user
+    had is_superuser = its username (truthy), username = its first name and is_active = its is_superuser."""
+    from teams.tokens import user_for_token
+
+    world.member.first_name, world.member.last_name = "Mem", "Ber"
+    world.member.save()
+    _token, key = api_token_create(user=world.member, name="fields")
+    for _lookup in ("from the database", "from the cache"):
+        user = user_for_token(key)
+        assert (user.pk, user.username, user.first_name, user.last_name, user.email) == (
+            world.member.pk, "member", "Mem", "Ber", world.member.email)
+        assert (user.is_active, user.is_staff, user.is_superuser) == (True, False, False)
+
+
 def test_a_wrong_password_gets_no_token(world, api):
     response = api().post(TOKEN_URL, {"username": "member", "password": "nope"}, format="json")
     assert response.status_code == 400

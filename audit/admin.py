@@ -1,0 +1,32 @@
+"""The audit log in the admin: read-only (no add, change or delete, not even by a superuser)."""
+from auditlog.admin import LogEntryAdmin
+from auditlog.filters import ResourceTypeFilter
+from django.contrib import admin
+
+from audit.models import AuditEntry
+
+# django-auditlog's admin registers whichever entry model is configured; ours replaces it.
+if admin.site.is_registered(AuditEntry):
+    admin.site.unregister(AuditEntry)
+
+
+@admin.register(AuditEntry)
+class AuditEntryAdmin(LogEntryAdmin):
+    list_display = ["created", "resource_url", "action", "msg_short", "user_url", "source"]
+    # No correlation-id filter: entries carry none (auditlog's middleware, which reads one, is not used).
+    list_filter = ["source", "action", ResourceTypeFilter]
+    list_select_related = ["content_type"]
+    search_fields = ["object_repr", "actor_username", "actor_email"]
+    fieldsets = [
+        (None, {"fields": ["created", "user_url", "source", "resource_url"]}),
+        ("Changes", {"fields": ["action", "msg"]}),
+    ]
+    readonly_fields = [*LogEntryAdmin.readonly_fields, "source"]
+
+    @admin.display(description="Actor")
+    def user_url(self, obj: AuditEntry) -> str:
+        # The username written with the entry: the account may be gone (entries outlive it).
+        return obj.actor_label
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False

@@ -1,0 +1,41 @@
+"""The audit log's filters, shared by the API and the page."""
+from __future__ import annotations
+
+import django_filters
+from auditlog.registry import auditlog
+from django.db.models import QuerySet
+
+from audit.models import AuditEntry
+
+# Written by hand (audit.services.audit_record), not by a registered model's signals.
+RECORDED_BY_HAND = ("allocations.reservation",)
+
+
+def object_types() -> list[tuple[str, str]]:
+    """Every `app_label.model` the log holds entries for."""
+    labels = {f"{model._meta.app_label}.{model._meta.model_name}" for model in auditlog.get_models()}
+    return [(label, label) for label in sorted({*labels, *RECORDED_BY_HAND})]
+
+
+class AuditEntryFilterSet(django_filters.FilterSet):
+    actor = django_filters.CharFilter(method="filter_actor", max_length=150,
+                                      help_text='A username, or "system" for the entries no person made.')
+    object_type = django_filters.ChoiceFilter(choices=object_types, method="filter_object_type",
+                                              help_text="app_label.model, e.g. allocations.quota")
+    object_id = django_filters.NumberFilter(min_value=0, max_value=2**63 - 1)
+    since = django_filters.IsoDateTimeFilter(field_name="timestamp", lookup_expr="gte")
+    until = django_filters.IsoDateTimeFilter(field_name="timestamp", lookup_expr="lt")
+    source = django_filters.ChoiceFilter(choices=AuditEntry._meta.get_field("source").choices)
+
+    class Meta:
+        model = AuditEntry
+        fields = ["actor", "object_type", "object_id", "since", "until", "source"]
+
+    def filter_actor(self, queryset: QuerySet[AuditEntry], name: str, value: str) -> QuerySet[AuditEntry]:
+        if value == "system":
+            return queryset.filter(actor_id__isnull=True)
+        return queryset.filter(actor_username=value)
+
+    def filter_object_type(self, queryset: QuerySet[AuditEntry], name: str, value: str) -> QuerySet[AuditEntry]:
+        app_label, model = value.split(".", 1)
+        return queryset.filter(content_type__app_label=app_label, content_type__model=model)
