@@ -101,8 +101,9 @@ class MeSerializer(serializers.Serializer):
 class GroupMappingSerializer(RefusesUnknownFields, serializers.ModelSerializer):
     """An identity provider group and what it gives: a team with a role, staff powers, or both."""
 
+    # default=None: without it DRF's check of the (group, team) unique constraint made `team` required.
     team = serializers.SlugRelatedField(slug_field="slug", queryset=Team.objects.all(), allow_null=True,
-                                        required=False, help_text="The team's slug; null when it only grants staff")
+                                        default=None, help_text="The team's slug; null when it only grants staff")
 
     class Meta:
         model = GroupMapping
