@@ -265,9 +265,11 @@ class ClusterTelemetry(models.Model):
     sample_period_seconds = models.FloatField(null=True, blank=True,
                                               help_text="How far apart a GPU's samples really are (median)")
     series_read = models.PositiveIntegerField(default=0)
-    gpus_read = models.PositiveIntegerField(default=0, help_text="GPUs with a sample in the last read")
+    gpus_read = models.PositiveIntegerField(verbose_name="GPUs read",
+                                            default=0, help_text="GPUs with a sample in the last read")
     samples_ingested = models.PositiveIntegerField(default=0, help_text="New samples the last read stored")
-    unknown_gpus = models.PositiveIntegerField(default=0, help_text="GPUs the source reports that the inventory lacks")
+    unknown_gpus = models.PositiveIntegerField(verbose_name="unknown GPUs",
+                                               default=0, help_text="GPUs the source reports that the inventory lacks")
     unknown_examples = models.JSONField(default=list, blank=True, help_text="Some of them: [{uuid, hostname}]")
     unleased = models.JSONField(default=list, blank=True,
                                 help_text="Pods on GPUs their team holds no share of: [{gpu, uuid, node, namespace, "
