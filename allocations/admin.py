@@ -1,4 +1,7 @@
+from datetime import timedelta
+
 from django.contrib import admin
+from django.utils import timezone
 
 from allocations.models import Allocation, PriorityClass, Quota, Reservation, ReservationEvent
 from allocations.selectors import quotas_with_held_ge
@@ -44,13 +47,38 @@ class EventInline(admin.TabularInline):
     readonly_fields = ["from_state", "to_state", "actor", "at", "reason"]
 
 
+class WindowFilter(admin.SimpleListFilter):
+    """Reservations by where their window lies from now: the questions staff ask of a fleet's bookings."""
+
+    title = "window"
+    parameter_name = "window"
+    CHOICES = (("now", "Holding now"), ("next24h", "Starts in the next 24 h"), ("next7d", "Starts in the next 7 days"),
+               ("past7d", "Ended in the last 7 days"))
+
+    def lookups(self, request, model_admin):
+        return self.CHOICES
+
+    def queryset(self, request, queryset):
+        now = timezone.now()
+        match self.value():
+            case "now":
+                return queryset.filter(starts_at__lte=now, ends_at__gt=now)
+            case "next24h":
+                return queryset.filter(starts_at__gt=now, starts_at__lte=now + timedelta(hours=24))
+            case "next7d":
+                return queryset.filter(starts_at__gt=now, starts_at__lte=now + timedelta(days=7))
+            case "past7d":
+                return queryset.filter(ends_at__lte=now, ends_at__gt=now - timedelta(days=7))
+        return queryset
+
+
 @admin.register(Reservation)
 class ReservationAdmin(admin.ModelAdmin):
     """Read-only here: reservations change through the services (release/extend), which keep the history."""
 
     list_display = ["id", "team", "requested_by", "pool", "gpus", "starts_at", "ends_at", "state"]
     list_filter = ["state", "pool", "team", ("requested_by", admin.RelatedOnlyFieldListFilter),
-                   ("starts_at", admin.DateFieldListFilter), ("ends_at", admin.DateFieldListFilter)]
+                   WindowFilter, ("starts_at", admin.DateFieldListFilter)]
     list_select_related = ["team", "pool", "requested_by"]
     search_fields = ["=id", "requested_by__username", "team__slug", "team__name"]
     date_hierarchy = "starts_at"

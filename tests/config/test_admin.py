@@ -83,7 +83,7 @@ def test_the_reservation_list_filters_by_requester_team_state_and_window(world, 
                                                        "ends_at": end.isoformat()}, format="json")
     mine, theirs = Reservation.objects.order_by("pk")
     listing = staff_client.get("/admin/allocations/reservation/").content.decode()
-    for heading in ("By requester", "By team", "By state", "By starts at", "By ends at"):
+    for heading in ("By requester", "By team", "By state", "By window", "By starts at"):
         assert heading in listing
     assert "Requester" in listing and ">member<" in listing and ">outsider<" in listing
 
@@ -94,9 +94,16 @@ def test_the_reservation_list_filters_by_requester_team_state_and_window(world, 
     assert ids(f"requested_by__id__exact={world.member.pk}") == {mine.pk}
     assert ids(f"team__id__exact={world.other_team.pk}") == {theirs.pk}
     assert ids(f"state={mine.state}") == {mine.pk, theirs.pk}
+    later = api(world.member).post("/api/v1/reservations/", {
+        "pool": "a100", "team": "ml", "gpus": 1, "starts_at": window(30, 2)[0].isoformat(),
+        "ends_at": window(30, 2)[1].isoformat()}, format="json").json()["id"]
+    assert ids("window=now") == {mine.pk, theirs.pk}
+    assert ids("window=next24h") == set() and ids("window=next7d") == {later}
+    assert ids("window=past7d") == set()
     tomorrow = (timezone.localdate() + timedelta(days=1)).isoformat()
-    assert ids(f"starts_at__gte={tomorrow}") == set()
-    assert ids(f"starts_at__gte={timezone.localdate().isoformat()}&starts_at__lt={tomorrow}") == {mine.pk, theirs.pk}
+    assert ids(f"starts_at__gte={tomorrow}") == {later}
+    today = timezone.localdate().isoformat()
+    assert ids(f"starts_at__gte={today}&starts_at__lt={tomorrow}") == {mine.pk, theirs.pk}
 
 
 def test_alert_values_are_rounded_for_people(world, staff_client):
