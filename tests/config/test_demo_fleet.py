@@ -33,7 +33,7 @@ def test_booked_demo_gpus_run_jobs_and_no_idle_alert_fires_at_once(live_server, 
     h100 = set(Gpu.objects.filter(pool__slug="h100").values_list("id", flat=True))
     agents = start_demo_agents(live_server.url)
     try:
-        wait_for(lambda: Reservation.objects.filter(state="active").count() == len(bookings), timeout=60,
+        wait_for(lambda: Reservation.objects.filter(state="active").count() == len(bookings), timeout=120,
                  message="the bookings to go active on the simulated hosts")
 
         def latest():
@@ -44,7 +44,7 @@ def test_booked_demo_gpus_run_jobs_and_no_idle_alert_fires_at_once(live_server, 
             return all(bool(found[gpu].processes) != idle_on_purpose({"reservation": reservation})
                        for gpu, reservation in booked.items())
 
-        found = wait_for(lambda: (f := latest()) and running(f) and f, timeout=30,
+        found = wait_for(lambda: (f := latest()) and running(f) and f, timeout=60,
                          message="a job on every booked GPU (bar the bookings idle on purpose)")
         rule = AlertRule.objects.get(metric=Metric.GPU_IDLE_ALLOCATED)
         rule.for_seconds = 0  # "at once": any booked GPU reading idle now would open an alert
