@@ -14,7 +14,7 @@ from django.test import Client
 from allocations.models import Reservation
 from inventory import services
 from inventory.models import Node
-from tests.factories import window
+from tests.factories import TeamFactory, window
 from tests.monitoring.conftest import batch, payload, sample
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -29,6 +29,7 @@ def _fleet(world, base_url: str, api) -> dict:
         created = api(user).post("/api/v1/reservations/", {"pool": "a100", "team": team, "gpus": gpus,
                                                            "ends_at": window(0, hours)[1].isoformat()}, format="json")
         assert created.status_code == 201, created.content
+    TeamFactory(slug="audio", name="Audio")  # a third team: staff's nav lists the teams in a menu
     node = Node.objects.get(name="node-a")
     _, key = services.host_token_create(actor=world.staff, cluster=node.cluster, host_name=node.name)
     uuids = list(node.gpus.order_by("index").values_list("uuid", flat=True))
@@ -90,6 +91,12 @@ def test_every_page_fits_and_stays_quiet_for_every_role(world, asgi_server, page
                 if shots:
                     name = f"{persona}-{path.strip('/').replace('/', '-') or 'dashboard'}-{width}.png"
                     page.screenshot(path=str(Path(shots) / name), full_page=True)
+        if persona == "staff":  # every team's page is a click away, on a phone too
+            where["now"] = "staff teams menu at 390"
+            page.goto(f"{asgi_server}/")
+            page.click("header nav summary:has-text('Teams')")
+            page.click("header nav a:has-text('Audio')")
+            page.wait_for_url(f"{asgi_server}/teams/audio/")
         # Charts drawn on a desktop shrink with the window (a phone turned, a window narrowed), no reload.
         for path in ("/pools/a100/", f"/nodes/{ids['node']}/"):
             where["now"] = f"{persona} {path} narrowed from 1440 to 390"
