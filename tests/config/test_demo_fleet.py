@@ -46,9 +46,12 @@ def test_booked_demo_gpus_run_jobs_and_no_idle_alert_fires_at_once(live_server, 
 
         found = wait_for(lambda: (f := latest()) and running(f) and f, timeout=60,
                          message="a job on every booked GPU (bar the bookings idle on purpose)")
-        rule = AlertRule.objects.get(metric=Metric.GPU_IDLE_ALLOCATED)
-        rule.for_seconds = 0  # "at once": any booked GPU reading idle now would open an alert
-        rule.save()
+        # The default "GPU allocated but idle" rule (a data migration; an earlier transactional test may have
+        # flushed it), made to fire at once: any booked GPU reading idle now would open an alert.
+        rule, _ = AlertRule.objects.update_or_create(
+            metric=Metric.GPU_IDLE_ALLOCATED, scope="gpu",
+            defaults={"name": "GPU allocated but idle", "comparison": "<=",
+                      "threshold": settings.TELEMETRY_IDLE_UTIL_PCT, "for_seconds": 0})
         alerts_evaluate()
         alerts_evaluate()
     finally:
