@@ -16,7 +16,7 @@ $(VENV)/.runtime: requirements.txt
 	$(PY) -m pip install --quiet -r requirements.txt
 	touch $@
 
-$(VENV)/.dev: requirements-dev.txt requirements.txt $(VENV)/.runtime
+$(VENV)/.dev: requirements-dev.txt requirements-ldap.txt requirements.txt cli/pyproject.toml $(VENV)/.runtime
 	$(PY) -m pip install --quiet -r requirements-dev.txt
 	touch $@
 
@@ -29,44 +29,45 @@ run: $(VENV)/.runtime
 services:
 	scripts/test-services
 
-test: $(VENV)/.dev services
+# services first: they install the headers python-ldap (requirements-ldap.txt) compiles against.
+test: services $(VENV)/.dev
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) SECRET_KEY=test-only-secret \
 		$(PY) -m pytest $(PYTEST_ARGS)
 
 BENCH_DATABASE_URL ?= postgres://gpupool:gpupool@127.0.0.1:5432/gpupool_bench
 
-benchmark-api: $(VENV)/.dev services
+benchmark-api: services $(VENV)/.dev
 	PGPASSWORD=gpupool createdb -h 127.0.0.1 -U gpupool gpupool_bench 2>/dev/null || true
 	DATABASE_URL=$(BENCH_DATABASE_URL) REDIS_URL=redis://127.0.0.1:6379/13 SECRET_KEY=bench-only \
 		$(PY) -m benchmarks.api --serve --concurrency 32 --seconds 30 --json benchmarks/results/api.json
 
 # CPU per reservation API call in one process, beside a /healthz baseline (low-noise A/B of the request path).
-benchmark-api-cpu: $(VENV)/.dev services
+benchmark-api-cpu: services $(VENV)/.dev
 	PGPASSWORD=gpupool createdb -h 127.0.0.1 -U gpupool gpupool_bench 2>/dev/null || true
 	DATABASE_URL=$(BENCH_DATABASE_URL) REDIS_URL=redis://127.0.0.1:6379/13 SECRET_KEY=bench-only \
 		$(PY) -m benchmarks.api_cpu --calls 200 --json benchmarks/results/api-cpu.json
 
 # The ceiling under the API: create + release through the services with no HTTP, then their bare SQL
 # through psycopg; PostgreSQL's and the clients' CPU per cycle (run it on the database's machine).
-benchmark-api-floor: $(VENV)/.dev services
+benchmark-api-floor: services $(VENV)/.dev
 	PGPASSWORD=gpupool createdb -h 127.0.0.1 -U gpupool gpupool_bench 2>/dev/null || true
 	DATABASE_URL=$(BENCH_DATABASE_URL) REDIS_URL=redis://127.0.0.1:6379/13 SECRET_KEY=bench-only \
 		$(PY) -m benchmarks.api_floor --processes 2 --connections 16 --seconds 20 --json benchmarks/results/api-floor.json
 
 # Fractional and MIG requests from the gpushare40 trace through the reservation service vs the engine alone.
-benchmark-sharing: $(VENV)/.dev services
+benchmark-sharing: services $(VENV)/.dev
 	PGPASSWORD=gpupool createdb -h 127.0.0.1 -U gpupool gpupool_bench 2>/dev/null || true
 	DATABASE_URL=$(BENCH_DATABASE_URL) REDIS_URL=redis://127.0.0.1:6379/13 SECRET_KEY=bench-only \
 		$(PY) -m benchmarks.sharing --rounds 5 --json benchmarks/results/sharing.json
 
 # The Alibaba trace's whole-GPU tasks as teams would send them, through the real services with a simulated
 # clock, per queue ordering with and without backfill; then one pass over long queues on the 1,213-node cluster.
-benchmark-queue: $(VENV)/.dev services
+benchmark-queue: services $(VENV)/.dev
 	PGPASSWORD=gpupool createdb -h 127.0.0.1 -U gpupool gpupool_bench 2>/dev/null || true
 	DATABASE_URL=$(BENCH_DATABASE_URL) REDIS_URL=redis://127.0.0.1:6379/13 SECRET_KEY=bench-only \
 		$(PY) -m benchmarks.queue --json benchmarks/results/queue.json
 
-benchmark-history: $(VENV)/.dev services
+benchmark-history: services $(VENV)/.dev
 	PGPASSWORD=gpupool createdb -h 127.0.0.1 -U gpupool gpupool_bench 2>/dev/null || true
 	DATABASE_URL=$(BENCH_DATABASE_URL) REDIS_URL=redis://127.0.0.1:6379/13 SECRET_KEY=bench-only \
 		$(PY) -m benchmarks.history --past 200000 --calls 50 --json benchmarks/results/history.json
@@ -76,7 +77,7 @@ benchmark-history: $(VENV)/.dev services
 APPLY_BENCH_DATABASE_URL ?= postgres://gpupool:gpupool@127.0.0.1:5432/gpupool_applybench
 APPLY_BENCH_REDIS_URL ?= redis://127.0.0.1:6379/10
 
-benchmark-apply: $(VENV)/.dev services
+benchmark-apply: services $(VENV)/.dev
 	DATABASE_URL=$(APPLY_BENCH_DATABASE_URL) REDIS_URL=$(APPLY_BENCH_REDIS_URL) SECRET_KEY=bench-only \
 		$(PY) -m benchmarks.apply --fresh-db --json benchmarks/results/apply.json
 
@@ -91,13 +92,13 @@ benchmark-k8s-telemetry: $(VENV)/.dev services
 # mode (PostgreSQL + Redis, 2 uvicorn workers, the web server as config/web.py runs it), then the embedded
 # mode (SQLite, in-process). 15 s of warm-up: 100 agents and 1,000 sockets start within seconds of
 # each other and the first requests fill the caches.
-benchmark-telemetry-history: $(VENV)/.dev services
+benchmark-telemetry-history: services $(VENV)/.dev
 	PGPASSWORD=gpupool createdb -h 127.0.0.1 -U gpupool gpupool_bench 2>/dev/null || true
 	DATABASE_URL=$(BENCH_DATABASE_URL) REDIS_URL=redis://127.0.0.1:6379/13 SECRET_KEY=bench-only \
 		$(PY) -m benchmarks.telemetry_history --fleets 1000,10000 --calls 20 \
 		--json benchmarks/results/telemetry-history.json
 
-benchmark-telemetry: $(VENV)/.dev services
+benchmark-telemetry: services $(VENV)/.dev
 	PGPASSWORD=gpupool createdb -h 127.0.0.1 -U gpupool gpupool_bench 2>/dev/null || true
 	DATABASE_URL=$(BENCH_DATABASE_URL) REDIS_URL=redis://127.0.0.1:6379/13 SECRET_KEY=bench-only \
 		nice $(PY) -m benchmarks.telemetry --mode redis --gpus 10000 --clients 1000 --seconds 30 --warmup 15 \

@@ -85,7 +85,8 @@ def reservation_move_off_node(*, reservation_id: int, node: Node, reason: str, n
         message = (f"Its GPUs were on {node.name}, which failed ({reason}), and no healthy GPUs of pool "
                    f"{pool.slug} are free for the rest of the window: {refused.message}")
         move(reservation, State.FAILED, reason=message, now=now)
-        notices.notify_owners(reservation, f"Reservation #{reservation.pk} failed: node {node.name} is down", message)
+        notices.notify_owners(reservation, f"Reservation #{reservation.pk} failed: node {node.name} is down", message,
+                              event="reservation.failed")
         jobs.reconcile_enqueue(cluster=node.cluster, now=now)
         queue.kick(pool.pk)
         return "failed"
@@ -102,7 +103,8 @@ def reservation_move_off_node(*, reservation_id: int, node: Node, reason: str, n
         move(reservation, State.APPLYING, reason=message)
         jobs.jobs_create(reservation=reservation, action=ApplyJob.Action.APPLY, now=now)
         jobs.reconcile_enqueue(cluster=node.cluster, now=now)  # removes what the dead node's cluster still has
-    notices.notify_owners(reservation, f"Reservation #{reservation.pk} moved off {node.name}", message)
+    notices.notify_owners(reservation, f"Reservation #{reservation.pk} moved off {node.name}", message,
+                          event="reservation.moved")
     queue.kick(pool.pk)  # the move may take room the queue's plan was counting on: promises are told anew
     return "moved"
 

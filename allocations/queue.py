@@ -572,14 +572,16 @@ def _start(reservation: Reservation, planned: Planned, state: PoolQueue, *, now:
     if notify:
         notices.notify_owners(reservation, f"Reservation #{reservation.pk} started",
                               f"It waited {span(waited)} in the queue of pool {state.pool.slug} and now holds "
-                              f"{planned.waiting.shape.in_words()} until {end:%Y-%m-%d %H:%M} UTC.")
+                              f"{planned.waiting.shape.in_words()} until {end:%Y-%m-%d %H:%M} UTC.",
+                              event="reservation.queued_started")
     return ""
 
 
 def _fail(reservation: Reservation, why: str, *, now: datetime) -> None:
     move(reservation, State.FAILED, reason=why, now=now)
     QueueEntry.objects.filter(pk=reservation.pk).update(position=None, planned_at=now)
-    notices.notify_owners(reservation, f"Reservation #{reservation.pk} did not start", why)
+    notices.notify_owners(reservation, f"Reservation #{reservation.pk} did not start", why,
+                          event="reservation.not_started")
 
 
 def _write_entry(entry: QueueEntry, reservation: Reservation, planned: Planned, likely: datetime | None, *,
@@ -690,7 +692,8 @@ def _give_notice(victims: list[Reservation], item: Waiting, state: PoolQueue, *,
         Reservation.objects.filter(pk=victim.pk).update(preempt_at=at, preempt_reason=why)
         record(victim, from_state=victim.state, to_state=victim.state, actor=None, reason=f"Reclaim notice: {why}",
                at=now)
-        notices.notify_owners(victim, f"Reservation #{victim.pk}: borrowed GPUs taken back at {at:%H:%M} UTC", why)
+        notices.notify_owners(victim, f"Reservation #{victim.pk}: borrowed GPUs taken back at {at:%H:%M} UTC", why,
+                              event="reservation.preempted")
 
 
 # --- what creates and extensions must leave alone ---------------------------------------------------

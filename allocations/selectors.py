@@ -17,15 +17,16 @@ from django.utils import timezone
 
 from allocations import booking, quota_math, shapes, units
 from allocations.models import Allocation, AllocationQuerySet, QueueEntry, Quota, Reservation
+from allocations.apply.desired import team_namespace
 from allocations.placement import mig
 from allocations.shapes import Amounts
 from common import sql
 from common.errors import ValidationFailed
-from inventory.models import Gpu, GpuPool
+from inventory.models import Cluster, Gpu, GpuPool
 from inventory.selectors import model_weights, weight_of
 from inventory.sharing import REPLICA_MODES, SharingMode, mig_layout_names
-from teams.models import Membership, Team
-from teams.selectors import teams_of
+from teams.models import Team
+from teams.selectors import team_ids_of, teams_of
 
 User = AbstractBaseUser | AnonymousUser
 
@@ -44,8 +45,7 @@ def reservations_visible_to(user: User) -> QuerySet[Reservation]:
     qs = Reservation.objects.select_related("team", "pool", "requested_by")
     if user.is_staff:
         return qs
-    team_ids = Membership.objects.filter(user_id=user.pk).order_by().values_list("team_id", flat=True)
-    return qs.filter(team_id__in=list(team_ids))
+    return qs.filter(team_id__in=team_ids_of(user))
 
 
 class ReservationRow(NamedTuple):
@@ -205,6 +205,38 @@ def with_allocated_gpus(reservations: list[Reservation]) -> list[Reservation]:
                      devices, config) in rows]
     set_grants(reservations, held)
     return with_queue(reservations)
+
+
+def job_environment(reservation: Reservation, now: datetime | None = None) -> dict | None:
+    """Where and how a job uses an active reservation's grants (reservation.grants, set by
+    with_allocated_gpus): `where` (host or kubernetes), the nodes, on Kubernetes the team's
+    namespace, and the variables a job on a host starts with: CUDA_VISIBLE_DEVICES names the GPU
+    UUIDs (MIG device UUIDs for MIG instances), as the host agent's reservation-<id>.env does; the
+    mode's limits (MPS pipes, HAMi limits) are host-local and only in that file. None until it is
+    active."""
+    if reservation.state != Reservation.State.ACTIVE:
+        return None
+    now = now or timezone.now()
+    grants = [g for g in getattr(reservation, "grants", ()) if g["starts_at"] <= now < g["ends_at"]]
+    if not grants:
+        return None
+    kinds = set(Gpu.objects.filter(uuid__in={g["uuid"] for g in grants})
+                .values_list("node__cluster__kind", flat=True))
+    on_kubernetes = kinds == {Cluster.Kind.KUBERNETES}
+    devices = [g["mig_instance"] if g.get("mode") == "mig" and str(g.get("mig_instance") or "").startswith("MIG-")
+               else g["uuid"] for g in grants]
+    variables = {
+        "GPUPOOL_RESERVATION": str(reservation.pk), "GPUPOOL_TEAM": reservation.team.slug,
+        "GPUPOOL_MODE": reservation.mode, "GPUPOOL_ENDS_AT": reservation.ends_at.isoformat(),
+    }
+    if not on_kubernetes:
+        variables = {"CUDA_VISIBLE_DEVICES": ",".join(dict.fromkeys(devices)), **variables}
+    return {
+        "where": "kubernetes" if on_kubernetes else "host",
+        "nodes": list(dict.fromkeys(g["node"] for g in grants)),
+        "namespace": team_namespace(reservation.team.slug) if on_kubernetes else None,
+        "variables": variables,
+    }
 
 
 def with_queue(reservations: list[Reservation], *, every_state: bool = False) -> list[Reservation]:
@@ -743,8 +775,7 @@ def pool_gpu_bars(pool: GpuPool, viewer: User, now: datetime | None = None) -> l
                          "share_from", "share_to", "mig_profile", "mig_start", "memory_mib", "cores_pct", "ge"))
     for row in rows:
         held.setdefault(row[0], []).append(row)
-    own_teams = None if viewer.is_staff else set(
-        Membership.objects.filter(user_id=viewer.pk).values_list("team_id", flat=True))
+    own_teams = None if viewer.is_staff else set(team_ids_of(viewer))
     config = pool.sharing_config or {}
     replicas = int(config.get("replicas") or 0)
     layouts: dict[str, list] = {}

@@ -31,6 +31,7 @@ from common.errors import Conflict, FieldError, NotFound, PermissionDenied, Vali
 from inventory.models import Gpu, GpuPool
 from inventory.sharing import SharingMode
 from teams.models import Team
+from teams.selectors import token_allows_team
 
 State = Reservation.State
 
@@ -176,6 +177,8 @@ def _lock_pool_for(request: ReservationRequest, actor: AbstractBaseUser) -> _Ask
         raise ValidationFailed(missing[0].message, errors=missing)
     (pool_id, sharing_mode, config, policy, queueing, backfill, borrowing, ordering, team_id, role, max_ge, ge_hours,
      has_quota, team_max_ge, class_name, class_value, max_borrow_ge) = row
+    if not token_allows_team(actor, team_id):
+        role = None
     # Partial instances: the columns read here are set, any other loads when first used.
     # from_db takes the values in the model's field order, whatever the order of the names.
     pool = GpuPool.from_db(DEFAULT_DB_ALIAS, ["id", "slug", "sharing_mode", "sharing_config", "placement_policy",
@@ -453,6 +456,8 @@ def _locked_reservation(reservation_id: int, actor: AbstractBaseUser) -> Reserva
         [actor.pk, reservation_id],
     )
     *columns, actor_role = row or (None,)
+    if row is not None and not token_allows_team(actor, selectors.ReservationRow._make(columns).team_id):
+        actor_role = None
     if row is None or not (actor.is_staff or actor_role is not None):
         raise NotFound(f"Reservation {reservation_id} does not exist.", field="id", rule="does_not_exist")
     return selectors.reservation_from_row(columns)
@@ -684,7 +689,7 @@ def reservation_warn_expiry(*, reservation_id: int, now: datetime | None = None)
         reservation, f"Reservation #{reservation.pk} ends in {queue.span(left)}",
         f"Its window ends at {reservation.ends_at:%Y-%m-%d %H:%M} UTC; its GPUs go back to the pool then. To keep "
         "them longer, extend it on its page (or POST .../extend/ with a later ends_at) while they stay free of "
-        "other bookings.")
+        "other bookings.", event="reservation.expiring")
     return True
 
 

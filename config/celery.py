@@ -23,6 +23,7 @@ PERIODIC_TASKS = (
     ("TELEMETRY_ROLLUP_SECONDS", "monitoring.tasks.rollup_telemetry", "roll up and prune telemetry"),
     ("ALERT_EVALUATE_SECONDS", "monitoring.tasks.evaluate_alerts", "evaluate alert rules"),
     ("TELEMETRY_K8S_TICK_SECONDS", "monitoring.tasks.read_kubernetes_telemetry", "read Kubernetes GPU telemetry"),
+    ("NOTIFY_SWEEP_SECONDS", "teams.tasks.deliveries_due", "send due notifications"),
 )
 
 

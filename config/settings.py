@@ -64,6 +64,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "channels",
     "axes",
+    "mozilla_django_oidc",
     "teams",
     "inventory",
     "allocations",
@@ -90,7 +91,10 @@ MIDDLEWARE = [
 
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
-    "django.contrib.auth.backends.ModelBackend",
+    # Passwords: every local account, or with LOCAL_LOGIN=staff only staff (the break-glass accounts).
+    "teams.backends.LocalAccountsBackend",
+    # Single sign-on (teams/oidc.py): inert until OIDC_ISSUER and OIDC_RP_CLIENT_ID are set.
+    "teams.oidc.PortalOIDCBackend",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -107,6 +111,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "teams.backends.sign_in_options",
                 "portal.context_processors.navigation",
             ],
         },
@@ -306,9 +311,77 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 # API tokens a user keeps; making one more deletes the oldest.
 API_TOKENS_PER_USER = env.int("API_TOKENS_PER_USER", default=25)
+# Every API token stops working this many days after it was made, whatever expiry it was given
+# (tokens made before expiries existed included); a new token's default life is the second.
+API_TOKEN_MAX_AGE_DAYS = env.int("API_TOKEN_MAX_AGE_DAYS", default=365)
+API_TOKEN_DEFAULT_DAYS = env.int("API_TOKEN_DEFAULT_DAYS", default=90)
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard"
 LOGOUT_REDIRECT_URL = "login"
+# "all": every local account signs in with its password; "staff": only staff do (break-glass accounts,
+# when everyone else signs in through the identity provider).
+LOCAL_LOGIN = env.str("LOCAL_LOGIN", default="all")
+if LOCAL_LOGIN not in ("all", "staff"):
+    raise environ.ImproperlyConfigured("LOCAL_LOGIN must be all or staff")
+
+# --- notification channels (teams/notify.py) ------------------------------------------------------
+NOTIFY_ATTEMPTS = env.int("NOTIFY_ATTEMPTS", default=6)  # then a delivery is given up
+NOTIFY_RETRY_SECONDS = env.float("NOTIFY_RETRY_SECONDS", default=30.0)  # doubled after each failure
+NOTIFY_TIMEOUT_SECONDS = env.float("NOTIFY_TIMEOUT_SECONDS", default=10.0)
+NOTIFY_SWEEP_SECONDS = env.float("NOTIFY_SWEEP_SECONDS", default=15.0)  # how often beat sends what is due
+# Webhook URLs leading to loopback or private addresses are refused unless this is set (a site whose
+# chat server is on its own network sets it).
+NOTIFY_ALLOW_PRIVATE_URLS = env.bool("NOTIFY_ALLOW_PRIVATE_URLS", default=False)
+
+# --- single sign-on (OpenID Connect, teams/oidc.py) ----------------------------------------------
+# Set OIDC_ISSUER and OIDC_RP_CLIENT_ID to turn it on; the endpoints come from the issuer's discovery
+# document unless OIDC_OP_AUTHORIZATION_ENDPOINT, _TOKEN_, _USER_ or _JWKS_ENDPOINT say otherwise.
+OIDC_ISSUER = env.str("OIDC_ISSUER", default="")
+OIDC_PROVIDER_NAME = env.str("OIDC_PROVIDER_NAME", default="single sign-on")
+OIDC_RP_CLIENT_ID = env.str("OIDC_RP_CLIENT_ID", default="")
+_oidc_secret_file = env.str("OIDC_RP_CLIENT_SECRET_FILE", default="")
+OIDC_RP_CLIENT_SECRET = (Path(_oidc_secret_file).read_text().strip() if _oidc_secret_file
+                         else env.str("OIDC_RP_CLIENT_SECRET", default=""))
+OIDC_RP_SCOPES = env.str("OIDC_RP_SCOPES", default="openid email profile")
+OIDC_RP_SIGN_ALGO = env.str("OIDC_RP_SIGN_ALGO", default="RS256")
+for _name in ("OIDC_OP_AUTHORIZATION_ENDPOINT", "OIDC_OP_TOKEN_ENDPOINT", "OIDC_OP_USER_ENDPOINT",
+              "OIDC_OP_JWKS_ENDPOINT"):
+    globals()[_name] = env.str(_name, default="")
+OIDC_USE_PKCE = True
+OIDC_USERNAME_CLAIM = env.str("OIDC_USERNAME_CLAIM", default="preferred_username")
+OIDC_GROUPS_CLAIM = env.str("OIDC_GROUPS_CLAIM", default="groups")
+OIDC_TIMEOUT = env.int("OIDC_TIMEOUT_SECONDS", default=10)
+# --- LDAP / Active Directory (teams/ldap.py; needs requirements-ldap.txt) ----------------------------
+# On when LDAP_SERVER_URI is set. Users are found under LDAP_USER_SEARCH_BASE with LDAP_USER_FILTER
+# (%(user)s is the username typed), groups under LDAP_GROUP_SEARCH_BASE; LDAP_GROUP_TYPE is
+# group_of_names (member: DN), posix (memberUid) or active_directory (nested groups).
+LDAP_SERVER_URI = env.str("LDAP_SERVER_URI", default="")
+if LDAP_SERVER_URI:
+    import ldap as _ldap
+    from django_auth_ldap.config import (GroupOfNamesType, LDAPSearch, NestedActiveDirectoryGroupType,
+                                         PosixGroupType)
+
+    _ldap_password_file = env.str("LDAP_BIND_PASSWORD_FILE", default="")
+    AUTH_LDAP_SERVER_URI = LDAP_SERVER_URI
+    AUTH_LDAP_BIND_DN = env.str("LDAP_BIND_DN", default="")
+    AUTH_LDAP_BIND_PASSWORD = (Path(_ldap_password_file).read_text().strip() if _ldap_password_file
+                               else env.str("LDAP_BIND_PASSWORD", default=""))
+    AUTH_LDAP_START_TLS = env.bool("LDAP_START_TLS", default=False)
+    AUTH_LDAP_USER_SEARCH = LDAPSearch(env.str("LDAP_USER_SEARCH_BASE"), _ldap.SCOPE_SUBTREE,
+                                       env.str("LDAP_USER_FILTER", default="(uid=%(user)s)"))
+    AUTH_LDAP_USER_ATTR_MAP = {"first_name": "givenName", "last_name": "sn", "email": "mail"}
+    _group_types = {"group_of_names": (GroupOfNamesType, "(objectClass=groupOfNames)"),
+                    "posix": (PosixGroupType, "(objectClass=posixGroup)"),
+                    "active_directory": (NestedActiveDirectoryGroupType, "(objectClass=group)")}
+    _group_type, _group_filter = _group_types[env.str("LDAP_GROUP_TYPE", default="group_of_names")]
+    AUTH_LDAP_GROUP_SEARCH = LDAPSearch(env.str("LDAP_GROUP_SEARCH_BASE"), _ldap.SCOPE_SUBTREE, _group_filter)
+    AUTH_LDAP_GROUP_TYPE = _group_type()
+    AUTH_LDAP_CONNECTION_OPTIONS = {_ldap.OPT_NETWORK_TIMEOUT: env.int("LDAP_TIMEOUT_SECONDS", default=10)}
+    AUTHENTICATION_BACKENDS.insert(2, "teams.ldap.PortalLDAPBackend")
+
+OIDC_AUTHENTICATE_CLASS = "teams.oidc.PortalOIDCRequestView"
+OIDC_CALLBACK_CLASS = "teams.oidc.PortalOIDCCallbackView"
+LOGIN_REDIRECT_URL_FAILURE = "login"
 
 # Login throttling (django-axes): after AXES_FAILURE_LIMIT failures for one username
 # from one address, that pair is locked out for AXES_COOLOFF_TIME (answered with 429).

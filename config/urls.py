@@ -21,8 +21,8 @@ from config import health, metrics
 from inventory.api.agent import HeartbeatView, RegisterView
 from inventory.api.views import ClusterViewSet, GpuModelViewSet, GpuViewSet, HostTokenViewSet, NodeViewSet
 from monitoring.api.views import AlertRuleViewSet, AlertViewSet, PoolHistoryView, SilenceViewSet, TelemetryView
-from portal import views
-from teams.api.views import TeamViewSet, TokenView
+from portal import channels, tokens, views
+from teams.api.views import ApiTokenViewSet, ChannelViewSet, GroupMappingViewSet, MeView, TeamViewSet, TokenView
 
 # The admin says whose it is: staff reach it from the portal's nav.
 admin.site.site_header = "GPU Pool Portal administration"
@@ -36,6 +36,9 @@ router.register("quotas", QuotaViewSet, basename="quota")
 router.register("priority-classes", PriorityClassViewSet, basename="priority-class")
 router.register("apply-jobs", ApplyJobViewSet, basename="apply-job")
 router.register("teams", TeamViewSet, basename="team")
+router.register("tokens", ApiTokenViewSet, basename="api-token")
+router.register("group-mappings", GroupMappingViewSet, basename="group-mapping")
+router.register("notification-channels", ChannelViewSet, basename="notification-channel")
 router.register("clusters", ClusterViewSet, basename="cluster")
 router.register("nodes", NodeViewSet, basename="node")
 router.register("gpus", GpuViewSet, basename="gpu")
@@ -47,6 +50,7 @@ router.register("silences", SilenceViewSet, basename="silence")
 
 api = [
     path("auth/token/", TokenView.as_view(), name="token"),
+    path("me/", MeView.as_view(), name="me"),
     path("agent/register/", RegisterView.as_view(), name="agent-register"),
     path("agent/heartbeat/", HeartbeatView.as_view(), name="agent-heartbeat"),
     path("agent/telemetry/", TelemetryView.as_view(), name="agent-telemetry"),
@@ -82,9 +86,15 @@ urlpatterns = [
     path("reservations/<int:reservation_id>/release/", views.reservation_release, name="reservation-release"),
     path("reservations/<int:reservation_id>/extend/", views.reservation_extend, name="reservation-extend"),
     path("teams/<slug:slug>/", views.team_detail, name="team"),
+    path("tokens/", tokens.tokens, name="tokens"),
+    path("tokens/revoke/", tokens.token_revoke, name="token-revoke"),
+    path("notifications/", channels.channels, name="channels"),
+    path("notifications/<int:channel_id>/<str:action>/", channels.channel_action, name="channel-action"),
     path("pools/<slug:slug>/queue/", views.pool_queue, name="pool-queue"),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    # Single sign-on (teams/oidc.py): /oidc/authenticate/ and /oidc/callback/, off until configured.
+    path("oidc/", include("mozilla_django_oidc.urls")),
     path("", include("monitoring.urls")),
     path("admin/", admin.site.urls),
     # Namespaced: the router's names (reservation-release, ...) must not shadow the pages'.

@@ -5,7 +5,7 @@ from django.db.models.functions import Coalesce
 
 from common.errors import ApplicationError, ValidationFailed
 from inventory import services
-from inventory.kubernetes import crypto
+from common import crypto
 from inventory.kubernetes.client import parse_kubeconfig
 from django.utils.html import format_html_join
 

@@ -27,7 +27,7 @@ class Cluster(models.Model):
     kind = models.CharField(max_length=16, choices=Kind.choices)
     description = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
-    # Kubernetes only: the kubeconfig, Fernet-encrypted (inventory.kubernetes.crypto); never
+    # Kubernetes only: the kubeconfig, Fernet-encrypted (common.crypto); never
     # shown back. Or in_cluster: the portal's own service account (it runs in that cluster).
     kubeconfig_encrypted = models.TextField(blank=True, editable=False)
     in_cluster = models.BooleanField(default=False, help_text="Use the portal's in-cluster service account")
@@ -43,7 +43,7 @@ class Cluster(models.Model):
     prometheus_url = models.CharField(verbose_name="Prometheus URL", max_length=500, blank=True,
                                       help_text="The cluster's Prometheus, e.g. http://prometheus.monitoring:9090")
     # {"bearer_token": ...} or {"username": ..., "password": ...} as JSON, Fernet-encrypted like the
-    # kubeconfig (inventory.kubernetes.crypto); never shown back.
+    # kubeconfig (common.crypto); never shown back.
     prometheus_auth_encrypted = models.TextField(blank=True, editable=False)
     exporter_selector = models.CharField(max_length=253, default="app=nvidia-dcgm-exporter",
                                          help_text="Label selector of the dcgm-exporter pods (exporter source)")

@@ -17,7 +17,7 @@ from django.utils.text import slugify
 
 from common.errors import Conflict, NotFound, PermissionDenied, ValidationFailed
 from common.secrets import key_digest, new_key
-from inventory.kubernetes import crypto
+from common import crypto
 from inventory.kubernetes.client import parse_kubeconfig
 from inventory.kubernetes.nodes import DiscoveredNode
 from inventory.models import (

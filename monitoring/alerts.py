@@ -36,6 +36,7 @@ from inventory.models import Cluster, Gpu, GpuPool, Node
 from monitoring import hot, live, shares
 from monitoring.models import Alert, AlertRule, ClusterTelemetry, Metric, Scope, Silence
 from teams.models import Membership, Team
+from teams.notify import notify
 
 log = logging.getLogger(__name__)
 
@@ -323,6 +324,7 @@ def _notify(alert: Alert, kind: str, now: datetime, silences: list[Silence], rep
         return 0  # another evaluation sent it, or resolved the alert
     for key, value in fields.items():
         setattr(alert, key, value)
+    _announce(alert, kind)
     to = recipients(alert)
     if not to:
         log.warning("alert %s %s: nobody to mail", alert, kind)
@@ -331,16 +333,35 @@ def _notify(alert: Alert, kind: str, now: datetime, silences: list[Silence], rep
     return 1
 
 
+def affected_teams(alert: Alert) -> set[int]:
+    """The alert's team, or the teams holding GPUs of its pool or node now."""
+    if alert.team_id is not None:
+        return {alert.team_id}
+    if alert.pool_id is None and alert.node_id is None:
+        return set()
+    held = Allocation.objects.filter(starts_at__lte=timezone.now(), ends_at__gt=timezone.now())
+    held = held.filter(gpu__pool_id=alert.pool_id) if alert.pool_id is not None else held.filter(
+        gpu__node_id=alert.node_id)
+    return set(held.values_list("reservation__team_id", flat=True))
+
+
+def _announce(alert: Alert, kind: str) -> None:
+    """To the notification channels of the teams it concerns (if the rule tells teams) and of staff (if it
+    tells staff): teams/notify.py sends them after the commit."""
+    rule = alert.rule
+    teams = affected_teams(alert) if (rule.notify_team_managers or rule.notify_team_members) else set()
+    staff = (get_user_model().objects.filter(is_staff=True, is_active=True).values_list("pk", flat=True)
+             if rule.notify_staff else [])
+    state = "resolved" if kind == "resolved" else "firing"
+    notify(event=f"alert.{state}", subject=f"[{state.upper()} {rule.severity}] {rule.name}: {alert.subject_label}",
+           text=f"{rule.get_metric_display()} {rule.comparison} {rule.threshold:g}; value {alert.value:.1f}.",
+           link=alert_link(alert), data={"alert": alert.pk, "rule": rule.name, "severity": rule.severity},
+           team_ids=teams, user_ids=staff)
+
+
 def recipients(alert: Alert) -> list[str]:
     rule = alert.rule
-    teams: set[int] = set()
-    if alert.team_id is not None:
-        teams.add(alert.team_id)
-    elif alert.pool_id is not None or alert.node_id is not None:
-        held = Allocation.objects.filter(starts_at__lte=timezone.now(), ends_at__gt=timezone.now())
-        held = held.filter(gpu__pool_id=alert.pool_id) if alert.pool_id is not None else held.filter(
-            gpu__node_id=alert.node_id)
-        teams.update(held.values_list("reservation__team_id", flat=True))
+    teams = affected_teams(alert)
     emails: set[str] = set()
     if teams and (rule.notify_team_managers or rule.notify_team_members):
         members = Membership.objects.filter(team_id__in=teams, user__is_active=True).exclude(user__email="")

@@ -44,7 +44,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from allocations.apply.desired import team_namespace
-from inventory.kubernetes import crypto
+from common import crypto
 from inventory.models import Cluster, TelemetrySource
 from monitoring import ingest
 from monitoring.models import ClusterTelemetry

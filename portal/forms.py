@@ -10,7 +10,8 @@ from allocations.queue import parse_duration
 from allocations.selectors import LATEST_INSTANT
 from allocations.shapes import AMOUNT_LIMITS
 from inventory.sharing import REPLICA_MODES
-from teams.models import Membership
+from teams.models import ApiToken, Membership, NotificationChannel
+from teams.notify import EVENTS
 
 DATETIME_LOCAL = "%Y-%m-%dT%H:%M"
 
@@ -165,3 +166,42 @@ class AvailabilityForm(forms.Form):
         if start is not None and start >= LATEST_INSTANT - timedelta(days=7):
             raise forms.ValidationError(f"Start before {LATEST_INSTANT:%Y-%m-%d}.", code="max_value")
         return start
+
+
+class TokenForm(forms.Form):
+    """A new API token: a name, a scope, optionally some of the user's teams, and a life in days."""
+
+    name = forms.CharField(max_length=64, required=False, help_text="What it is for, e.g. “CI on gitlab”.")
+    scope = forms.ChoiceField(choices=ApiToken.Scope.choices, initial=ApiToken.Scope.WRITE)
+    teams = forms.MultipleChoiceField(required=False, widget=forms.CheckboxSelectMultiple,
+                                      help_text="None ticked: all of your teams.")
+    days = forms.TypedChoiceField(coerce=int, label="Expires in", initial=90)
+
+    def __init__(self, *args, team_choices=(), max_days: int = 365, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["teams"].choices = list(team_choices)
+        choices = sorted({d for d in (7, 30, 90, 180, 365) if d <= max_days} | {max_days})
+        self.fields["days"].choices = [(d, f"{d} days") for d in choices]
+        self.fields["days"].initial = min(90, max_days)
+
+
+class TokenRevokeForm(forms.Form):
+    prefix = forms.SlugField(max_length=12)
+
+
+class ChannelForm(forms.Form):
+    """A notification channel: whose, which kind, where, and which events (teams/notify.py)."""
+
+    name = forms.CharField(max_length=64)
+    owner = forms.ChoiceField(label="For", required=False, help_text="Yourself, or a team you manage.")
+    kind = forms.ChoiceField(choices=NotificationChannel.Kind.choices)
+    email = forms.EmailField(required=False, help_text="E-mail channels: the address.")
+    url = forms.URLField(required=False, max_length=2000, label="Webhook URL", assume_scheme="https",
+                         help_text="Webhook, Slack, DingTalk, WeCom, Feishu: the incoming webhook's URL.")
+    secret = forms.CharField(required=False, max_length=256, widget=forms.PasswordInput(render_value=False),
+                             help_text="Webhook: the signing key; DingTalk, Feishu: the robot's signing secret.")
+    events = forms.MultipleChoiceField(widget=forms.CheckboxSelectMultiple, choices=list(EVENTS.items()))
+
+    def __init__(self, *args, teams=(), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["owner"].choices = [("", "Me")] + [(team.slug, f"Team {team.name}") for team in teams]

@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from teams.models import ApiToken, Membership, Team
+from teams.models import ApiToken, GroupMapping, Membership, Team
 
 
 class MembershipInline(admin.TabularInline):
@@ -29,10 +29,20 @@ class MembershipAdmin(admin.ModelAdmin):
 class ApiTokenAdmin(admin.ModelAdmin):
     """Staff see and delete API tokens; keys are made by their users (POST /api/v1/auth/token/), shown once."""
 
-    list_display = ["prefix", "user", "name", "created_at", "last_used_at"]
+    list_display = ["prefix", "user", "name", "scope", "created_at", "ends_at", "last_used_at"]
+    list_filter = ["scope"]
     search_fields = ["user__username", "prefix", "name"]
-    readonly_fields = ["user", "name", "prefix", "created_at", "last_used_at"]
+    readonly_fields = ["user", "name", "prefix", "scope", "teams", "created_at", "expires_at", "last_used_at"]
     exclude = ["digest"]
 
     def has_add_permission(self, request) -> bool:
         return False
+
+
+@admin.register(GroupMapping)
+class GroupMappingAdmin(admin.ModelAdmin):
+    """Which identity provider groups give which team, role and staff powers (teams/identity.py)."""
+
+    list_display = ["group", "team", "role", "staff"]
+    list_filter = ["role", "staff", "team"]
+    search_fields = ["group", "team__slug", "team__name"]

@@ -1,5 +1,5 @@
 from django.apps import AppConfig
-from django.db.models.signals import post_delete, post_save, pre_save
+from django.db.models.signals import m2m_changed, post_delete, post_save, pre_save
 
 
 class TeamsConfig(AppConfig):
@@ -11,7 +11,7 @@ class TeamsConfig(AppConfig):
 
         from teams.credentials import credentials_changed, credentials_changing
         from teams.models import ApiToken
-        from teams.tokens import token_forget
+        from teams.tokens import refuse_saving_a_limited_user, token_forget
 
         User = get_user_model()
         # A deleted token, a deactivated user or a changed staff flag must hold from the next
@@ -19,6 +19,8 @@ class TeamsConfig(AppConfig):
         for model in (ApiToken, User):
             post_save.connect(token_forget, sender=model, dispatch_uid=f"token-forget-save-{model.__name__}")
             post_delete.connect(token_forget, sender=model, dispatch_uid=f"token-forget-delete-{model.__name__}")
+        m2m_changed.connect(token_forget, sender=ApiToken.teams.through, dispatch_uid="token-forget-teams")
+        pre_save.connect(refuse_saving_a_limited_user, sender=User, dispatch_uid="refuse-saving-limited-user")
         # A new password or a deactivation ends the user's tokens and sessions.
         pre_save.connect(credentials_changing, sender=User, dispatch_uid="credentials-changing")
         post_save.connect(credentials_changed, sender=User, dispatch_uid="credentials-changed")

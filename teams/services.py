@@ -1,17 +1,24 @@
 """Writes about teams, members and API tokens. Each is one transaction and checks who asks."""
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 from decimal import Decimal
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
+from django.utils import timezone
 
 from common.errors import Conflict, NotFound, PermissionDenied, ValidationFailed
+from common import crypto
 from common.secrets import key_digest, key_prefix, new_key
-from teams.models import ApiToken, Membership, Team
-from teams.selectors import can_manage_team
+from teams.models import ApiToken, Membership, NotificationChannel, Team
+from teams.selectors import can_manage_team, role_in
+from teams.notify import EVENTS, send_test
+from teams.tokens import TokenGrant
 
 User = get_user_model()
 
@@ -127,16 +134,52 @@ def membership_remove(*, actor: AbstractBaseUser, team: Team, username: str) -> 
     membership.delete()
 
 
+def _token_teams(*, user: AbstractBaseUser, team_slugs: list[str], within: frozenset[int] | None) -> list[Team]:
+    """The teams a new token is limited to: each must be one of the user's (any team, for staff),
+    and a token made with a team-limited token stays within that token's teams."""
+    teams = []
+    for slug in dict.fromkeys(team_slugs):
+        team = Team.objects.filter(slug=slug).first()
+        if team is None or not (user.is_staff or role_in(user, team) is not None):
+            raise ValidationFailed(f"You are not a member of a team named {slug!r}.", field="teams",
+                                   rule="not_your_team")
+        teams.append(team)
+    if within is not None and (not teams or any(team.pk not in within for team in teams)):
+        raise PermissionDenied("A token limited to some teams can only make tokens limited to those teams.",
+                               field="teams", rule="beyond_token_teams")
+    return teams
+
+
 @transaction.atomic
-def api_token_create(*, user: AbstractBaseUser, name: str = "") -> tuple[ApiToken, str]:
+def api_token_create(*, user: AbstractBaseUser, name: str = "", scope: str = ApiToken.Scope.WRITE,
+                     expires_at: datetime | None = None, team_slugs: list[str] = (),
+                     made_with: TokenGrant | None = None) -> tuple[ApiToken, str]:
     """A new API token of `user`; returns it with the key, which is never stored or shown again.
 
+    It ends at `expires_at` (default API_TOKEN_DEFAULT_DAYS from now; at most API_TOKEN_MAX_AGE_DAYS).
+    A token made through another token (`made_with`) never does more or lives longer than that one.
     A user keeps at most API_TOKENS_PER_USER tokens: making one more deletes the oldest, so a
     script that asks for a token on every run does not pile them up without end."""
+    now = timezone.now()
+    longest = now + timedelta(days=settings.API_TOKEN_MAX_AGE_DAYS)
+    if expires_at is None:
+        expires_at = min(now + timedelta(days=settings.API_TOKEN_DEFAULT_DAYS), longest)
+    if expires_at <= now:
+        raise ValidationFailed("The expiry must be in the future.", field="expires_at", rule="in_past")
+    if expires_at > longest:
+        raise ValidationFailed(f"A token lives at most {settings.API_TOKEN_MAX_AGE_DAYS} days.",
+                               field="expires_at", rule="too_long")
+    if made_with is not None:
+        expires_at = min(expires_at, datetime.fromtimestamp(made_with.ends_at, tz=dt_timezone.utc))
+    teams = _token_teams(user=user, team_slugs=list(team_slugs),
+                         within=made_with.team_ids if made_with is not None else None)
     key = new_key()
-    token = ApiToken(user=user, name=name, prefix=key_prefix(key), digest=key_digest(key))
+    token = ApiToken(user=user, name=name, prefix=key_prefix(key), digest=key_digest(key),
+                     scope=scope, expires_at=expires_at, created_at=now)
     token.full_clean(validate_unique=False)  # the prefix is 72 random bits
     token.save()
+    if teams:
+        token.teams.set(teams)
     older = list(ApiToken.objects.filter(user_id=user.pk).order_by("-created_at", "-pk")
                  .values_list("pk", flat=True)[settings.API_TOKENS_PER_USER:])
     if older:
@@ -145,6 +188,93 @@ def api_token_create(*, user: AbstractBaseUser, name: str = "") -> tuple[ApiToke
 
 
 @transaction.atomic
+def api_token_revoke(*, actor: AbstractBaseUser, prefix: str) -> None:
+    """Revoke (delete) one of the actor's own tokens, named by its prefix, as the tokens page and
+    `DELETE /api/v1/tokens/{prefix}/` do. Someone else's prefix is answered as unknown."""
+    deleted, _ = ApiToken.objects.filter(user_id=actor.pk, prefix=prefix).delete()
+    if not deleted:
+        raise NotFound(f"You have no token {prefix}….", field="prefix", rule="not_found")
+
+
+@transaction.atomic
 def api_token_delete(*, actor: AbstractBaseUser, key: str) -> None:
     """Delete the token with this key, the actor's own (signing a script out)."""
     ApiToken.objects.filter(user_id=actor.pk, prefix=key_prefix(key), digest=key_digest(key)).delete()
+
+
+# --- notification channels (teams/notify.py sends to them) -------------------------------------------
+
+def _channel_fields(*, kind: str, email: str, url: str, events: list[str]) -> None:
+    unknown = [event for event in events if event not in EVENTS]
+    if unknown:
+        raise ValidationFailed(f"Unknown events: {', '.join(unknown)}. Known: {', '.join(EVENTS)}.",
+                               field="events", rule="unknown_event")
+    if kind == NotificationChannel.Kind.EMAIL:
+        if not email:
+            raise ValidationFailed("An e-mail channel needs an address.", field="email", rule="required")
+        if url:
+            raise ValidationFailed("An e-mail channel takes an address, not a URL.", field="url", rule="not_for_kind")
+        return
+    if not url:
+        raise ValidationFailed(f"A {kind} channel needs its webhook URL.", field="url", rule="required")
+    if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
+        raise ValidationFailed("The URL must be an http or https address.", field="url", rule="invalid_url")
+
+
+def _may_manage_channel(actor: AbstractBaseUser, *, team: Team | None, user_id: int | None) -> None:
+    if team is not None:
+        _require_manager(actor, team)
+    elif user_id != actor.pk:
+        raise NotFound("There is no such channel.", field="id", rule="not_found")
+
+
+@transaction.atomic
+def channel_create(*, actor: AbstractBaseUser, name: str, kind: str, team: Team | None = None, email: str = "",
+                   url: str = "", secret: str = "", events: list[str] = (), enabled: bool = True
+                   ) -> NotificationChannel:
+    """A channel of a team (its managers and staff make it) or of the actor."""
+    events = list(dict.fromkeys(events))
+    _may_manage_channel(actor, team=team, user_id=None if team else actor.pk)
+    _channel_fields(kind=kind, email=email, url=url, events=events)
+    channel = NotificationChannel(name=name, kind=kind, team=team, user=None if team else actor, email=email,
+                                  url_encrypted=crypto.encrypt(url) if url else "",
+                                  secret_encrypted=crypto.encrypt(secret) if secret else "",
+                                  events=events, enabled=enabled)
+    channel.full_clean()
+    channel.save()
+    return channel
+
+
+@transaction.atomic
+def channel_update(*, actor: AbstractBaseUser, channel: NotificationChannel, **fields) -> NotificationChannel:
+    """Change a channel's name, events, address, URL, secret or whether it is on. A URL or secret given
+    replaces the stored one; one not given keeps it (they are never shown back)."""
+    channel = NotificationChannel.objects.select_for_update().get(pk=channel.pk)
+    _may_manage_channel(actor, team=channel.team, user_id=channel.user_id)
+    for name in ("name", "email", "enabled"):
+        if name in fields:
+            setattr(channel, name, fields[name])
+    if "events" in fields:
+        channel.events = list(dict.fromkeys(fields["events"]))
+    if fields.get("url"):
+        channel.url_encrypted = crypto.encrypt(fields["url"])
+    if "secret" in fields:
+        channel.secret_encrypted = crypto.encrypt(fields["secret"]) if fields["secret"] else ""
+    url = fields.get("url") or (crypto.decrypt(channel.url_encrypted) if channel.url_encrypted else "")
+    _channel_fields(kind=channel.kind, email=channel.email, url=url, events=channel.events)
+    channel.full_clean()
+    channel.save()
+    return channel
+
+
+@transaction.atomic
+def channel_delete(*, actor: AbstractBaseUser, channel: NotificationChannel) -> None:
+    _may_manage_channel(actor, team=channel.team, user_id=channel.user_id)
+    channel.delete()
+
+
+@transaction.atomic
+def channel_test(*, actor: AbstractBaseUser, channel: NotificationChannel):
+    """Send a test message to a channel (who may change it may test it); sent after the commit."""
+    _may_manage_channel(actor, team=channel.team, user_id=channel.user_id)
+    return send_test(channel)

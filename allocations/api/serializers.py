@@ -13,6 +13,7 @@ from allocations.models import ApplyJob, PriorityClass, Quota, Reservation, Rese
 from allocations.booking import mig_layout_problem
 from allocations.queue import parse_duration
 from allocations.placement import DEFAULT_POLICY, POLICY_NAMES
+from allocations import selectors
 from allocations.selectors import LATEST_INSTANT
 from allocations.shapes import AMOUNT_LIMITS
 from common.api import CleanModelSerializer, RefusesUnknownFields, SlugLookupField
@@ -316,10 +317,25 @@ class ApplyJobSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class JobEnvironmentSerializer(serializers.Serializer):
+    where = serializers.ChoiceField(choices=["host", "kubernetes"], read_only=True)
+    nodes = serializers.ListField(child=serializers.CharField(), read_only=True)
+    namespace = serializers.CharField(read_only=True, allow_null=True,
+                                      help_text="kubernetes: the team's namespace, where its pods run")
+    variables = serializers.DictField(child=serializers.CharField(), read_only=True, help_text=(
+        "What a job starts with: CUDA_VISIBLE_DEVICES (on hosts) and GPUPOOL_*. The mode's host-local limits "
+        "(MPS pipes, HAMi limits) are in the agent's reservation-<id>.env on the host"))
+
+
 class ReservationDetailSerializer(ReservationSerializer):
     events = ReservationEventSerializer(many=True, read_only=True)
+    environment = serializers.SerializerMethodField(help_text="How a job uses it, once it is active; else null")
     apply_jobs = ApplyJobSerializer(many=True, read_only=True,
                                     help_text="Work done on the cluster or host to apply and undo it")
+
+    @extend_schema_field(JobEnvironmentSerializer(allow_null=True))
+    def get_environment(self, reservation: Reservation) -> dict | None:
+        return selectors.job_environment(reservation)
 
 
 class QuotaSerializer(RefusesUnknownFields, serializers.ModelSerializer):

@@ -37,7 +37,7 @@ from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from allocations import queue
+from allocations import notices, queue
 from allocations.apply.backends import BackendError, BackendRejected, backend_for, backend_name
 from allocations.apply.selectors import cluster_desired
 from allocations.models import ApplyJob, HostLeaseReport, Reservation
@@ -195,6 +195,8 @@ def _succeeded(job: ApplyJob, changes: list[str], *, now: datetime) -> str:
         open_jobs = reservation.apply_jobs.filter(action=ApplyJob.Action.APPLY, status__in=ApplyJob.OPEN_STATUSES)
         if not open_jobs.exclude(pk=job.pk).exists():
             move(reservation, State.ACTIVE, reason=f"Applied on {job.target}.")
+            notices.announce(reservation, "reservation.active", f"Reservation #{reservation.pk} is active",
+                             f"Its GPUs are ready on {job.target} until {reservation.ends_at:%Y-%m-%d %H:%M} UTC.")
     elif job.action == ApplyJob.Action.UNDO and reservation.state == State.RELEASING:
         open_jobs = reservation.apply_jobs.filter(action=ApplyJob.Action.UNDO, status__in=ApplyJob.OPEN_STATUSES)
         if not open_jobs.exclude(pk=job.pk).exists():
@@ -234,6 +236,8 @@ def _failed(job: ApplyJob, error: str, *, now: datetime) -> str:
         reservation.allocations.filter(starts_at__gt=now).update(starts_at=now)
         reservation.allocations.filter(ends_at__gt=now).update(ends_at=now)
         move(reservation, State.FAILED, reason=f"Could not be applied: {error}", now=now)
+        notices.announce(reservation, "reservation.failed", f"Reservation #{reservation.pk} failed",
+                         f"It could not be applied: {error}")
         reconcile_enqueue(cluster=job.cluster, now=now)
         queue.kick(reservation.pool_id)
     elif job.action == ApplyJob.Action.UNDO and reservation.state == State.RELEASING:

@@ -24,7 +24,7 @@ from kubernetes.config.incluster_config import load_incluster_config
 from kubernetes.config.kube_config import new_client_from_config_dict
 
 from common.errors import ApplicationError, ValidationFailed
-from inventory.kubernetes import crypto
+from common import crypto
 
 T = TypeVar("T")
 

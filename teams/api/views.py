@@ -12,8 +12,17 @@ from rest_framework.throttling import ScopedRateThrottle
 from rest_framework.views import APIView
 
 from common.errors import ApplicationError
+from common.secrets import key_prefix
 from teams import services
 from teams.api.serializers import (
+    ChannelSerializer,
+    ChannelUpdateSerializer,
+    DeliverySerializer,
+    GroupMappingSerializer,
+    MeSerializer,
+    ApiTokenSerializer,
+    TokenLimitsInput,
+    token_output,
     MembershipAddInput,
     MembershipChangeInput,
     MembershipSerializer,
@@ -21,9 +30,9 @@ from teams.api.serializers import (
     TokenInput,
     TokenOutput,
 )
-from teams.models import Team
-from teams.selectors import teams_of
-from teams.tokens import CachedTokenAuthentication
+from teams.models import ApiToken, GroupMapping, Team
+from teams.selectors import channels_visible_to, role_in, teams_of
+from teams.tokens import CachedTokenAuthentication, TokenGrant
 
 
 class InvalidCredentials(ApplicationError):
@@ -59,13 +68,111 @@ class TokenView(APIView):
         if user is None or not user.is_active:
             raise InvalidCredentials("Unable to sign in with the username and password given.",
                                      field="password", rule="invalid_credentials")
-        token, key = services.api_token_create(user=user, name=data.validated_data["name"])
-        return Response({"token": key, "prefix": token.prefix, "name": token.name})
+        limits = {k: v for k, v in data.validated_data.items() if k not in ("username", "password")}
+        token, key = services.api_token_create(user=user, **_token_limits(limits))
+        return Response(token_output(token, key))
 
     @extend_schema(request=None, responses={204: None})
     def delete(self, request: Request) -> Response:
-        services.api_token_delete(actor=request.user, key=request.auth)
+        services.api_token_delete(actor=request.user, key=request.auth.key)
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+def _token_limits(validated: dict) -> dict:
+    """A TokenLimitsInput's fields as api_token_create takes them."""
+    return {"name": validated["name"], "scope": validated["scope"], "expires_at": validated["expires_at"],
+            "team_slugs": validated["teams"]}
+
+
+class MeView(APIView):
+    """Who the request is signed in as, in which teams with which role, and what its token allows."""
+
+    permission_classes = [IsAuthenticated]
+
+    @extend_schema(responses=MeSerializer)
+    def get(self, request: Request) -> Response:
+        user = request.user
+        grant = request.auth if isinstance(request.auth, TokenGrant) else None
+        token = None
+        if grant is not None:
+            token = ApiToken.objects.filter(prefix=key_prefix(grant.key)).prefetch_related("teams").first()
+        return Response(MeSerializer({
+            "username": user.username, "is_staff": user.is_staff,
+            "teams": [{"slug": team.slug, "name": team.name, "role": role_in(user, team) or "staff"}
+                      for team in teams_of(user).order_by("slug")],
+            "token": token,
+        }).data)
+
+
+class ApiTokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Your API tokens: list them, make one (signed in, by session or another token), revoke one.
+
+    Keys are shown once, in the answer that makes them. A token made with a token never does more
+    or lives longer than the one that made it."""
+
+    serializer_class = ApiTokenSerializer
+    lookup_field = "prefix"
+    lookup_value_regex = r"[-a-zA-Z0-9_]+"
+
+    def get_queryset(self):
+        return ApiToken.objects.filter(user_id=self.request.user.pk).prefetch_related("teams").order_by("-created_at")
+
+    @extend_schema(request=TokenLimitsInput, responses={201: TokenOutput})
+    def create(self, request: Request) -> Response:
+        data = TokenLimitsInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        made_with = request.auth if isinstance(request.auth, TokenGrant) else None
+        token, key = services.api_token_create(user=request.user, made_with=made_with,
+                                               **_token_limits(data.validated_data))
+        return Response(token_output(token, key), status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses={204: None})
+    def destroy(self, request: Request, prefix: str) -> Response:
+        services.api_token_revoke(actor=request.user, prefix=prefix)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class ChannelViewSet(viewsets.ModelViewSet):
+    """Notification channels: your own, and your teams' (their managers and staff change those).
+    POST .../test/ sends a test message; GET .../deliveries/ lists what was sent and how it went."""
+
+    serializer_class = ChannelSerializer
+
+    def get_queryset(self):
+        return channels_visible_to(self.request.user)
+
+    def get_serializer_class(self):
+        return ChannelUpdateSerializer if self.action in ("update", "partial_update") else ChannelSerializer
+
+    def perform_create(self, serializer: ChannelSerializer) -> None:
+        serializer.instance = services.channel_create(actor=self.request.user, **serializer.validated_data)
+
+    def perform_update(self, serializer: ChannelSerializer) -> None:
+        serializer.instance = services.channel_update(actor=self.request.user, channel=serializer.instance,
+                                                      **serializer.validated_data)
+
+    def perform_destroy(self, instance) -> None:
+        services.channel_delete(actor=self.request.user, channel=instance)
+
+    @extend_schema(request=None, responses={202: DeliverySerializer})
+    @action(detail=True, methods=["post"])
+    def test(self, request: Request, pk: str) -> Response:
+        delivery = services.channel_test(actor=request.user, channel=self.get_object())
+        return Response(DeliverySerializer(delivery).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(responses=DeliverySerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def deliveries(self, request: Request, pk: str) -> Response:
+        page = self.paginate_queryset(self.get_object().deliveries.order_by("-created_at", "-pk"))
+        return self.get_paginated_response(DeliverySerializer(page, many=True).data)
+
+
+class GroupMappingViewSet(viewsets.ModelViewSet):
+    """Staff map identity provider groups to teams, roles and staff powers; they apply at each sign-in."""
+
+    serializer_class = GroupMappingSerializer
+    permission_classes = [IsAdminUser]
+    queryset = GroupMapping.objects.select_related("team").order_by("group", "id")
 
 
 class TeamViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,

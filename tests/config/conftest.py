@@ -10,7 +10,8 @@ from allocations.models import ApplyJob, PriorityClass, Quota, Reservation
 from inventory import services as inventory_services
 from inventory.models import HostToken, Node
 from monitoring.models import Alert, AlertRule, Silence
-from teams.services import api_token_create
+from teams.models import GroupMapping
+from teams.services import api_token_create, channel_create
 
 
 @pytest.fixture
@@ -38,8 +39,12 @@ def fleet(world, api) -> dict[str, object]:
     silence = Silence.objects.create(rule=rule, created_by=None, starts_at=timezone.now(),
                                      ends_at=timezone.now() + timedelta(hours=1))
     priority = PriorityClass.objects.create(name="normal", value=50)
+    mapping = GroupMapping.objects.create(group="gpu-ml", team=world.team)
+    channel = channel_create(actor=world.staff, name="hook", kind="webhook", team=world.team,
+                             url="https://example.com/hook", events=["alert.firing"])
     return {
-        "priority-classes": priority.name,
+        "priority-classes": priority.name, "group-mappings": mapping.pk,
+        "notification-channels": channel.pk,
         "alert-rules": rule.pk, "alerts": alert.pk, "apply-jobs": job.pk, "clusters": node.cluster_id,
         "gpus": node.gpus.first().pk, "gpu-models": node.gpus.first().model_name, "host-tokens": host_token.pk, "nodes": node.pk, "pools": world.pool.slug,
         "quotas": Quota.objects.filter(team=world.team).first().pk, "reservations": reservation.pk,

@@ -24,7 +24,7 @@ from django.utils import timezone
 from allocations.apply.backends.agent import host_lease_report, host_leases
 from allocations.models import Allocation, ApplyJob, Reservation
 from allocations.services import ReservationRequest, reservation_create
-from inventory.kubernetes import crypto
+from common import crypto
 from inventory.models import Node
 from tests.conftest import start_server, stop_process_group, wait_for
 from tests.factories import (

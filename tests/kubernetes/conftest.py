@@ -87,7 +87,7 @@ def kube_cluster(db, control_plane, core) -> Cluster:
     with no Nodes: discovery then sees only the nodes the test makes. (Namespaces stay; tests
     use unique team names.)
     """
-    from inventory.kubernetes import crypto
+    from common import crypto
 
     core.delete_collection_node()
     deadline = time.monotonic() + 10

@@ -24,7 +24,7 @@ from allocations.apply.desired import (
     TeamDesired,
 )
 from inventory import services as inventory_services
-from inventory.kubernetes import crypto
+from common import crypto
 from inventory.kubernetes.nodes import parse_quantity
 from tests.factories import ClusterFactory, UserFactory
 from tests.kubernetes.conftest import make_gpu_node, unique, validate_manifest

@@ -6,7 +6,7 @@ import yaml
 from cryptography.fernet import Fernet
 from django.db import connection
 
-from inventory.kubernetes import crypto
+from common import crypto
 from inventory.kubernetes.discovery import discover_cluster
 from inventory.models import Cluster
 from tests.factories import UserFactory

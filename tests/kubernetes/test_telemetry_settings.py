@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from django.db import connection
 
-from inventory.kubernetes import crypto
+from common import crypto
 from inventory.models import Cluster
 from monitoring import kubernetes as kube_telemetry
 from tests.factories import ClusterFactory, UserFactory

@@ -12,6 +12,7 @@ from django.test.utils import CaptureQueriesContext
 from common.secrets import key_digest
 from teams.models import ApiToken
 from teams.services import api_token_create
+from teams.tokens import _cache_key
 from tests.factories import PASSWORD
 
 TOKEN_URL = "/api/v1/auth/token/"
@@ -87,7 +88,7 @@ def test_the_database_keeps_no_token_only_its_prefix_and_digest(world, api):
 def test_the_cached_lookup_holds_no_password_hash(world, api):
     client, token = _token_client(api, world.member)
     assert client.get("/api/v1/reservations/").status_code == 200
-    cached = cache.get("auth:token:" + token.digest)
+    cached = cache.get(_cache_key(token.digest))
     assert cached is not None
     dumped = pickle.dumps(cached)
     assert world.member.password.encode() not in dumped and b"password" not in dumped
@@ -231,3 +232,17 @@ def test_changing_ones_own_password_in_the_admin_keeps_that_session_and_ends_the
     assert here.get("/").status_code == 200
     assert elsewhere.get("/").status_code == 302
     assert _sessions_of(world.staff) == 1
+
+
+def test_a_token_user_has_its_own_columns_not_shifted_ones(world, api):
+    # Model.from_db takes values in the model's field order: given another order, the username landed
+    # in is_superuser (a truthy string: every has_perm said yes) and the first name in username.
+    world.member.first_name, world.member.email = "Mia", "mia@example.com"
+    world.member.save()
+    _, key = api_token_create(user=world.member)
+    from teams.tokens import user_for_token
+    for _ in range(2):  # from the database, then from the cache
+        user = user_for_token(key)
+        assert (user.username, user.first_name, user.email) == ("member", "Mia", "mia@example.com")
+        assert user.is_active is True and user.is_staff is False and user.is_superuser is False
+        assert not user.has_perm("teams.delete_team")

@@ -113,7 +113,9 @@ def test_going_back_gives_the_tables_and_content_types_back_to_portal(world):
             assert [slug for (slug,) in cursor.fetchall()] == ["infra", "ml"]
         old = state_as_applied()
         assert old.get_model("contenttypes", "ContentType").objects.filter(app_label="portal", model="team").exists()
-        assert not old.get_model("contenttypes", "ContentType").objects.filter(app_label="teams").exists()
+        # The three moved models go back; content types of models added later (GroupMapping) stay, as Django
+        # leaves every stale content type until remove_stale_contenttypes.
+        assert not old.get_model("contenttypes", "ContentType").objects.filter(app_label="teams", model__in=MOVED).exists()
     finally:
         migrate(latest)
     assert sorted(Team.objects.values_list("slug", flat=True)) == ["infra", "ml"]

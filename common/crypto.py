@@ -1,4 +1,5 @@
-"""Encryption at rest for cluster credentials (kubeconfigs): Fernet with keys from the environment.
+"""Encryption at rest for secrets the portal must read back (kubeconfigs, telemetry credentials, webhook
+URLs and signing keys): Fernet with keys from the environment.
 
 ``FIELD_ENCRYPTION_KEY`` holds one or more Fernet keys (comma-separated); the first
 encrypts, every one decrypts (MultiFernet), so a key is rotated by putting the new one

@@ -1,0 +1,3 @@
+from gpupool_cli.main import main
+
+main()
