@@ -45,7 +45,8 @@ def _fleet(world, base_url: str, api) -> dict:
 def _paths(ids: dict) -> list[tuple[str, int]]:
     return [("/", 200), ("/reserve/", 200), ("/reservations/", 200), (f"/reservations/{ids['reservation']}/", 200),
             ("/teams/ml/", 200), ("/pools/a100/", 200), ("/pools/a100/queue/", 200), (f"/nodes/{ids['node']}/", 200),
-            ("/telemetry/", 200), ("/api/v1/docs/", 200), ("/no/such/page/", 404)]
+            ("/telemetry/", 200), ("/tokens/", 200), ("/notifications/", 200), ("/api/v1/docs/", 200),
+            ("/no/such/page/", 404)]
 
 
 def test_every_page_fits_and_stays_quiet_for_every_role(world, asgi_server, page, api):
