@@ -6,11 +6,16 @@ and the GPUs carved as that layout says (`all-<profile>`, `all-balanced`, or an 
 `3g.40gb+2g.20gb+1g.10gb+1g.10gb`), with stable fake MIG device UUIDs (agent.mig). It is
 named as a simulation everywhere it shows (the backend name is "simulated", and registration
 says so), so nobody mistakes it for a host.
+
+The workloads follow the leases the agent holds, as on a fleet whose users book before they run:
+a booked GPU (or share, or MIG instance) runs a job, a few bookings sit idle on purpose, and
+rarely a process runs on a GPU nobody booked.
 """
 from __future__ import annotations
 
 import random
 import re
+import time
 import uuid
 import zlib
 from dataclasses import dataclass
@@ -78,21 +83,72 @@ def parse_spec(spec: str) -> list[Model]:
     return [model for model, _ in parse_layouts(spec)]
 
 
+# A few bookings sit idle on purpose, so "booked but idle" has a true example to show.
+IDLE_BOOKING_PCT = 4
+# Now and then someone runs a job on a GPU nobody booked: per unbooked GPU and window, the chance of one.
+STRAY_WINDOW_S = 600
+STRAY_CHANCE = 0.02
+
+
+def idle_on_purpose(lease: dict) -> bool:
+    """Whether the simulation leaves this lease's booking idle: decided by the reservation alone, so every GPU
+    of a booking agrees on every host, and the same booking is idle in every run."""
+    return zlib.crc32(f"idle:{lease.get('reservation')}".encode()) % 100 < IDLE_BOOKING_PCT
+
+
+@dataclass(frozen=True)
+class Job:
+    """The workload a booking runs on one GPU or instance: data loading while memory fills, a ramp to a steady
+    utilization with noise, and short dips (checkpoints, evaluation)."""
+
+    ramp_s: float
+    steady_pct: float
+    memory_fraction: float
+
+    @classmethod
+    def for_lease(cls, seed: object, key: str) -> Job:
+        rng = random.Random(f"{seed}:{key}:job")
+        return cls(ramp_s=rng.uniform(20, 90), steady_pct=rng.uniform(65, 97), memory_fraction=rng.uniform(0.45, 0.9))
+
+    def load(self, seed: object, key: str, elapsed: float) -> tuple[float, float]:
+        """(utilization %, fraction of its memory cap in use) `elapsed` seconds after it started; always above
+        the idle threshold: a running job never reads as idle."""
+        second = int(elapsed)
+        noise = random.Random(f"{seed}:{key}:{second}").gauss(0, 3)
+        if elapsed < self.ramp_s:
+            util = 10 + (self.steady_pct - 10) * elapsed / self.ramp_s + noise
+            memory = self.memory_fraction * min(1.0, 0.2 + 2.4 * elapsed / self.ramp_s)
+        else:
+            util = self.steady_pct + noise
+            memory = self.memory_fraction * (1 + noise / 300)
+            window = random.Random(f"{seed}:{key}:dip:{second // 60}")
+            if window.random() < 0.35:  # about one dip every three minutes, 3-10 s long
+                begins, lasts = window.uniform(0, 50), window.uniform(3, 10)
+                if begins <= elapsed % 60 < begins + lasts:
+                    util = window.uniform(5, 30)
+        return min(100.0, max(3.0, util)), min(0.95, max(0.01, memory))
+
+
 class SimulatedBackend:
+    """Simulated GPUs whose workloads follow the leases the agent holds (`lease_source`): a leased GPU or
+    instance runs its booking's job (Job), except the few bookings idle on purpose (idle_on_purpose); an
+    unleased GPU is idle, except a rare stray process nobody booked. Everything is a function of the seed,
+    the leases and the clock, so a test with its own clock sees the same fleet every run."""
+
     name = "simulated"
 
-    def __init__(self, spec: str, host: str, seed: int | None = None, uuids: list[str] | None = None) -> None:
+    def __init__(self, spec: str, host: str, seed: int | None = None, uuids: list[str] | None = None,
+                 clock=time.monotonic) -> None:
         layouts = parse_layouts(spec)
         self.models = [model for model, _ in layouts]
         self.layouts = [layout for _, layout in layouts]
         self.host = host
-        self.rng = random.Random(seed if seed is not None else host)
+        self.seed = seed if seed is not None else host
+        self.clock = clock
         # Stable per host and index, so a restarted agent reports the same GPUs (the demo passes its own).
         self.uuids = uuids or [f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{host}.simulated/{i}')}"
                                for i in range(len(self.models))]
-        self.util = [self.rng.uniform(0, 60) for _ in self.models]
-        # A quarter of the cards sit idle (nothing running), so "allocated but idle" has something to show.
-        self.idle = [self.rng.random() < 0.25 for _ in self.models]
+        self.started: dict[str, float] = {}  # lease key -> clock when its job started
 
     def inventory(self) -> list[GpuInfo]:
         return [GpuInfo(uuid=self.uuids[i], index=i, name=m.name, memory_mib=m.memory_mib,
@@ -103,33 +159,32 @@ class SimulatedBackend:
                 for i, m in enumerate(self.models)]
 
     def sample(self) -> list[GpuSample]:
-        samples = []
+        now = self.clock()
         held = self._leases_by_gpu()
+        running = {self._key(lease) for leases in held.values() for lease in leases}
+        self.started = {key: self.started.get(key, now) for key in running}  # a lease gone ends its job
+        samples = []
         for i, model in enumerate(self.models):
-            self.util[i] = min(100.0, max(0.0, self.util[i] + self.rng.gauss(0, 8)))
-            if self.rng.random() < 0.002:  # now and then a job starts or ends
-                self.idle[i] = not self.idle[i]
-            util = 0.0 if self.idle[i] else self.util[i]
-            used = round(model.memory_mib * min(0.95, util / 100 + 0.02))
-            processes = [] if self.idle[i] else [GpuProcess(pid=10000 + 97 * i, used_memory_mib=used)]
-            leased = held.get(self.uuids[i])
-            if leased is not None:
-                processes = [] if self.idle[i] else self.lease_processes(i, model, leased, util)
-                used = min(model.memory_mib, sum(p.used_memory_mib for p in processes) + 512)
+            leases = held.get(self.uuids[i], [])
+            if leases:
+                processes, util = self.lease_processes(i, model, leases, now)
+            else:
+                processes, util = self._stray(i, model, now)
+            used = sum(p.used_memory_mib for p in processes) + (512 if processes else 1)
+            warmth = random.Random(f"{self.seed}:{self.uuids[i]}:{int(now)}").uniform(-1, 1)
             samples.append(GpuSample(
                 uuid=self.uuids[i],
                 utilization_gpu_pct=round(util),
                 utilization_memory_pct=round(util * 0.6),
-                memory_used_mib=used,
+                memory_used_mib=min(model.memory_mib, used),
                 memory_total_mib=model.memory_mib,
-                temperature_c=round(32 + util * 0.45),
+                temperature_c=round(32 + util * 0.45 + warmth),
                 power_w=round(model.max_power_w * (0.12 + 0.8 * util / 100), 1),
                 processes=processes,
             ))
         return samples
 
-    # The leases this host holds now (the agent sets it to its LeaseStore's read): a leased GPU runs one
-    # process per lease, owned by the lease's user, so the portal has shares to attribute.
+    # The leases this host holds now (the agent sets it to its LeaseStore's read).
     lease_source = None
 
     def _leases_by_gpu(self) -> dict[str, list[dict]]:
@@ -145,13 +200,21 @@ class SimulatedBackend:
                 held.setdefault(lease["gpu_uuid"], []).append(lease)
         return held
 
-    def lease_processes(self, i: int, model: Model, leases: list[dict], util: float) -> list[GpuProcess]:
-        """One process per lease on GPU `i`, using a wandering part of what the lease may use: a MIG
-        instance's or an MPS/vGPU cap's memory, k/N of the card for k time-slicing shares of N, the whole
-        card (split between the leases) otherwise. The mode fields are read defensively: an older portal
-        sends leases without them."""
-        processes = []
+    @staticmethod
+    def _key(lease: dict) -> str:
+        return f"{lease.get('reservation')}:{lease.get('mig_uuid') or lease['gpu_uuid']}"
+
+    def lease_processes(self, i: int, model: Model, leases: list[dict], now: float) -> tuple[list[GpuProcess], float]:
+        """One process per lease on GPU `i` (none for a booking idle on purpose), owned by the lease's user,
+        using part of what the lease may use: a MIG instance's or an MPS/vGPU cap's memory, k/N of the card
+        for k time-slicing shares of N, the whole card (split between the leases) otherwise; and the GPU's
+        utilization, each job's weighted by its part of the card's compute (at least 2 %, so a small slice's
+        running job never reads as an idle booking). The mode fields are read defensively: an
+        older portal sends leases without them."""
+        processes, util = [], 0.0
         for lease in leases:
+            if idle_on_purpose(lease):
+                continue
             mode = lease.get("mode") or "exclusive"
             cap = lease.get("memory_mib")
             if not isinstance(cap, int) or cap <= 0:
@@ -161,13 +224,44 @@ class SimulatedBackend:
                     cap = model.memory_mib * shares // replicas
                 else:
                     cap = model.memory_mib // len(leases)
+            key = self._key(lease)
+            job_util, memory = Job.for_lease(self.seed, key).load(self.seed, key, now - self.started.get(key, now))
+            util += max(2.0, job_util * self._compute_part(lease, mode, cap, model, len(leases)))
             mig_uuid = lease.get("mig_uuid") or ""
-            key = f"{lease.get('reservation')}:{mig_uuid or lease['gpu_uuid']}"
-            pid = 20000 + zlib.crc32(key.encode()) % 40000  # stable per lease
             processes.append(GpuProcess(
-                pid=pid, used_memory_mib=round(cap * min(0.9, 0.15 + util / 120)), user=str(lease.get("user") or ""),
+                pid=20000 + zlib.crc32(key.encode()) % 40000,  # stable per lease
+                used_memory_mib=max(300, round(cap * memory)), user=str(lease.get("user") or ""),
                 mig_uuid=mig_uuid if mode == "mig" and mig_uuid.startswith("MIG-") else ""))
-        return processes
+        return processes, min(100.0, util)
+
+    @staticmethod
+    def _compute_part(lease: dict, mode: str, cap: int, model: Model, count: int) -> float:
+        """How much of the card's compute a lease's job can use: all of it when time-sliced (the shares take
+        turns), its core cap under MPS or vGPU, its memory's part for a MIG instance (slices go together)."""
+        if mode == "time_slicing":
+            return 1.0
+        if mode in ("mps", "vgpu"):
+            cores = lease.get("cores_pct")
+            if isinstance(cores, int) and cores > 0:
+                return min(1.0, cores / 100)
+            return min(1.0, cap / model.memory_mib)
+        if mode == "mig":
+            return min(1.0, cap / model.memory_mib)
+        return 1.0 / count
+
+    def _stray(self, i: int, model: Model, now: float) -> tuple[list[GpuProcess], float]:
+        """A process nobody booked on unleased GPU `i`, in the rare windows the seed gives it one."""
+        window = int(now // STRAY_WINDOW_S)
+        rng = random.Random(f"{self.seed}:{self.uuids[i]}:stray:{window}")
+        if rng.random() >= STRAY_CHANCE:
+            return [], 0.0
+        begins, lasts = rng.uniform(0, STRAY_WINDOW_S - 240), rng.uniform(60, 240)
+        if not begins <= now % STRAY_WINDOW_S < begins + lasts:
+            return [], 0.0
+        key = f"stray:{self.uuids[i]}:{window}"
+        util, memory = Job.for_lease(self.seed, key).load(self.seed, key, now % STRAY_WINDOW_S - begins)
+        return [GpuProcess(pid=60000 + zlib.crc32(key.encode()) % 5000,
+                           used_memory_mib=round(model.memory_mib * memory))], util
 
     def close(self) -> None:
         pass

@@ -28,6 +28,7 @@ class PriorityClass(models.Model):
     description = models.CharField(max_length=200, blank=True)
 
     class Meta:
+        verbose_name_plural = "priority classes"
         ordering = ["-value", "name"]
 
     def __str__(self) -> str:
@@ -40,13 +41,16 @@ class Quota(models.Model):
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="quotas")
     pool = models.ForeignKey(GpuPool, on_delete=models.CASCADE, related_name="quotas")
-    max_ge = models.DecimalField(max_digits=8, decimal_places=2, validators=[MinValueValidator(0)],
+    max_ge = models.DecimalField(verbose_name="max GE",
+                                 max_digits=8, decimal_places=2, validators=[MinValueValidator(0)],
                                  help_text="Most GPU-equivalents the team may hold in this pool at any moment")
     ge_hours_per_month = models.DecimalField(
-        max_digits=10, decimal_places=1, null=True, blank=True, validators=[MinValueValidator(0)],
+        verbose_name="GE-hours per month", max_digits=10, decimal_places=1, null=True, blank=True,
+        validators=[MinValueValidator(0)],
         help_text="GE-hours the team may book per calendar month (UTC); empty = no limit")
     max_borrow_ge = models.DecimalField(
-        max_digits=8, decimal_places=2, null=True, blank=True, validators=[MinValueValidator(0)],
+        verbose_name="max borrowed GE", max_digits=8, decimal_places=2, null=True, blank=True,
+        validators=[MinValueValidator(0)],
         help_text="Most GE the team may borrow beyond max_ge in a pool that lends idle GPUs; empty: no cap")
     priority_class = models.ForeignKey(PriorityClass, on_delete=models.PROTECT, null=True, blank=True,
                                        related_name="quotas",
@@ -79,22 +83,25 @@ class Reservation(models.Model):
     team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="reservations")
     pool = models.ForeignKey(GpuPool, on_delete=models.PROTECT, related_name="reservations")
     requested_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="reservations"
+        settings.AUTH_USER_MODEL, verbose_name="requester", on_delete=models.SET_NULL, null=True,
+        related_name="reservations"
     )
     # What was asked, in the pool's unit (the sharing mode at booking time): `gpus` is the number of
     # GPUs the reservation spans (whole GPUs for exclusive, `gpus: n` for vgpu, 1 for shares);
     # `shares` k of the pool's replicas (time_slicing, mps); `mig_profile` x `mig_count` instances;
     # `gpu_memory_mib` and `gpu_cores_pct` on each GPU (vgpu). `ge` is what its grants were charged.
     mode = models.CharField(max_length=16, default="exclusive", db_default="exclusive")
-    gpus = models.PositiveSmallIntegerField()
+    gpus = models.PositiveSmallIntegerField(verbose_name="GPUs")
     shares = models.PositiveSmallIntegerField(null=True, blank=True)
-    mig_profile = models.CharField(max_length=32, blank=True, default="", db_default="")
-    mig_count = models.PositiveSmallIntegerField(null=True, blank=True)
-    gpu_memory_mib = models.PositiveIntegerField(null=True, blank=True)
-    gpu_cores_pct = models.PositiveSmallIntegerField(null=True, blank=True)
-    ge = models.FloatField(default=0, db_default=0, help_text="GPU-equivalents its grants were charged (weights applied)")
+    mig_profile = models.CharField(verbose_name="MIG profile", max_length=32, blank=True, default="", db_default="")
+    mig_count = models.PositiveSmallIntegerField(verbose_name="MIG instances", null=True, blank=True)
+    gpu_memory_mib = models.PositiveIntegerField(verbose_name="GPU memory (MiB)", null=True, blank=True)
+    gpu_cores_pct = models.PositiveSmallIntegerField(verbose_name="GPU cores (%)", null=True, blank=True)
+    ge = models.FloatField(verbose_name="GE",
+                           default=0, db_default=0,
+                           help_text="GPU-equivalents its grants were charged (weights applied)")
     priority = models.IntegerField(default=0, db_default=0, help_text="Its priority class's value when it was asked")
-    borrowed_ge = models.FloatField(default=0, db_default=0,
+    borrowed_ge = models.FloatField(verbose_name="borrowed GE", default=0, db_default=0,
                                     help_text="GE it holds beyond its team's quota (borrowed: may be reclaimed)")
     requeue = models.BooleanField(default=False, db_default=False,
                                   help_text="If reclaimed, wait in the queue again for the rest of its time")
@@ -180,20 +187,23 @@ class Allocation(models.Model):
     objects = AllocationQuerySet.as_manager()
 
     reservation = models.ForeignKey(Reservation, on_delete=models.CASCADE, related_name="allocations")
-    gpu = models.ForeignKey(Gpu, on_delete=models.PROTECT, related_name="allocations")
+    gpu = models.ForeignKey(Gpu, verbose_name="GPU", on_delete=models.PROTECT, related_name="allocations")
     starts_at = models.DateTimeField()
     ends_at = models.DateTimeField()
     mode = models.CharField(max_length=16, default="exclusive", db_default="exclusive",
                             help_text="The pool's sharing mode when the grant was made")
-    ge = models.FloatField(default=1.0, db_default=1.0, help_text="GPU-equivalents charged for it")
+    ge = models.FloatField(verbose_name="GE", default=1.0, db_default=1.0, help_text="GPU-equivalents charged for it")
     share_from = models.PositiveSmallIntegerField(default=0, db_default=0)
     share_to = models.PositiveSmallIntegerField(default=units.MILLI_PER_GPU, db_default=units.MILLI_PER_GPU)
-    milli = models.PositiveSmallIntegerField(default=units.MILLI_PER_GPU, db_default=units.MILLI_PER_GPU,
+    milli = models.PositiveSmallIntegerField(verbose_name="worth (thousandths of a GPU)",
+                                             default=units.MILLI_PER_GPU, db_default=units.MILLI_PER_GPU,
                                              help_text="What the grant is worth, in thousandths of a GPU")
-    mig_profile = models.CharField(max_length=32, blank=True, default="", db_default="")
-    mig_start = models.PositiveSmallIntegerField(null=True, blank=True)
-    memory_mib = models.PositiveIntegerField(null=True, blank=True, help_text="GPU memory cap of a share")
-    cores_pct = models.PositiveSmallIntegerField(null=True, blank=True, help_text="Compute cap of a share, %")
+    mig_profile = models.CharField(verbose_name="MIG profile", max_length=32, blank=True, default="", db_default="")
+    mig_start = models.PositiveSmallIntegerField(verbose_name="MIG start slice", null=True, blank=True)
+    memory_mib = models.PositiveIntegerField(verbose_name="memory cap (MiB)",
+                                             null=True, blank=True, help_text="GPU memory cap of a share")
+    cores_pct = models.PositiveSmallIntegerField(verbose_name="cores cap (%)",
+                                                 null=True, blank=True, help_text="Compute cap of a share, %")
 
     class Meta:
         ordering = ["reservation_id", "gpu__node_id", "gpu__index"]
@@ -264,6 +274,9 @@ class QueueEntry(models.Model):
     first_likely_start = models.DateTimeField(null=True, blank=True)
     moved_why = models.TextField(blank=True, help_text="Why start_by last moved later")
     planned_at = models.DateTimeField(null=True, blank=True, help_text="The last scheduling pass that planned it")
+
+    class Meta:
+        verbose_name_plural = "queue entries"
 
     def __str__(self) -> str:
         return f"queue entry of reservation #{self.reservation_id}"

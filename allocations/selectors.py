@@ -10,7 +10,8 @@ from typing import NamedTuple, Sequence
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import DEFAULT_DB_ALIAS, connection
-from django.db.models import Count, DateTimeField, DurationField, F, OuterRef, Q, QuerySet, Subquery, Sum, Value
+from django.db.models import (Count, DateTimeField, DurationField, F, FloatField, OuterRef, Q, QuerySet, Subquery, Sum,
+                              Value)
 from django.db.models.functions import Coalesce, Greatest, Least
 from django.utils import timezone
 
@@ -636,11 +637,24 @@ class HeldGe(NamedTuple):
     ge: float
 
 
+def allocations_holding(now: datetime) -> QuerySet[Allocation]:
+    """The grants holding GPUs at `now`: started and not ended."""
+    return Allocation.objects.filter(starts_at__lte=now, ends_at__gt=now)
+
+
+def quotas_with_held_ge(quotas: QuerySet[Quota], now: datetime | None = None) -> QuerySet[Quota]:
+    """`quotas` with `held_ge`: the GE their team's grants in their pool hold at `now` (as ge_held_now counts)."""
+    now = now or timezone.now()
+    held = (allocations_holding(now).filter(reservation__team=OuterRef("team"), reservation__pool=OuterRef("pool"))
+            .order_by().values("reservation__team").annotate(ge=Sum("ge")).values("ge"))
+    return quotas.annotate(held_ge=Coalesce(Subquery(held, output_field=FloatField()), Value(0.0)))
+
+
 def ge_held_now(now: datetime | None = None) -> list[HeldGe]:
     """GE held at `now` across the fleet, per team, pool (the reservation's), mode and GPU model:
     the grants that have not ended, through allocation_window, however long the history."""
     now = now or timezone.now()
-    rows = (Allocation.objects.filter(starts_at__lte=now, ends_at__gt=now).order_by()
+    rows = (allocations_holding(now).order_by()
             .values_list("reservation__team__slug", "reservation__pool__slug", "mode", "gpu__model_name")
             .annotate(ge=Sum("ge")))
     return sorted(HeldGe(*row) for row in rows)

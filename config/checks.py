@@ -12,3 +12,15 @@ def metrics_access(app_configs, **kwargs) -> list[Warning]:
     return [Warning("/metrics answers 403 to everyone: METRICS_TOKEN is not set.",
                     hint="Set METRICS_TOKEN and scrape with `Authorization: Bearer <METRICS_TOKEN>`, or set "
                          "METRICS_PUBLIC=true where the ingress protects /metrics.", id="portal.W001")]
+
+
+@register(Tags.staticfiles, deploy=True)
+def static_files_collected(app_configs, **kwargs) -> list[Warning]:
+    from django.contrib.staticfiles.storage import staticfiles_storage
+
+    if not hasattr(staticfiles_storage, "manifest_exists") or staticfiles_storage.manifest_exists():
+        return []
+    return [Warning("Static files are not collected: pages name them by their plain names, uncompressed and "
+                    "cached for 60 s (Plotly is 4.8 MB).",
+                    hint="Run `python manage.py collectstatic --noinput` with each release, beside migrate.",
+                    id="portal.W002")]

@@ -117,6 +117,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "teams.backends.sign_in_options",
+                "portal.context_processors.navigation",
             ],
         },
     },
@@ -453,7 +454,12 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STATIC_ROOT = BASE_DIR / "staticfiles"
+STATIC_ROOT = Path(env.str("STATIC_ROOT", default=str(BASE_DIR / "staticfiles")))
+# Compressed and fingerprinted by collectstatic, so browsers keep them a year (config/static.py).
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "config.static.PortalStaticStorage"},
+}
 # Serve straight from the source folders too, so a fresh checkout needs no collectstatic.
 WHITENOISE_USE_FINDERS = True
 

@@ -25,6 +25,11 @@ from monitoring.api.views import AlertRuleViewSet, AlertViewSet, PoolHistoryView
 from portal import channels, tokens, views
 from teams.api.views import ApiTokenViewSet, ChannelViewSet, GroupMappingViewSet, MeView, TeamViewSet, TokenView
 
+# The admin says whose it is: staff reach it from the portal's nav.
+admin.site.site_header = "GPU Pool Portal administration"
+admin.site.site_title = "GPU Pool Portal admin"
+admin.site.index_title = "Pools, quotas, reservations and alerts"
+
 router = DefaultRouter()
 router.register("reservations", ReservationViewSet, basename="reservation")
 router.register("pools", PoolViewSet, basename="pool")

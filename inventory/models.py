@@ -40,7 +40,7 @@ class Cluster(models.Model):
                                                   "(the portal scrapes the dcgm-exporter pods itself)")
     # A CharField checked by inventory.services (http/https and a host): in-cluster service names such as
     # http://prometheus-server:9090 have no dot, which Django's URL validator refuses.
-    prometheus_url = models.CharField(max_length=500, blank=True,
+    prometheus_url = models.CharField(verbose_name="Prometheus URL", max_length=500, blank=True,
                                       help_text="The cluster's Prometheus, e.g. http://prometheus.monitoring:9090")
     # {"bearer_token": ...} or {"username": ..., "password": ...} as JSON, Fernet-encrypted like the
     # kubeconfig (common.crypto); never shown back.
@@ -80,9 +80,11 @@ class Node(models.Model):
     labels = models.JSONField(default=dict, blank=True)
     # Kubernetes nodes: {"capacity": {...}, "allocatable": {...}} of the GPU resources
     # (nvidia.com/gpu, nvidia.com/gpu.shared, nvidia.com/mig-*, HAMi's gpumem/gpucores).
-    gpu_resources = models.JSONField(default=dict, blank=True)
-    cpu_milli = models.PositiveIntegerField(default=0, help_text="CPU capacity in millicores (0 = unknown)")
-    memory_mib = models.PositiveIntegerField(default=0, help_text="Memory capacity in MiB (0 = unknown)")
+    gpu_resources = models.JSONField(verbose_name="GPU resources", default=dict, blank=True)
+    cpu_milli = models.PositiveIntegerField(verbose_name="CPU (millicores)",
+                                            default=0, help_text="CPU capacity in millicores (0 = unknown)")
+    memory_mib = models.PositiveIntegerField(verbose_name="memory (MiB)",
+                                             default=0, help_text="Memory capacity in MiB (0 = unknown)")
     last_seen_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -131,6 +133,7 @@ class GpuPool(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
+        verbose_name = "GPU pool"
         ordering = ["slug"]
 
     def __str__(self) -> str:
@@ -158,17 +161,17 @@ class Gpu(models.Model):
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
     pool = models.ForeignKey(GpuPool, on_delete=models.SET_NULL, null=True, blank=True, related_name="gpus")
     index = models.PositiveSmallIntegerField()
-    uuid = models.CharField(max_length=64, unique=True)
+    uuid = models.CharField(verbose_name="UUID", max_length=64, unique=True)
     model_name = models.CharField(max_length=128)
-    memory_mib = models.PositiveIntegerField()
-    mig_capable = models.BooleanField(default=False)
+    memory_mib = models.PositiveIntegerField(verbose_name="memory (MiB)")
+    mig_capable = models.BooleanField(verbose_name="MIG capable", default=False)
     driver_version = models.CharField(max_length=32, blank=True)
     cuda_version = models.CharField(max_length=16, blank=True)
     healthy = models.BooleanField(default=True)
     # What NVML (a host's agent) or the GPU feature discovery labels (Kubernetes) say the card is
     # carved into now: [{"uuid": "MIG-…", "profile": "1g.10gb", "start": 0}, ...]. A MIG grant is
     # named by the device UUID found here for its profile and start slice.
-    mig_devices = models.JSONField(default=list, blank=True)
+    mig_devices = models.JSONField(verbose_name="MIG instances", default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     objects = GpuQuerySet.as_manager()

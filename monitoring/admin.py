@@ -12,11 +12,17 @@ class AlertRuleAdmin(admin.ModelAdmin):
 
 @admin.register(Alert)
 class AlertAdmin(admin.ModelAdmin):
-    list_display = ["rule", "subject_label", "state", "value", "active_since", "fired_at", "resolved_at",
+    list_display = ["rule", "subject_label", "state", "shown_value", "active_since", "fired_at", "resolved_at",
                     "notifications"]
     list_filter = ["state", "rule"]
     search_fields = ["subject", "subject_label"]
-    readonly_fields = [f.name for f in Alert._meta.fields]
+    # The measured value as people read it (95.0, not 95.00086828167058), in the field's place.
+    fields = readonly_fields = [("shown_value" if f.name == "value" else f.name) for f in Alert._meta.fields
+                                if f.name != "id"]
+
+    @admin.display(description="value", ordering="value")
+    def shown_value(self, alert: Alert) -> str:
+        return f"{alert.value:.1f}" if abs(alert.value) < 1000 else f"{alert.value:,.0f}"
 
     def has_add_permission(self, request) -> bool:
         return False

@@ -143,8 +143,9 @@ class AlertRule(models.Model):
                              help_text="Only subjects in this pool (empty: every pool)")
     comparison = models.CharField(max_length=2, choices=Comparison.choices, default=Comparison.GE)
     threshold = models.FloatField()
-    for_seconds = models.PositiveIntegerField(default=300, help_text="How long the condition must hold before firing")
-    repeat_seconds = models.PositiveIntegerField(default=4 * 3600,
+    for_seconds = models.PositiveIntegerField(verbose_name="for (seconds)", default=300,
+                                              help_text="How long the condition must hold before firing")
+    repeat_seconds = models.PositiveIntegerField(verbose_name="repeat after (seconds)", default=4 * 3600,
                                                  help_text="Mail again while it keeps firing this long (0: never)")
     severity = models.CharField(max_length=16, choices=Severity.choices, default=Severity.WARNING)
     notify_team_managers = models.BooleanField(default=True, help_text="Managers of the team concerned")
@@ -259,15 +260,18 @@ class ClusterTelemetry(models.Model):
     next_read_at = models.DateTimeField(help_text="The next read is due then (claimed by a conditional update)")
     last_attempt_at = models.DateTimeField(null=True, blank=True)
     last_success_at = models.DateTimeField(null=True, blank=True)
-    read_seconds = models.FloatField(null=True, blank=True, help_text="How long the last successful read took")
-    lag_seconds = models.FloatField(null=True, blank=True,
+    read_seconds = models.FloatField(verbose_name="read took (seconds)", null=True, blank=True,
+                                     help_text="How long the last successful read took")
+    lag_seconds = models.FloatField(verbose_name="lag (seconds)", null=True, blank=True,
                                     help_text="Age of the newest samples at the last read (median over GPUs)")
-    sample_period_seconds = models.FloatField(null=True, blank=True,
+    sample_period_seconds = models.FloatField(verbose_name="sample period (seconds)", null=True, blank=True,
                                               help_text="How far apart a GPU's samples really are (median)")
     series_read = models.PositiveIntegerField(default=0)
-    gpus_read = models.PositiveIntegerField(default=0, help_text="GPUs with a sample in the last read")
+    gpus_read = models.PositiveIntegerField(verbose_name="GPUs read",
+                                            default=0, help_text="GPUs with a sample in the last read")
     samples_ingested = models.PositiveIntegerField(default=0, help_text="New samples the last read stored")
-    unknown_gpus = models.PositiveIntegerField(default=0, help_text="GPUs the source reports that the inventory lacks")
+    unknown_gpus = models.PositiveIntegerField(verbose_name="unknown GPUs",
+                                               default=0, help_text="GPUs the source reports that the inventory lacks")
     unknown_examples = models.JSONField(default=list, blank=True, help_text="Some of them: [{uuid, hostname}]")
     unleased = models.JSONField(default=list, blank=True,
                                 help_text="Pods on GPUs their team holds no share of: [{gpu, uuid, node, namespace, "

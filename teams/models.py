@@ -13,7 +13,7 @@ class Team(models.Model):
     slug = models.SlugField(max_length=64, unique=True)
     name = models.CharField(max_length=128)
     max_ge = models.DecimalField(
-        max_digits=8, decimal_places=2, null=True, blank=True,
+        verbose_name="max GE", max_digits=8, decimal_places=2, null=True, blank=True,
         help_text="Most GPU-equivalents (weights applied) the team may hold across all pools at once; empty = no cap")
     created_at = models.DateTimeField(auto_now_add=True)
     members = models.ManyToManyField(settings.AUTH_USER_MODEL, through="Membership", related_name="teams")
@@ -81,6 +81,7 @@ class ApiToken(models.Model):
         help_text="The teams the key may see and act for; none = all of its user's teams")
 
     class Meta:
+        verbose_name = "API token"
         ordering = ["user_id", "-created_at"]
 
     def ends_at(self):

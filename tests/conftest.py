@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,10 @@ def pytest_configure(config):
 
     # The real hasher costs ~0.3 s per password on this machine; tests make many users.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    # Pages name static files by their plain names (config.static), served fresh from the source folders:
+    # never from a checkout's staticfiles/ that `make run` collected before the last change. The servers
+    # the tests start inherit it.
+    os.environ["STATIC_ROOT"] = settings.STATIC_ROOT = tempfile.mkdtemp(prefix="gpupool-static-")
 
 
 @pytest.fixture(autouse=True)

@@ -36,6 +36,22 @@ def test_database_url(db) -> str:
     return f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def collected_static(tmp_path_factory):
+    """Production runs collectstatic with each release: the processes here see a collected folder."""
+    folder = tmp_path_factory.mktemp("static")
+    env = dict(os.environ, STATIC_ROOT=str(folder), SECRET_KEY="collect-only")
+    subprocess.run([sys.executable, "manage.py", "collectstatic", "--noinput", "-v0"], cwd=BASE_DIR, env=env,
+                   check=True, timeout=300)
+    before = os.environ.get("STATIC_ROOT")
+    os.environ["STATIC_ROOT"] = str(folder)
+    yield folder
+    if before is None:
+        os.environ.pop("STATIC_ROOT", None)
+    else:
+        os.environ["STATIC_ROOT"] = before
+
+
 def _check_deploy(env) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"], cwd=BASE_DIR,
                           env=env, capture_output=True, text=True, timeout=120)
@@ -45,6 +61,11 @@ def test_check_deploy_is_clean_in_production_settings():
     done = _check_deploy(_production_env())
     assert done.returncode == 0, done.stderr
     assert "no issues" in done.stdout
+
+
+def test_check_deploy_says_when_static_files_were_not_collected(tmp_path):
+    done = _check_deploy(_production_env(STATIC_ROOT=str(tmp_path)))
+    assert done.returncode != 0 and "portal.W002" in done.stderr and "collectstatic" in done.stderr
 
 
 def test_check_deploy_names_what_production_settings_miss_without_https_and_a_metrics_token():

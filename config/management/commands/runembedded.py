@@ -20,6 +20,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from common.private_files import write_private
 from config.demo import check_admin_password, load_demo
+from config.static import collected_is_current
 
 
 def base_url(host: str, port: int) -> str:
@@ -46,6 +47,7 @@ class Command(BaseCommand):
             # Mail links name the address served below (--host/--port may differ from PORT).
             settings.PORTAL_BASE_URL = base_url(host, port)
         call_command("migrate", interactive=False, verbosity=0)
+        self._collect_static()
         self._demo(no_demo)
         self._start_celery()
         if not no_agents:
@@ -55,6 +57,13 @@ class Command(BaseCommand):
         import uvicorn
 
         uvicorn.run("config.asgi:application", host=host, port=port, lifespan="off", log_level="info")
+
+    def _collect_static(self) -> None:
+        """Compressed, fingerprinted static files (config/static.py), collected again only after a change."""
+        if collected_is_current():
+            return
+        self.stdout.write("Collecting static files (compressed and fingerprinted, once per change)...")
+        call_command("collectstatic", interactive=False, verbosity=0)
 
     def _check_demo_admin_password(self) -> None:
         """Before anything starts: a weak DEMO_ADMIN_PASSWORD stops start-up with the validators' reasons."""
