@@ -1,0 +1,41 @@
+"""The reservations list and a reservation's page follow its state live, and every row keeps its cells."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from allocations import services
+from allocations.models import Reservation
+from tests.factories import PASSWORD
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+
+def sign_in(page, url: str, username: str = "member") -> None:
+    page.goto(f"{url}/login/")
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{url}/")
+
+
+def book(world, gpus: int = 1) -> Reservation:
+    return services.reservation_create(actor=world.member, request=services.ReservationRequest(
+        team="ml", pool="a100", gpus=gpus, ends_at=timezone.now() + timedelta(hours=2)))
+
+
+def test_a_releasing_row_keeps_its_actions_cell_and_borders(world, live_server, page, tmp_path):
+    active, releasing = book(world), book(world)
+    Reservation.objects.filter(pk=releasing.pk).update(state=Reservation.State.RELEASING)
+    sign_in(page, live_server.url)
+    page.goto(f"{live_server.url}/reservations/")
+    page.screenshot(path="/tmp/live-shots/releasing.png", full_page=True)
+    for reservation in (active, releasing):
+        cells = page.locator(f"#reservation-{reservation.pk} > td")
+        assert cells.count() == 9
+        # Every cell spans its whole row (same top, same height), so the row's bottom border runs unbroken.
+        first, actions = cells.first.bounding_box(), cells.last.bounding_box()
+        assert (round(actions["y"]), round(actions["height"])) == (round(first["y"]), round(first["height"]))
+        assert cells.last.evaluate("td => getComputedStyle(td).borderBottomStyle") == "solid"
