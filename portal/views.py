@@ -15,6 +15,7 @@ from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
+from django.utils.cache import patch_vary_headers
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
@@ -260,10 +261,19 @@ def _visible_reservation(request: HttpRequest, reservation_id: int) -> Reservati
 
 
 @login_required
+def reservation_row(request: HttpRequest, reservation_id: int) -> HttpResponse:
+    """One row of the live reservations table, for HTMX to swap in while the reservation moves."""
+    reservation = alloc_selectors.with_allocated_gpus([_visible_reservation(request, reservation_id)])[0]
+    return render(request, "portal/_reservation_row.html", {"r": reservation, "actions": True, "now": timezone.now()})
+
+
+@login_required
 def reservation_detail(request: HttpRequest, reservation_id: int) -> HttpResponse:
     reservation = alloc_selectors.with_queue(
         alloc_selectors.with_allocated_gpus([_visible_reservation(request, reservation_id)]), every_state=True)[0]
-    return render(request, "portal/reservation_detail.html", {
+    # HTMX asks again for the page's body while the reservation moves (portal_live): the body alone.
+    page = "portal/_reservation_body.html" if request.headers.get("HX-Request") else "portal/reservation_detail.html"
+    response = render(request, page, {
         "reservation": reservation,
         "grants": reservation.grants,
         "events": reservation.events.select_related("actor"),
@@ -271,6 +281,8 @@ def reservation_detail(request: HttpRequest, reservation_id: int) -> HttpRespons
         "extend_form": ExtendForm(initial={"ends_at": timezone.localtime(reservation.ends_at + timedelta(hours=1))}),
         "now": timezone.now(),
     })
+    patch_vary_headers(response, ["HX-Request"])  # a cache must not answer the page with the body alone
+    return response
 
 
 @login_required

@@ -5,9 +5,11 @@ from datetime import timedelta
 
 import pytest
 from django.utils import timezone
+from playwright.sync_api import expect
 
 from allocations import services
 from allocations.models import Reservation
+from tests.conftest import wait_for
 from tests.factories import PASSWORD
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -39,3 +41,36 @@ def test_a_releasing_row_keeps_its_actions_cell_and_borders(world, live_server, 
         first, actions = cells.first.bounding_box(), cells.last.bounding_box()
         assert (round(actions["y"]), round(actions["height"])) == (round(first["y"]), round(first["height"]))
         assert cells.last.evaluate("td => getComputedStyle(td).borderBottomStyle") == "solid"
+
+
+def activate(request, reservation: Reservation) -> None:
+    """Start the Celery worker only now (the page has shown the reservation scheduled): its sweep activates it."""
+    request.getfixturevalue("celery_worker_process")
+    wait_for(lambda: Reservation.objects.get(pk=reservation.pk).state == "active", timeout=40, message="activation")
+
+
+def test_the_reservations_list_turns_active_without_a_reload(world, live_server, page, request):
+    sign_in(page, live_server.url)
+    reservation = book(world, gpus=2)  # no worker runs yet: it stays scheduled
+    page.goto(f"{live_server.url}/reservations/")
+    state = page.locator(f"#reservation-{reservation.pk} .state")
+    assert state.inner_text() == "scheduled"
+    page.evaluate("window.notReloaded = true")
+    activate(request, reservation)
+    expect(state).to_have_text("active", timeout=5000)
+    assert page.evaluate("window.notReloaded") is True
+    # Settled: the row asks no more.
+    assert page.locator(f"#reservation-{reservation.pk}").get_attribute("hx-trigger") is None
+
+
+def test_a_reservation_page_turns_active_without_a_reload(world, live_server, page, request):
+    sign_in(page, live_server.url)
+    reservation = book(world)
+    page.goto(f"{live_server.url}/reservations/{reservation.pk}/")
+    assert page.locator("h1 .state").inner_text() == "scheduled"
+    page.evaluate("window.notReloaded = true")
+    activate(request, reservation)
+    expect(page.locator("h1 .state")).to_have_text("active", timeout=5000)
+    expect(page.locator("#history")).to_contain_text("active")
+    assert page.evaluate("window.notReloaded") is True
+    assert page.locator("#reservation-body").get_attribute("hx-trigger") is None
