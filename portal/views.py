@@ -6,7 +6,6 @@ request comes back as the same form with the message next to the field it names.
 from __future__ import annotations
 
 from datetime import timedelta
-from datetime import timezone as dt_timezone
 from urllib.parse import urlencode
 
 from django.contrib import messages
@@ -28,6 +27,7 @@ from common.errors import ApplicationError
 from monitoring import views as monitoring_views
 from portal.forms import AvailabilityForm, ExtendForm, MemberAddForm, MemberRemoveForm, ReservationForm
 from portal.templatetags.portal_units import booked_words, ge
+from portal.timezones import INPUT_FORMAT, people_times, when
 from teams import services as team_services
 from teams.selectors import can_manage_team, teams_of
 
@@ -37,7 +37,7 @@ LIVE_RESERVATIONS_PER_PAGE = 50
 def _form_error(form, error: ApplicationError) -> None:
     for item in error.errors:
         field = FORM_FIELD_OF.get(item.field, item.field)
-        form.add_error(field if field in form.fields else None, item.message)
+        form.add_error(field if field in form.fields else None, people_times(item.message))
 
 
 def _pools(user):
@@ -95,7 +95,7 @@ def _availability_context(user, data, pool=None) -> dict:
         return {**context, "availability_error": "The timeline needs valid amounts (" + "; ".join(bad) + ")."}
     span, slot = AvailabilityForm.RANGES[context["range"]]
     start = max(form.cleaned_data.get("start") or timezone.now(), timezone.now())
-    start = start.replace(minute=0, second=0, microsecond=0)
+    start = timezone.localtime(start).replace(minute=0, second=0, microsecond=0)  # on the hour where people are
     try:
         answer = alloc_selectors.availability(pool, start, start + span, slot,
                                               alloc_shapes.Amounts(**shape_fields))
@@ -134,8 +134,8 @@ def reserve(request: HttpRequest) -> HttpResponse:
                 entry = reservation.queue_info
                 messages.success(request, f"Reservation #{reservation.pk} waits in the queue of {pool.name}: "
                                           f"position {entry.position}" + (
-                                              f", likely start {entry.likely_start:%Y-%m-%d %H:%M} UTC, starts by "
-                                              f"{entry.start_by:%Y-%m-%d %H:%M} UTC." if entry.start_by else "."))
+                                              f", likely start {when(entry.likely_start)}, starts by "
+                                              f"{when(entry.start_by)}." if entry.start_by else "."))
                 return redirect("reservation", reservation.pk)
             messages.success(request, f"Reserved {booked_words(reservation)} of {pool.name} "
                                       f"(reservation #{reservation.pk}, {ge(reservation.ge)} GE).")
@@ -151,7 +151,7 @@ def reserve(request: HttpRequest) -> HttpResponse:
 def _offer_fields(offer: dict) -> dict:
     """An alternative (allocations.alternatives) as the reserve form posts it: its message and its fields."""
     body = dict(offer["request"])
-    return {"kind": offer["kind"], "message": offer["message"], "fields": {**body, "when": "window"}}
+    return {"kind": offer["kind"], "message": people_times(offer["message"]), "fields": {**body, "when": "window"}}
 
 
 # At most this many hour labels under a timeline: more run into each other at a phone's width.
@@ -161,18 +161,18 @@ TIMELINE_DAY_LABEL_SLOTS = 2
 
 
 def _timeline_labels(slots) -> list[tuple]:
-    """(slot, day label, hour label, start for the form) per slot: the day where a new date begins, and at
-    the first slot unless the next date begins too close for both to fit; the hour on every n-th slot
-    only; so no two labels overlap."""
+    """(slot, day label, hour label, start for the form) per slot, in the page's zone: the day where a new
+    date begins, and at the first slot unless the next date begins too close for both to fit; the hour on
+    every n-th slot only; so no two labels overlap."""
     every = max(1, -(-len(slots) // TIMELINE_HOUR_LABELS))
-    starts = [slot.start.astimezone(dt_timezone.utc) for slot in slots]
+    starts = [timezone.localtime(slot.start) for slot in slots]
     next_day = next((i for i in range(1, len(starts)) if starts[i].date() != starts[0].date()), len(starts))
     out = []
-    for i, (slot, utc) in enumerate(zip(slots, starts)):
-        new_date = i > 0 and utc.date() != starts[i - 1].date()
+    for i, (slot, local) in enumerate(zip(slots, starts)):
+        new_date = i > 0 and local.date() != starts[i - 1].date()
         first = i == 0 and next_day >= TIMELINE_DAY_LABEL_SLOTS
-        day = f"{utc:%a} {utc.day}" if new_date or first else ""
-        out.append((slot, day, f"{utc:%H}h" if i % every == 0 else "", f"{utc:%Y-%m-%dT%H:%M}"))
+        day = f"{local:%a} {local.day}" if new_date or first else ""
+        out.append((slot, day, f"{local:%H}h" if i % every == 0 else "", local.strftime(INPUT_FORMAT)))
     return out
 
 
@@ -299,7 +299,7 @@ def reservation_release(request: HttpRequest, reservation_id: int) -> HttpRespon
     try:
         released = alloc_services.reservation_release(actor=request.user, reservation_id=reservation.pk)
     except ApplicationError as error:
-        messages.error(request, error.message)
+        messages.error(request, people_times(error.message))
     else:
         if released.ends_at <= timezone.now():
             messages.success(request, f"Reservation #{reservation.pk} had already ended; it expires now.")
@@ -320,10 +320,10 @@ def reservation_extend(request: HttpRequest, reservation_id: int) -> HttpRespons
             alloc_services.reservation_extend(actor=request.user, reservation_id=reservation.pk,
                                               ends_at=form.cleaned_data["ends_at"])
         except ApplicationError as error:
-            messages.error(request, error.message)
+            messages.error(request, people_times(error.message))
         else:
             messages.success(request, f"Reservation #{reservation.pk} now ends "
-                                      f"{timezone.localtime(form.cleaned_data['ends_at']):%Y-%m-%d %H:%M} UTC.")
+                                      f"{when(form.cleaned_data['ends_at'])}.")
     return redirect(_next_page(request) or "reservations")
 
 

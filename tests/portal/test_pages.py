@@ -8,6 +8,7 @@ from django.test import Client
 from django.utils import timezone
 
 from allocations.models import Reservation
+from portal import timezones
 from tests.factories import window
 
 
@@ -128,7 +129,7 @@ def test_the_live_reservations_come_in_pages(world, browser):
     second = client.get("/reservations/?page=2").content.decode()
     assert second.count('<tr id="reservation-') == 12 and "51–62 of 62" in second and 'rel="prev"' in second
     # The earliest first, the latest on the last page.
-    assert timezone.localtime(start).strftime("%Y-%m-%d %H:%M") in first
+    assert timezones.window(start, start + timedelta(minutes=30)) in first
     for junk in ("abc", "99", "-1", "0"):
         assert client.get(f"/reservations/?page={junk}").status_code == 200
 
@@ -206,7 +207,7 @@ def test_an_early_release_shows_when_it_ended_beside_its_booked_end(world, brows
     assert client.post(f"/api/v1/reservations/{early}/release/").status_code == 200
     released = Reservation.objects.get(pk=early)
     assert released.ended_at is not None and released.ended_early
-    booked, ended = (timezone.localtime(t).strftime("%Y-%m-%d %H:%M") for t in (released.ends_at, released.ended_at))
+    booked, ended = (timezones.when(t) for t in (released.ends_at, released.ended_at))
     # A reservation that ran its whole window shows no second end.
     full = client.post("/api/v1/reservations/", {"pool": "a100", "team": "ml", "gpus": 1,
                                                  "ends_at": end.isoformat()}, format="json").json()["id"]
@@ -220,7 +221,7 @@ def test_an_early_release_shows_when_it_ended_beside_its_booked_end(world, brows
     assert "ended-early" not in full_row[:full_row.index("</tr>")]
 
     detail = browser(world.member).get(f"/reservations/{early}/").content.decode()
-    assert "Booked window (UTC)" in detail and booked in detail
+    assert "Booked window" in detail and timezones.window(released.starts_at, released.ends_at) in detail
     assert f'<dd id="ended-at">{ended}' in detail
     assert 'id="ended-at"' not in browser(world.member).get(f"/reservations/{full}/").content.decode()
 
