@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from allocations import quota_math, selectors, units
+from allocations.models import Quota
 from common.errors import Conflict, instant
 
 
@@ -47,6 +48,28 @@ class QuotaLimits:
         return cls(**names, max_ge=float(max_ge),
                    ge_hours_per_month=None if ge_hours_per_month is None else float(ge_hours_per_month),
                    team_max_ge=None if team_max_ge is None else float(team_max_ge), borrow=borrow)
+
+
+def limits_for(*, team, pool) -> QuotaLimits | None:
+    """`team`'s quota in `pool` with its team-wide cap (None: it has none there)."""
+    # order_by(): Quota's default ordering would join teams and pools for first().
+    quota = Quota.objects.filter(team_id=team.pk, pool_id=pool.pk).order_by().first()
+    if quota is None:
+        return None
+    return QuotaLimits.of(team_id=team.pk, team_slug=team.slug, team_name=team.name, pool_id=pool.pk,
+                          pool_slug=pool.slug, pool_name=pool.name, max_ge=quota.max_ge,
+                          ge_hours_per_month=quota.ge_hours_per_month, team_max_ge=team.max_ge,
+                          borrowing=pool.borrowing, max_borrow_ge=quota.max_borrow_ge)
+
+
+def headroom(quota: QuotaLimits, *, start: datetime, end: datetime, in_pool: Sequence[Window],
+             everywhere: Sequence[Window] = ()) -> float:
+    """GE the team may still add for all of [start, end) without going over its quota in the pool or its
+    team-wide cap (held_error's arithmetic, asked the other way round; borrowing aside). Pure."""
+    left = quota.max_ge - units.peak(in_pool, start, end).amount
+    if quota.team_max_ge is not None:
+        left = min(left, quota.team_max_ge - units.peak(everywhere, start, end).amount)
+    return max(0.0, left)
 
 
 def _ge(value: float) -> str:

@@ -162,6 +162,8 @@ class AvailabilityForm(forms.Form):
     RANGES = {"24h": (timedelta(hours=24), timedelta(hours=1)), "3d": (timedelta(days=3), timedelta(hours=3)),
               "7d": (timedelta(days=7), timedelta(hours=6))}
     pool = forms.SlugField()
+    # The team the reserve form books for: the timeline counts what its quota still allows.
+    team = forms.SlugField(required=False)
     start = forms.DateTimeField(required=False, widget=DateTimeLocalInput())
     range = forms.ChoiceField(choices=[(k, k) for k in RANGES], required=False)
     # The shape to count, by the API's names (the reserve form's amount fields); see AvailabilityQuery.

@@ -18,6 +18,7 @@ from django.utils.cache import patch_vary_headers
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
+from allocations import quotas as alloc_quotas
 from allocations import selectors as alloc_selectors
 from allocations import services as alloc_services
 from allocations import shapes as alloc_shapes
@@ -88,8 +89,12 @@ def _availability_context(user, data, pool=None) -> dict:
         return {"availability_error": "That pool is not one you can reserve from."}
     shape_fields = {name: form.cleaned_data.get(name) for name in alloc_shapes.AMOUNT_FIELDS
                     if name in form.cleaned_data and form.cleaned_data.get(name) not in (None, "")}
-    context = {"pool": pool, "range": form.cleaned_data.get("range") or "24h",
-               "ranges": list(AvailabilityForm.RANGES), "shape_query": urlencode(shape_fields)}
+    team = teams_of(user).filter(slug=form.cleaned_data["team"]).first() if form.cleaned_data.get("team") else None
+    quota = alloc_quotas.limits_for(team=team, pool=pool) if team is not None else None
+    query = {**shape_fields, **({"team": team.slug} if team is not None else {})}
+    context = {"pool": pool, "range": form.cleaned_data.get("range") or "24h", "team": team,
+               "team_without_quota": team is not None and quota is None,
+               "ranges": list(AvailabilityForm.RANGES), "shape_query": urlencode(query)}
     bad = [f"{name}: {' '.join(errors)}" for name, errors in form.errors.items()]
     if bad:
         return {**context, "availability_error": "The timeline needs valid amounts (" + "; ".join(bad) + ")."}
@@ -98,7 +103,7 @@ def _availability_context(user, data, pool=None) -> dict:
     start = timezone.localtime(start).replace(minute=0, second=0, microsecond=0)  # on the hour where people are
     try:
         answer = alloc_selectors.availability(pool, start, start + span, slot,
-                                              alloc_shapes.Amounts(**shape_fields))
+                                              alloc_shapes.Amounts(**shape_fields), quota=quota)
     except ApplicationError as error:
         return {**context, "availability_error": f"No timeline for that amount: {error.message}"}
     return {**context, "slots": answer.slots, "timeline": _timeline_labels(answer.slots), "total": answer.capacity,
@@ -187,8 +192,12 @@ def _next_page(request: HttpRequest) -> str | None:
 
 
 def _form_shape(form: ReservationForm) -> dict:
-    """The amount fields the form shows (posted, else initial), by the API's names, for the timeline."""
+    """The team and the amount fields the form shows (posted, else initial), by the API's names, for the
+    timeline."""
     shape = {}
+    team = form["team"].value() or next((slug for slug, _ in form.fields["team"].choices), "")
+    if team:
+        shape["team"] = team
     for field in form.amount_fields():
         value = field.value()
         if value not in (None, ""):
@@ -207,6 +216,7 @@ def reserve_fields(request: HttpRequest) -> HttpResponse:
     form = ReservationForm(teams=(), pools=pools, offer=alloc_selectors.pool_offer(pool), initial={"pool": pool.slug})
     context = {"form": form, "offer": form.offer, "oob": True}
     context.update(_availability_context(request.user, {"range": request.GET.get("range", "24h"),
+                                                        "team": request.GET.get("team", ""),
                                                         **_form_shape(form)}, pool))
     return render(request, "portal/_amount_fields.html", context)
 
