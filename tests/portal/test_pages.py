@@ -235,7 +235,7 @@ def test_release_without_confirm_asks_and_changes_nothing(world, browser, api):
     answer = client.post(f"/reservations/{rid}/release/", {"next": f"/reservations/{rid}/"})
     assert answer.status_code == 200
     page = answer.content.decode()
-    assert f"Release reservation #{rid} of team ml, 2 GPUs of A100, now?" in page
+    assert f"Release reservation #{rid} of team ML, 2 GPUs of A100, now?" in page
     assert 'name="confirm" value="yes"' in page and f'name="next" value="/reservations/{rid}/"' in page
     assert Reservation.objects.get(pk=rid).state == state and Reservation.objects.get(pk=rid).ended_at is None
     # The page's own button posts again with confirm=yes: that releases.
@@ -251,7 +251,7 @@ def test_a_future_reservation_is_cancelled_after_asking(world, browser, api):
                                  format="json").json()["id"]
     client = browser(world.member)
     page = client.post(f"/reservations/{rid}/release/").content.decode()
-    assert f"Cancel reservation #{rid} of team ml, 1 GPU of A100, now?" in page
+    assert f"Cancel reservation #{rid} of team ML, 1 GPU of A100, now?" in page
     assert Reservation.objects.get(pk=rid).state == Reservation.State.SCHEDULED
     client.post(f"/reservations/{rid}/release/", {"confirm": "yes"})
     assert Reservation.objects.get(pk=rid).state in ("releasing", "released")  # a cancel is a release
