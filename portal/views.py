@@ -248,7 +248,9 @@ def reservations(request: HttpRequest) -> HttpResponse:
         list(visible.filter(state=Reservation.State.PENDING).order_by("pool__slug", "id")[:200]))
     kept = request.GET.copy()
     kept.pop("page", None)
-    return render(request, "portal/reservations.html", {
+    # HTMX asks again for the waiting and live lists while requests wait: that part alone.
+    page = "portal/_reservation_lists.html" if request.headers.get("HX-Request") else "portal/reservations.html"
+    response = render(request, page, {
         "waiting": waiting,
         "filters": filters,
         "filtered": any(request.GET.get(name) for name in filters.filters),
@@ -261,6 +263,8 @@ def reservations(request: HttpRequest) -> HttpResponse:
         "extend_form": ExtendForm(),
         "now": timezone.now(),
     })
+    patch_vary_headers(response, ["HX-Request"])
+    return response
 
 
 def _visible_reservation(request: HttpRequest, reservation_id: int) -> Reservation:

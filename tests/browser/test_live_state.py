@@ -7,7 +7,7 @@ import pytest
 from django.utils import timezone
 from playwright.sync_api import expect
 
-from allocations import services
+from allocations import queue, services
 from allocations.models import Reservation
 from tests.conftest import wait_for
 from tests.factories import PASSWORD
@@ -74,3 +74,21 @@ def test_a_reservation_page_turns_active_without_a_reload(world, live_server, pa
     expect(page.locator("#history")).to_contain_text("active")
     assert page.evaluate("window.notReloaded") is True
     assert page.locator("#reservation-body").get_attribute("hx-trigger") is None
+
+
+def test_a_waiting_request_moves_to_the_live_list_when_placed(world, live_server, page):
+    busy = services.reservation_create(actor=world.staff, request=services.ReservationRequest(
+        team="infra", pool="a100", gpus=8, ends_at=timezone.now() + timedelta(hours=2)))
+    waiting = services.reservation_create(actor=world.member, request=services.ReservationRequest(
+        team="ml", pool="a100", gpus=2, duration=timedelta(hours=1)))
+    assert waiting.state == "pending"
+    sign_in(page, live_server.url)
+    page.goto(f"{live_server.url}/reservations/")
+    assert f"#{waiting.pk}" in page.locator("#waiting-reservations").inner_text()
+    page.evaluate("window.notReloaded = true")
+    services.reservation_release(actor=world.staff, reservation_id=busy.pk)
+    queue.queue_pass(pool_id=world.pool.pk)  # what the worker's queue task does after a release
+    assert Reservation.objects.get(pk=waiting.pk).state != "pending"
+    expect(page.locator(f"#live-reservations #reservation-{waiting.pk}")).to_be_visible(timeout=15000)
+    expect(page.locator("#waiting-reservations")).to_have_count(0)
+    assert page.evaluate("window.notReloaded") is True
