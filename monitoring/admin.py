@@ -12,11 +12,18 @@ class AlertRuleAdmin(admin.ModelAdmin):
 
 @admin.register(Alert)
 class AlertAdmin(admin.ModelAdmin):
-    list_display = ["rule", "subject_label", "state", "value", "active_since", "fired_at", "resolved_at",
+    list_display = ["rule", "subject_label", "state", "observed", "active_since", "fired_at", "resolved_at",
                     "notifications"]
     list_filter = ["state", "rule"]
     search_fields = ["subject", "subject_label"]
-    readonly_fields = [f.name for f in Alert._meta.fields]
+    # Every field read-only; the value as `observed` in its place.
+    readonly_fields = [f.name if f.name != "value" else "observed" for f in Alert._meta.fields]
+    exclude = ["value"]
+
+    @admin.display(description="value", ordering="value")
+    def observed(self, alert: Alert) -> str:
+        """The value as people read it (95.0), not the float's every digit (95.00086828167058)."""
+        return f"{alert.value:.1f}"
 
     def has_add_permission(self, request) -> bool:
         return False
