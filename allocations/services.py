@@ -545,7 +545,7 @@ def reservation_extend(*, actor: AbstractBaseUser, reservation_id: int, ends_at:
     if broken is not None:
         why = "is unhealthy" if not broken.healthy else (
             "is on an unhealthy node" if not broken.node.healthy else "is on a node drained for new bookings")
-        raise Conflict(f"GPU {broken.node.name}:{broken.index} {why}; the reservation "
+        raise Conflict(f"GPU {broken.node.name}:{broken.index} ({broken.uuid}) {why}; the reservation "
                        "cannot be extended on it. Book again for the extra time.", field="ends_at",
                        rule="gpus_unusable")
     # The extra time is booked like any other window: the same GPUs must be free for all of it.
