@@ -28,7 +28,7 @@ from common.errors import ApplicationError
 from monitoring import views as monitoring_views
 from portal.forms import AvailabilityForm, ExtendForm, MemberAddForm, MemberRemoveForm, ReservationForm
 from portal.templatetags.portal_units import booked_words, ge
-from portal.timezones import INPUT_FORMAT, people_times, when
+from portal.timezones import INPUT_FORMAT, people_times, when, zone_label
 from teams import services as team_services
 from teams.selectors import can_manage_team, teams_of
 
@@ -328,7 +328,8 @@ def reservation_extend(request: HttpRequest, reservation_id: int) -> HttpRespons
     reservation = _visible_reservation(request, reservation_id)
     form = ExtendForm(request.POST)
     if not form.is_valid():
-        messages.error(request, "Give the new end as a date and time.")
+        example = timezone.localtime(reservation.ends_at + timedelta(hours=1)).strftime(INPUT_FORMAT)
+        messages.error(request, f"Give the new end as a date and a 24-hour time ({zone_label()}), e.g. {example}.")
     else:
         try:
             alloc_services.reservation_extend(actor=request.user, reservation_id=reservation.pk,
