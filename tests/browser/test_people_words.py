@@ -43,6 +43,8 @@ def sign_in(page, url: str) -> None:
 def test_an_extend_refusal_and_the_history_speak_to_people(world, live_server, shanghai_page, api):
     world.pool.name = "A100 training"
     world.pool.save()
+    world.member.first_name, world.member.last_name = "Mei", "Lin"
+    world.member.save()
     ends_at = (timezone.now() + timedelta(hours=3)).replace(second=0, microsecond=0)
     reservation = services.reservation_create(actor=world.member, request=services.ReservationRequest(
         team="ml", pool="a100", gpus=1, ends_at=ends_at))
@@ -67,6 +69,7 @@ def test_an_extend_refusal_and_the_history_speak_to_people(world, live_server, s
     history = page.locator("#history").inner_text()
     assert f"Extended from {beijing(ends_at)} to {beijing(longer)}." in history
     assert not ISO.search(history) and "ends_at" not in flash
+    assert "Mei Lin" in history  # who, by name
 
 
 def test_an_over_quota_refusal_names_the_team_and_the_pool(world, live_server, shanghai_page):
