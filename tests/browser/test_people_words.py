@@ -50,6 +50,7 @@ def test_an_extend_refusal_and_the_history_speak_to_people(world, live_server, s
         team="ml", pool="a100", gpus=1, ends_at=ends_at))
     longer = ends_at + timedelta(hours=2)
     services.reservation_extend(actor=world.member, reservation_id=reservation.pk, ends_at=longer)
+    services.reservation_activate(reservation_id=reservation.pk)  # the window started: a change by the system
 
     # The API: field and rule as codes, the instant in ISO 8601.
     refused = api(world.member).post(f"/api/v1/reservations/{reservation.pk}/extend/",
@@ -69,7 +70,7 @@ def test_an_extend_refusal_and_the_history_speak_to_people(world, live_server, s
     history = page.locator("#history").inner_text()
     assert f"Extended from {beijing(ends_at)} to {beijing(longer)}." in history
     assert not ISO.search(history) and "ends_at" not in flash
-    assert "Mei Lin" in history  # who, by name
+    assert "Mei Lin" in history and "system" in history  # who, by name
 
 
 def test_an_over_quota_refusal_names_the_team_and_the_pool(world, live_server, shanghai_page):
