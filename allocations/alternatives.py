@@ -21,7 +21,7 @@ from django.conf import settings
 
 from allocations import booking, queue, quotas, shapes
 from allocations.models import Quota
-from common.errors import ApplicationError
+from common.errors import ApplicationError, instant
 from inventory.models import GpuPool
 from inventory.sharing import REPLICA_MODES, SharingMode
 from teams.models import Team
@@ -86,7 +86,7 @@ def offers(*, team: Team, pool: GpuPool, request: shapes.Amounts, quota: quotas.
     start = earliest_window(pool=pool, request=request, quota=quota, team=team, earliest=now, duration=duration,
                             now=now, promised=promised)
     if start is not None and start != starts_at:
-        found.append({"kind": "earliest_window", "message": f"The same from {start:%Y-%m-%d %H:%M} UTC.",
+        found.append({"kind": "earliest_window", "message": f"The same from {instant(start)}.",
                       "request": _body(team, pool, request, start, start + duration)})
     snapshot = booking.pool_snapshot(pool.pk, starts_at, ends_at)
     shape = shapes.shape_for(pool, request, snapshot)
@@ -126,7 +126,8 @@ def _other_pools(*, team: Team, pool: GpuPool, request: shapes.Amounts, shape: b
             amounts["gpus"] = max(1, math.ceil(shape.gpus * _mean_weight(snapshot) / _mean_weight(there) - 1e-9))
         converted = dataclasses.replace(request, **amounts) if amounts else request
         limits = quotas.QuotaLimits.of(team_id=team.pk, team_slug=team.slug, pool_id=other.pool_id,
-                                       pool_slug=other.pool.slug, max_ge=other.max_ge,
+                                       pool_slug=other.pool.slug, team_name=team.name, pool_name=other.pool.name,
+                                       max_ge=other.max_ge,
                                        ge_hours_per_month=other.ge_hours_per_month, team_max_ge=team.max_ge)
         try:
             other_shape = shapes.shape_for(other.pool, converted, there)
@@ -135,6 +136,6 @@ def _other_pools(*, team: Team, pool: GpuPool, request: shapes.Amounts, shape: b
             continue
         around = queue.with_promised(there, promised)
         if _fits(around, other_shape, other.pool, queue.team_holding(limits, starts_at, ends_at)):
-            found.append({"kind": "other_pool", "message": f"{other_shape.in_words()} in pool {other.pool.slug}.",
+            found.append({"kind": "other_pool", "message": f"{other_shape.in_words()} in pool {other.pool.name}.",
                           "request": _body(team, other.pool, converted, starts_at, ends_at)})
     return found

@@ -267,8 +267,12 @@ class Shape:
             return f"{self.mig_count} × {self.mig_profile}"
         if self.mode == SharingMode.VGPU:
             memory = f"{self.memory_mib} MiB" if self.memory_mib else f"{self.memory_pct} % of the memory"
-            return f"{memory} and {self.cores_pct} % of the cores on each of {self.gpus} GPU(s)"
-        return f"{self.gpus} GPU(s)"
+            return f"{memory} and {self.cores_pct} % of the cores on each of {_gpus(self.gpus)}"
+        return _gpus(self.gpus)
+
+
+def _gpus(count: int) -> str:
+    return f"{count} GPU" if count == 1 else f"{count} GPUs"
 
 
 def shape_of(reservation, pool) -> Shape:

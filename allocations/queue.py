@@ -45,7 +45,7 @@ from allocations.placement.queueing import ORDERINGS, QueuedItem, order_queue
 from allocations.transitions import move, record
 from common import dispatch, sql
 from common.dispatch import enqueue_after_commit
-from common.errors import Conflict
+from common.errors import Conflict, instant
 from inventory.models import GpuPool
 from inventory.sharing import SharingMode
 
@@ -407,6 +407,7 @@ def _team_holdings(pool: GpuPool, teams, now: datetime, horizon: datetime) -> di
         if quota is None:
             continue  # its quota was removed while it waited: the pass fails it
         limits = quotas.QuotaLimits.of(team_id=team.pk, team_slug=team.slug, pool_id=pool.pk, pool_slug=pool.slug,
+                                       team_name=team.name, pool_name=pool.name,
                                        max_ge=quota.max_ge, ge_hours_per_month=quota.ge_hours_per_month,
                                        team_max_ge=team.max_ge, borrowing=pool.borrowing,
                                        max_borrow_ge=quota.max_borrow_ge)
@@ -498,12 +499,12 @@ def queue_pass(*, pool_id: int, now: datetime | None = None, quiet: Sequence[int
         if reservation is None:
             state.waiting.remove(item)  # cancelled meanwhile
         elif item.team_id not in state.teams:
-            _fail(reservation, f"Team {reservation.team.slug} no longer has a quota in pool {state.pool.slug}.",
+            _fail(reservation, f"Team {reservation.team.name} no longer has a quota in pool {state.pool.name}.",
                   now=now)
             state.waiting.remove(item)
             counts["failed"] += 1
         elif entry.not_after is not None and entry.not_after < now:
-            _fail(reservation, f"It could not start by its not_after time ({entry.not_after:%Y-%m-%d %H:%M} UTC).",
+            _fail(reservation, f"It could not start by its latest start, {instant(entry.not_after)}.",
                   now=now)
             state.waiting.remove(item)
             counts["failed"] += 1
@@ -571,8 +572,8 @@ def _start(reservation: Reservation, planned: Planned, state: PoolQueue, *, now:
     enqueue_after_commit("allocations.tasks.activate_reservation", reservation.pk)
     if notify:
         notices.notify_owners(reservation, f"Reservation #{reservation.pk} started",
-                              f"It waited {span(waited)} in the queue of pool {state.pool.slug} and now holds "
-                              f"{planned.waiting.shape.in_words()} until {end:%Y-%m-%d %H:%M} UTC.",
+                              f"It waited {span(waited)} in the queue of pool {state.pool.name} and now holds "
+                              f"{planned.waiting.shape.in_words()} until {instant(end)}.",
                               event="reservation.queued_started")
     return ""
 
@@ -597,8 +598,8 @@ def _write_entry(entry: QueueEntry, reservation: Reservation, planned: Planned, 
                      "The plan changed under it: requests ahead started sooner than planned, on GPUs it was "
                      "planned on, or the pool lost capacity (a node or GPU failed or was drained).")
         record(reservation, from_state=State.PENDING, to_state=State.PENDING, actor=None,
-               reason=f"Promised start moved from {entry.start_by:%Y-%m-%d %H:%M} to {start_by:%Y-%m-%d %H:%M} "
-                      f"UTC: {moved_why}", at=now)
+               reason=f"Promised start moved from {instant(entry.start_by)} to {instant(start_by)}: {moved_why}",
+               at=now)
     QueueEntry.objects.filter(pk=entry.pk).update(
         position=position, reason=planned.reason, reason_text=reason_words(planned.reason),
         previous_start_by=entry.start_by, previous_likely_start=entry.likely_start,
@@ -683,11 +684,11 @@ def _victims(state: PoolQueue, item: Waiting, team: TeamHolding, lenders: list[R
 
 def _give_notice(victims: list[Reservation], item: Waiting, state: PoolQueue, *, at: datetime,
                  now: datetime) -> None:
-    waiting_team = state.teams[item.team_id].quota.team_slug
+    waiting_team = state.teams[item.team_id].quota.team_words
     for victim in victims:
-        why = (f"Its {victim.borrowed_ge:.2f} GE borrowed beyond team {victim.team.slug}'s quota in pool "
-               f"{state.pool.slug} are needed by team {waiting_team}, which asks within its quota. They are taken "
-               f"back at {at:%Y-%m-%d %H:%M} UTC" + (" and it waits in the queue again for the rest of its time."
+        why = (f"Its {victim.borrowed_ge:.2f} GE borrowed beyond team {victim.team.name}'s quota in pool "
+               f"{state.pool.name} are needed by team {waiting_team}, which asks within its quota. They are taken "
+               f"back at {instant(at)}" + (" and it waits in the queue again for the rest of its time."
                                                      if victim.requeue else "."))
         Reservation.objects.filter(pk=victim.pk).update(preempt_at=at, preempt_reason=why)
         record(victim, from_state=victim.state, to_state=victim.state, actor=None, reason=f"Reclaim notice: {why}",

@@ -9,12 +9,14 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from allocations import quota_math, selectors, units
-from common.errors import Conflict
+from allocations.models import Quota
+from common.errors import Conflict, instant
 
 
 @dataclass(frozen=True)
 class QuotaLimits:
-    """A team's quota in a pool (and its team-wide cap), with the slugs its refusals name."""
+    """A team's quota in a pool (and its team-wide cap), with the slugs and the names (what its refusals
+    say to people; the slug where no name was read) of the team and the pool."""
 
     team_id: int
     team_slug: str
@@ -26,6 +28,16 @@ class QuotaLimits:
     # GE the team may hold beyond max_ge in a booking that starts now on idle GPUs (borrowed); 0 where the
     # pool does not lend, infinite where it lends without a cap for the team.
     borrow: float = 0.0
+    team_name: str = ""
+    pool_name: str = ""
+
+    @property
+    def team_words(self) -> str:
+        return self.team_name or self.team_slug
+
+    @property
+    def pool_words(self) -> str:
+        return self.pool_name or self.pool_slug
 
     @classmethod
     def of(cls, *, max_ge, ge_hours_per_month, team_max_ge, borrowing: bool = False, max_borrow_ge=None,
@@ -36,6 +48,28 @@ class QuotaLimits:
         return cls(**names, max_ge=float(max_ge),
                    ge_hours_per_month=None if ge_hours_per_month is None else float(ge_hours_per_month),
                    team_max_ge=None if team_max_ge is None else float(team_max_ge), borrow=borrow)
+
+
+def limits_for(*, team, pool) -> QuotaLimits | None:
+    """`team`'s quota in `pool` with its team-wide cap (None: it has none there)."""
+    # order_by(): Quota's default ordering would join teams and pools for first().
+    quota = Quota.objects.filter(team_id=team.pk, pool_id=pool.pk).order_by().first()
+    if quota is None:
+        return None
+    return QuotaLimits.of(team_id=team.pk, team_slug=team.slug, team_name=team.name, pool_id=pool.pk,
+                          pool_slug=pool.slug, pool_name=pool.name, max_ge=quota.max_ge,
+                          ge_hours_per_month=quota.ge_hours_per_month, team_max_ge=team.max_ge,
+                          borrowing=pool.borrowing, max_borrow_ge=quota.max_borrow_ge)
+
+
+def headroom(quota: QuotaLimits, *, start: datetime, end: datetime, in_pool: Sequence[Window],
+             everywhere: Sequence[Window] = ()) -> float:
+    """GE the team may still add for all of [start, end) without going over its quota in the pool or its
+    team-wide cap (held_error's arithmetic, asked the other way round; borrowing aside). Pure."""
+    left = quota.max_ge - units.peak(in_pool, start, end).amount
+    if quota.team_max_ge is not None:
+        left = min(left, quota.team_max_ge - units.peak(everywhere, start, end).amount)
+    return max(0.0, left)
 
 
 def _ge(value: float) -> str:
@@ -59,11 +93,11 @@ def held_error(quota: QuotaLimits, *, ge: float, asked: str, field: str, start: 
     grants are charged, `asked` the request in its own unit, for the message; `field` the request
     field a refusal names; `may_borrow`: a booking that starts now may go up to quota.borrow beyond the
     quota. Pure, so the queue's plan asks it of windows it has not written yet."""
-    team, pool = quota.team_slug, quota.pool_slug
+    team, pool = quota.team_words, quota.pool_words
     peak, peak_at = units.peak(in_pool, start, end)
     over = peak + ge - quota.max_ge
     if over > 1e-9 and not (may_borrow and over <= quota.borrow + 1e-9):
-        when = f" at {peak_at:%Y-%m-%d %H:%M} UTC" if peak else ""
+        when = f" at {instant(peak_at)}" if peak else ""
         return Conflict(
             f"Over quota: team {team} would hold {_ge(peak + ge)} GE in pool {pool}{when} (quota {_ge(quota.max_ge)}, "
             f"{_ge(peak + ge - quota.max_ge)} over): {asked} is {_ge(ge)} GE and it holds {_ge(peak)}.",
@@ -72,7 +106,7 @@ def held_error(quota: QuotaLimits, *, ge: float, asked: str, field: str, start: 
     if quota.team_max_ge is not None:
         peak, peak_at = units.peak(everywhere, start, end)
         if peak + ge > quota.team_max_ge + 1e-9:
-            when = f" at {peak_at:%Y-%m-%d %H:%M} UTC" if peak else ""
+            when = f" at {instant(peak_at)}" if peak else ""
             return Conflict(
                 f"Over the team-wide cap: team {team} would hold {_ge(peak + ge)} GE across all pools{when} (cap "
                 f"{_ge(quota.team_max_ge)}, {_ge(peak + ge - quota.team_max_ge)} over): {asked} is {_ge(ge)} GE.",
@@ -108,8 +142,8 @@ def check_month_budget(quota: QuotaLimits, *, ge: float, asked: str, start: date
         if used + wanted > quota.ge_hours_per_month + 1e-6:
             over = used + wanted - quota.ge_hours_per_month
             raise Conflict(
-                f"Over the monthly GE-hours of team {quota.team_slug} in pool {quota.pool_slug} for "
-                f"{month[0]:%Y-%m}: {used:.1f} booked + {wanted:.1f} asked ({asked}) > "
+                f"Over the monthly GE-hours of team {quota.team_words} in pool {quota.pool_words} for "
+                f"{month[0]:%B %Y} (UTC): {used:.1f} booked + {wanted:.1f} asked ({asked}) > "
                 f"{quota.ge_hours_per_month:g} ({over:.1f} over).",
                 field="ends_at", rule="ge_hours_exceeded",
             )

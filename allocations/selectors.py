@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
@@ -310,7 +311,9 @@ class Slot:
     `free`: shares, MIG instances of the profile, GPUs that could take the vGPU share, or whole GPUs;
     `most_together`: the most of those one request could get (on one GPU for shares, on one node for
     the rest); `free_on_one_node`: the same number (the name the timeline had when it counted whole
-    GPUs only); `fits`: whether the shape asked could be booked for the slot."""
+    GPUs only); `fits`: whether the shape asked could be booked for the slot (by the team, within its
+    quota, when a team was given). `quota_left`: how many of the unit the team's quota still allows for
+    the whole slot (None: no team given); `over_quota`: the shape asked is more than that."""
 
     start: datetime
     end: datetime
@@ -319,6 +322,13 @@ class Slot:
     unit: str = "GPUs"
     most_together: int = 0
     fits: bool = False
+    quota_left: int | None = None
+    over_quota: bool = False
+
+    @property
+    def bookable(self) -> int:
+        """What the team may book of the slot: what is free, within what its quota allows."""
+        return self.free if self.quota_left is None else min(self.free, self.quota_left)
 
 
 def availability_shape(pool: GpuPool, snapshot: booking.PoolSnapshot, request: Amounts | None = None
@@ -420,14 +430,34 @@ class Availability:
     slots: list[Slot]
 
 
+def _units_of(shape: booking.Shape) -> int:
+    """How many of its unit a shape asks (GPUs, shares, MIG instances)."""
+    if shape.mode in REPLICA_MODES:
+        return shape.shares
+    if shape.mode == SharingMode.MIG:
+        return shape.mig_count
+    return shape.gpus
+
+
+def _shape_ge(snapshot: booking.PoolSnapshot, shape: booking.Shape, pool: GpuPool) -> float | None:
+    """What `shape` is charged in GE, as placed on the pool empty (None: it never fits the pool)."""
+    empty = dataclasses.replace(snapshot, grants=())
+    try:
+        return sum(grant.ge for grant in booking.choose(empty, shape, policy=pool.placement_policy))
+    except booking.BookingRefused:
+        return None
+
+
 def availability(pool: GpuPool, start: datetime, end: datetime, slot: timedelta,
-                 request: Amounts | None = None) -> Availability:
+                 request: Amounts | None = None, quota=None) -> Availability:
     """What the pool has free of a shape per slot of [start, end), in the pool's unit.
 
     The shape is `request`'s amount (or one of the pool's unit, see availability_shape). The pool
     is read once for the whole range; each slot asks booking.room on the grants that overlap it, so
     the timeline counts exactly as a booking of that slot would (only usable GPUs: healthy, on
-    healthy, schedulable nodes; what the queue's plan promises to waiting requests counts as taken)."""
+    healthy, schedulable nodes; what the queue's plan promises to waiting requests counts as taken).
+    With a team's `quota` (quotas.QuotaLimits), each slot also says how many of the unit the team may
+    still book there (what it already holds in the slot counted against its quota and team-wide cap)."""
     if end <= start:
         raise ValidationFailed("end must be after start.", field="end", rule="after_start")
     if end > LATEST_INSTANT:
@@ -440,10 +470,19 @@ def availability(pool: GpuPool, start: datetime, end: datetime, slot: timedelta,
             f"{count} slots asked; at most {MAX_AVAILABILITY_SLOTS} (widen slot or shorten the range).",
             field="slot", rule="max_slots",
         )
-    from allocations import queue  # queue reads quotas through this module: imported here, not at the top
+    # queue and quotas read through this module: imported here, not at the top
+    from allocations import queue, quotas
 
     snapshot = booking.pool_snapshot(pool.pk, start, end)
     shape = availability_shape(pool, snapshot, request)
+    held_in_pool = held_everywhere = ()
+    asked_ge = unit_ge = None
+    if quota is not None:
+        held_in_pool = team_windows(quota.team_id, quota.pool_id, start, end)
+        if quota.team_max_ge is not None:
+            held_everywhere = team_windows(quota.team_id, None, start, end)
+        asked_ge = _shape_ge(snapshot, shape, pool)
+        unit_ge = asked_ge / max(1, _units_of(shape)) if asked_ge else None
     # What the queue's plan promises to waiting requests is not free for a new booking either.
     snapshot = queue.with_promised(snapshot, queue.promised_grants(pool.pk, timezone.now()))
     slots = []
@@ -455,8 +494,16 @@ def availability(pool: GpuPool, start: datetime, end: datetime, slot: timedelta,
             grants=tuple(g for g in snapshot.grants
                          if g.starts_at < s_end and g.ends_at > s_start and g.ends_at > g.starts_at))
         room = booking.room(in_slot, shape)
+        fits = _fits(shape, room, in_slot)
+        quota_left, over_quota = None, False
+        if quota is not None:
+            left = quotas.headroom(quota, start=s_start, end=s_end, in_pool=held_in_pool, everywhere=held_everywhere)
+            quota_left = math.floor((left + 1e-9) / unit_ge) if unit_ge else room.free
+            over_quota = asked_ge is not None and asked_ge > left + 1e-9
+            fits = fits and not over_quota
         slots.append(Slot(start=s_start, end=s_end, free=room.free, free_on_one_node=room.most_together,
-                          unit=room.unit, most_together=room.most_together, fits=_fits(shape, room, in_slot)))
+                          unit=room.unit, most_together=room.most_together, fits=fits,
+                          quota_left=quota_left, over_quota=over_quota))
     empty = booking.PoolSnapshot(start=start, end=end, gpus=snapshot.gpus, grants=())
     return Availability(shape=shape, capacity=booking.room(empty, shape).free, slots=slots)
 

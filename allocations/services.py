@@ -27,7 +27,7 @@ from allocations.transitions import move as _move
 from allocations.transitions import record as _record
 from common import sql
 from common.dispatch import enqueue_after_commit
-from common.errors import Conflict, FieldError, NotFound, PermissionDenied, ValidationFailed
+from common.errors import Conflict, FieldError, NotFound, PermissionDenied, ValidationFailed, instant
 from inventory.models import Gpu, GpuPool
 from inventory.sharing import SharingMode
 from teams.models import Team
@@ -43,15 +43,17 @@ def _validated_window(starts_at: datetime | None, ends_at: datetime, now: dateti
     if starts_at is None or now - settings.RESERVATION_START_GRACE <= starts_at < now:
         starts_at = now
     if ends_at <= starts_at:
-        raise ValidationFailed("ends_at must be after starts_at.", field="ends_at", rule="after_starts_at")
+        raise ValidationFailed(f"The end must come after the start ({instant(starts_at)}).", field="ends_at",
+                               rule="after_starts_at")
     if ends_at <= now:
-        raise ValidationFailed("The window is in the past: ends_at must be in the future.", field="ends_at",
-                               rule="in_past")
+        raise ValidationFailed(f"The end ({instant(ends_at)}) has already passed: give an end in the future.",
+                               field="ends_at", rule="in_past")
     if starts_at < now:
-        raise ValidationFailed("starts_at is in the past; leave it out to start now.", field="starts_at",
-                               rule="in_past")
+        raise ValidationFailed(f"The start ({instant(starts_at)}) has already passed: leave it empty to start now.",
+                               field="starts_at", rule="in_past")
     if starts_at - now > settings.RESERVATION_MAX_LEAD:
-        raise ValidationFailed(f"starts_at may be at most {settings.RESERVATION_MAX_LEAD.days} days ahead.",
+        raise ValidationFailed(f"A reservation may start at most {settings.RESERVATION_MAX_LEAD.days} days ahead, "
+                               f"by {instant(now + settings.RESERVATION_MAX_LEAD)}.",
                                field="starts_at", rule="max_lead")
     _check_duration(starts_at, ends_at)
     return starts_at
@@ -60,7 +62,8 @@ def _validated_window(starts_at: datetime | None, ends_at: datetime, now: dateti
 def _check_duration(starts_at: datetime, ends_at: datetime) -> None:
     """A reservation's window, as created or extended, is at most RESERVATION_MAX_DURATION long."""
     if ends_at - starts_at > settings.RESERVATION_MAX_DURATION:
-        raise ValidationFailed(f"A reservation lasts at most {settings.RESERVATION_MAX_DURATION.days} days.",
+        raise ValidationFailed(f"A reservation lasts at most {settings.RESERVATION_MAX_DURATION.days} days: this "
+                               f"one must end by {instant(starts_at + settings.RESERVATION_MAX_DURATION)}.",
                                field="ends_at", rule="max_duration")
 
 
@@ -123,17 +126,19 @@ def _validated_timing(request: ReservationRequest, now: datetime) -> _Timing:
     duration = request.duration
     longest = min(settings.QUEUE_MAX_DURATION, settings.RESERVATION_MAX_DURATION)
     if duration <= timedelta(0):
-        raise ValidationFailed("duration must be longer than zero.", field="duration", rule="min_value")
+        raise ValidationFailed("Say for how long: the duration must be longer than zero.", field="duration",
+                               rule="min_value")
     if duration > longest:
-        raise ValidationFailed(f"duration may be at most {longest.days} days.", field="duration", rule="max_value")
+        raise ValidationFailed(f"A request may last at most {longest.days} days.", field="duration", rule="max_value")
     not_before, not_after = request.not_before, request.not_after
     if not_after is not None and not_after <= now:
-        raise ValidationFailed("not_after is in the past.", field="not_after", rule="in_past")
+        raise ValidationFailed(f"The latest start ({instant(not_after)}) has already passed.", field="not_after",
+                               rule="in_past")
     if not_before is not None and not_after is not None and not_after < not_before:
-        raise ValidationFailed("not_after must not be before not_before.", field="not_after",
-                               rule="after_not_before")
+        raise ValidationFailed(f"The latest start ({instant(not_after)}) is before the earliest start "
+                               f"({instant(not_before)}).", field="not_after", rule="after_not_before")
     if not_before is not None and not_before - now > settings.RESERVATION_MAX_LEAD:
-        raise ValidationFailed(f"not_before may be at most {settings.RESERVATION_MAX_LEAD.days} days ahead.",
+        raise ValidationFailed(f"The earliest start may be at most {settings.RESERVATION_MAX_LEAD.days} days ahead.",
                                field="not_before", rule="max_lead")
     start = max(now, not_before or now)
     kind = "earliest" if request.starts_at == EARLIEST else "asap"
@@ -158,7 +163,7 @@ def _lock_pool_for(request: ReservationRequest, actor: AbstractBaseUser) -> _Ask
     row = sql.fetch_one(
         "SELECT p.id, p.sharing_mode, p.sharing_config, p.placement_policy, p.queueing, p.backfill, p.borrowing, "
         "p.queue_ordering, t.id, m.role, q.max_ge, "
-        "q.ge_hours_per_month, q.id IS NOT NULL, t.max_ge, pc.name, pc.value, q.max_borrow_ge "
+        "q.ge_hours_per_month, q.id IS NOT NULL, t.max_ge, pc.name, pc.value, q.max_borrow_ge, t.name, p.name "
         "FROM inventory_gpupool p JOIN teams_team t ON t.slug = %s "
         "LEFT JOIN teams_membership m ON m.team_id = t.id AND m.user_id = %s "
         "LEFT JOIN allocations_quota q ON q.team_id = t.id AND q.pool_id = p.id "
@@ -176,18 +181,19 @@ def _lock_pool_for(request: ReservationRequest, actor: AbstractBaseUser) -> _Ask
                    if found is None]
         raise ValidationFailed(missing[0].message, errors=missing)
     (pool_id, sharing_mode, config, policy, queueing, backfill, borrowing, ordering, team_id, role, max_ge, ge_hours,
-     has_quota, team_max_ge, class_name, class_value, max_borrow_ge) = row
+     has_quota, team_max_ge, class_name, class_value, max_borrow_ge, team_name, pool_name) = row
     if not token_allows_team(actor, team_id):
         role = None
     # Partial instances: the columns read here are set, any other loads when first used.
     # from_db takes the values in the model's field order, whatever the order of the names.
-    pool = GpuPool.from_db(DEFAULT_DB_ALIAS, ["id", "slug", "sharing_mode", "sharing_config", "placement_policy",
-                                              "queueing", "queue_ordering", "backfill", "borrowing"],
-                           [pool_id, request.pool, sharing_mode, sql.json_value(config) or {}, policy,
+    pool = GpuPool.from_db(DEFAULT_DB_ALIAS, ["id", "name", "slug", "sharing_mode", "sharing_config",
+                                              "placement_policy", "queueing", "queue_ordering", "backfill", "borrowing"],
+                           [pool_id, pool_name, request.pool, sharing_mode, sql.json_value(config) or {}, policy,
                             bool(queueing), ordering, bool(backfill), bool(borrowing)])
-    team = Team.from_db(DEFAULT_DB_ALIAS, ["id", "slug"], [team_id, request.team])
+    team = Team.from_db(DEFAULT_DB_ALIAS, ["id", "slug", "name"], [team_id, request.team, team_name])
     quota = quotas.QuotaLimits.of(
         team_id=team_id, team_slug=request.team, pool_id=pool_id, pool_slug=request.pool, max_ge=max_ge,
+        team_name=team_name, pool_name=pool_name,
         ge_hours_per_month=ge_hours, team_max_ge=team_max_ge, borrowing=bool(borrowing),
         max_borrow_ge=max_borrow_ge) if has_quota else None
     return _Asked(pool=pool, team=team, role=role, quota=quota, priority_class=class_name or "",
@@ -270,14 +276,14 @@ def reservation_create(*, actor: AbstractBaseUser, request: ReservationRequest,
             asked = _lock_pool_for(request, actor)
             pool, team = asked.pool, asked.team
             if not (actor.is_staff or asked.role is not None):
-                raise PermissionDenied(f"You are not a member of team {team.slug}.", field="team",
+                raise PermissionDenied(f"You are not a member of team {team.name}.", field="team",
                                        rule="not_a_member")
             if asked.quota is None:
-                raise PermissionDenied(f"Team {team.slug} has no quota in pool {pool.slug}.", field="pool",
+                raise PermissionDenied(f"Team {team.name} has no quota in pool {pool.name}.", field="pool",
                                        rule="no_quota")
             asked = _with_priority(asked, request.priority_class)
             if request.queue and timing.kind == "asap" and not pool.queueing:
-                raise ValidationFailed(f"Pool {pool.slug} does not queue requests: ask with queue false, or for a "
+                raise ValidationFailed(f"Pool {pool.name} does not queue requests: ask with queue false, or for a "
                                        "fixed window.", field="queue", rule="queueing_off")
             promised = queue.promised_grants(pool.pk, now)
             if timing.kind == "window":
@@ -318,7 +324,7 @@ def _with_priority(asked: _Asked, name: str | None) -> _Asked:
                                rule="does_not_exist")
     if chosen.value > asked.priority:
         allowed = f"{asked.priority_class} ({asked.priority})" if asked.priority_class else f"priority {asked.priority}"
-        raise ValidationFailed(f"Team {asked.team.slug}'s quota in pool {asked.pool.slug} allows at most {allowed}; "
+        raise ValidationFailed(f"Team {asked.team.name}'s quota in pool {asked.pool.name} allows at most {allowed}; "
                                f"{chosen.name} is {chosen.value}.", field="priority_class", rule="above_quota_class")
     return dataclasses.replace(asked, priority_class=chosen.name, priority=chosen.value)
 
@@ -335,7 +341,7 @@ def _book(asked: _Asked, actor: AbstractBaseUser, request: ReservationRequest, s
     except booking.BookingRefused as refused:
         if promised and _fits(snapshot, shape, pool):
             raise Conflict(f"{shape.in_words()} would be free for that window, but it is promised to requests "
-                           f"waiting in the queue of pool {pool.slug}.", field=field,
+                           f"waiting in the queue of pool {pool.name}.", field=field,
                            rule="promised_to_queue") from None
         raise Conflict(refused.message, field=field, rule=refused.code) from None
     borrowed = quotas.check(asked.quota, ge=sum(grant.ge for grant in grants), asked=shape.in_words(), field=field,
@@ -389,7 +395,7 @@ def _book_asap(asked: _Asked, actor: AbstractBaseUser, request: ReservationReque
     may_wait = pool.queueing and request.queue is not False
     strict_and_waiting = not pool.backfill and queue.has_waiting(pool.pk)
     if strict_and_waiting and not may_wait:
-        raise Conflict(f"Requests are waiting in pool {pool.slug}, whose queue keeps strict order; queue is false.",
+        raise Conflict(f"Requests are waiting in pool {pool.name}, whose queue keeps strict order; queue is false.",
                        field="queue", rule="would_wait")
     if timing.starts_at <= now and not strict_and_waiting:
         if not may_wait:  # now or never: refused as a fixed window is, with its alternatives
@@ -417,7 +423,7 @@ def _enqueue(asked: _Asked, actor: AbstractBaseUser, request: ReservationRequest
     try:
         alone = booking.choose(dataclasses.replace(empty, grants=()), shape, policy=pool.placement_policy)
     except booking.BookingRefused as refused:
-        raise Conflict(f"It could never start in pool {pool.slug}, even empty: {refused.message}", field=field,
+        raise Conflict(f"It could never start in pool {pool.name}, even empty: {refused.message}", field=field,
                        rule="never_fits") from None
     ge = sum(grant.ge for grant in alone)
     error = quotas.held_error(asked.quota, ge=ge, asked=shape.in_words(), field=field, start=timing.starts_at,
@@ -436,7 +442,7 @@ def _enqueue(asked: _Asked, actor: AbstractBaseUser, request: ReservationRequest
                               priority=asked.priority)
     reservation = Reservation.objects.select_related("team", "pool", "requested_by").get(pk=reservation_id)
     _record(reservation, from_state="", to_state=State.PENDING, actor=actor,
-            reason=f"{shape.in_words()} for {queue.span(timing.duration)} asked; waiting for room in pool {pool.slug}.")
+            reason=f"{shape.in_words()} for {queue.span(timing.duration)} asked; waiting for room in pool {pool.name}.")
     queue.queue_pass(pool_id=pool.pk, now=now, quiet=[reservation_id], lock=False)
     reservation.refresh_from_db()
     return selectors.with_allocated_gpus([reservation])[0]
@@ -503,13 +509,14 @@ def waiting_ids(pool_id: int) -> set[int]:
 
 def _quota_limits(reservation: Reservation) -> quotas.QuotaLimits:
     """The quota binding a held reservation (403 when staff removed it since)."""
-    team, pool = reservation.team.slug, reservation.pool.slug
+    team, pool = reservation.team, reservation.pool
     # order_by(): Quota's default ordering would join teams and pools for first().
     quota = Quota.objects.filter(team_id=reservation.team_id, pool_id=reservation.pool_id).order_by().first()
     if quota is None:
-        raise PermissionDenied(f"Team {team} has no quota in pool {pool}.", field="pool", rule="no_quota")
-    return quotas.QuotaLimits.of(team_id=reservation.team_id, team_slug=team, pool_id=reservation.pool_id,
-                                 pool_slug=pool, max_ge=quota.max_ge, ge_hours_per_month=quota.ge_hours_per_month,
+        raise PermissionDenied(f"Team {team.name} has no quota in pool {pool.name}.", field="pool", rule="no_quota")
+    return quotas.QuotaLimits.of(team_id=reservation.team_id, team_slug=team.slug, pool_id=reservation.pool_id,
+                                 pool_slug=pool.slug, team_name=team.name, pool_name=pool.name,
+                                 max_ge=quota.max_ge, ge_hours_per_month=quota.ge_hours_per_month,
                                  team_max_ge=reservation.team.max_ge)
 
 
@@ -528,7 +535,7 @@ def reservation_extend(*, actor: AbstractBaseUser, reservation_id: int, ends_at:
         raise Conflict(f"A {reservation.state} reservation cannot be extended.", field="state", rule="not_live")
     old_end = reservation.ends_at
     if ends_at <= old_end:
-        raise ValidationFailed(f"ends_at must be after the current end ({old_end.isoformat()}).", field="ends_at",
+        raise ValidationFailed(f"The new end must come after the current end, {instant(old_end)}.", field="ends_at",
                                rule="after_current_end")
     _check_duration(reservation.starts_at, ends_at)
     # The grants it holds up to its end: not those a failover moved it off (their rows end earlier).
@@ -543,7 +550,7 @@ def reservation_extend(*, actor: AbstractBaseUser, reservation_id: int, ends_at:
     if broken is not None:
         why = "is unhealthy" if not broken.healthy else (
             "is on an unhealthy node" if not broken.node.healthy else "is on a node drained for new bookings")
-        raise Conflict(f"GPU {broken.uuid} ({broken.node.name}, index {broken.index}) {why}; the reservation "
+        raise Conflict(f"GPU {broken.node.name}:{broken.index} ({broken.uuid}) {why}; the reservation "
                        "cannot be extended on it. Book again for the extra time.", field="ends_at",
                        rule="gpus_unusable")
     # The extra time is booked like any other window: the same GPUs must be free for all of it.
@@ -555,8 +562,8 @@ def reservation_extend(*, actor: AbstractBaseUser, reservation_id: int, ends_at:
         holder = ("promised to a request waiting in the queue" if clash.reservation_id in waiting_ids(pool_id)
                   else "booked by another reservation")
         raise Conflict(
-            f"GPU {uuid} is {holder} from {clash.starts_at:%Y-%m-%d %H:%M} UTC; "
-            f"the latest possible end is {clash.starts_at.isoformat()}.", field="ends_at", rule="gpus_busy",
+            f"GPU {uuid} is {holder} from {instant(clash.starts_at)}: the latest possible end is "
+            f"{instant(clash.starts_at)}.", field="ends_at", rule="gpus_busy",
         )
     quotas.check(_quota_limits(reservation), ge=sum(grant.ge for grant in held), asked="the extension",
                  field="ends_at", start=old_end, end=ends_at, exclude_reservation=reservation.pk)
@@ -564,7 +571,7 @@ def reservation_extend(*, actor: AbstractBaseUser, reservation_id: int, ends_at:
     reservation.ends_at = ends_at
     reservation.save(update_fields=["ends_at", "updated_at"])
     _record(reservation, from_state=reservation.state, to_state=reservation.state, actor=actor,
-            reason=f"Extended from {old_end.isoformat()} to {ends_at.isoformat()}.")
+            reason=f"Extended from {instant(old_end)} to {instant(ends_at)}.")
     return reservation
 
 

@@ -70,20 +70,20 @@ def shape_for(pool: GpuPool, request: Amounts, snapshot: booking.PoolSnapshot) -
     wrong = [name for name in given if name not in takes]
     if wrong:
         errors = [FieldError(field=name, rule="not_for_mode",
-                             message=f"{name} does not apply to pool {pool.slug}, which shares GPUs by {mode}; it "
+                             message=f"{name} does not apply to pool {pool.name}, which shares GPUs by {mode}; it "
                                      f"takes {' and '.join(takes)}.") for name in wrong]
         raise ValidationFailed(errors[0].message, errors=errors)
     usable = [gpu for gpu in snapshot.gpus if gpu.usable] or list(snapshot.gpus)
 
     def required(name: str) -> ValidationFailed:
-        return ValidationFailed(f"Pool {pool.slug} shares GPUs by {mode}: give {name}.", field=name, rule="required")
+        return ValidationFailed(f"Pool {pool.name} shares GPUs by {mode}: give {name}.", field=name, rule="required")
 
     if mode in REPLICA_MODES:
         if request.shares is None:
             raise required("shares")
         replicas = int(config.get("replicas") or 0)
         if request.shares > replicas:
-            raise ValidationFailed(f"Pool {pool.slug} offers each GPU as {replicas} shares; {request.shares} "
+            raise ValidationFailed(f"Pool {pool.name} offers each GPU as {replicas} shares; {request.shares} "
                                    "requested.", field="shares", rule="max_value")
         return booking.Shape(mode=mode, shares=request.shares, replicas=replicas)
     if mode == SharingMode.MIG:
@@ -96,7 +96,7 @@ def shape_for(pool: GpuPool, request: Amounts, snapshot: booking.PoolSnapshot) -
             rule = "not_in_layout" if request.mig_profile in known else "unknown_profile"
             what = ("is not in the layout of" if rule == "not_in_layout" else "is not a MIG profile of the GPUs of")
             raise ValidationFailed(
-                f"{request.mig_profile!r} {what} pool {pool.slug} (it offers {', '.join(sorted(offered)) or 'none'}).",
+                f"{request.mig_profile!r} {what} pool {pool.name} (it offers {', '.join(sorted(offered)) or 'none'}).",
                 field="mig_profile", rule=rule)
         return booking.Shape(mode=mode, mig_profile=request.mig_profile, mig_count=request.count or 1,
                              mig_layout=layout)
@@ -112,7 +112,7 @@ def shape_for(pool: GpuPool, request: Amounts, snapshot: booking.PoolSnapshot) -
                 raise required("gpu_memory_mib or gpu_memory_pct")
         largest = max((gpu.memory_mib for gpu in usable), default=0)
         if memory_mib is not None and memory_mib > largest:
-            raise ValidationFailed(f"{memory_mib} MiB is more than the memory of any GPU of pool {pool.slug} "
+            raise ValidationFailed(f"{memory_mib} MiB is more than the memory of any GPU of pool {pool.name} "
                                    f"({largest} MiB).", field="gpu_memory_mib", rule="exceeds_gpu_memory")
         cores = request.gpu_cores_pct or config.get("default_cores_pct")
         if cores is None:
@@ -124,6 +124,6 @@ def shape_for(pool: GpuPool, request: Amounts, snapshot: booking.PoolSnapshot) -
     if request.gpus is None:
         raise required("gpus")
     if request.gpus > len(snapshot.gpus):
-        raise ValidationFailed(f"Pool {pool.slug} has {len(snapshot.gpus)} GPUs; {request.gpus} requested.",
+        raise ValidationFailed(f"Pool {pool.name} has {len(snapshot.gpus)} GPUs; {request.gpus} requested.",
                                field="gpus", rule="exceeds_pool_size")
     return booking.Shape(mode=SharingMode.EXCLUSIVE, gpus=request.gpus)

@@ -7,6 +7,13 @@ base decides status codes for domain rules.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
+
+
+def instant(value: datetime) -> str:
+    """How a message names an instant: ISO 8601 in UTC, to the minute ("2026-11-24T18:30+00:00"), which a
+    script can parse; the pages write it in the viewer's zone (portal.timezones.people_times)."""
+    return value.astimezone(UTC).isoformat(timespec="minutes")
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,7 @@ urlpatterns = [
     path("reserve/fields/", views.reserve_fields, name="reserve-fields"),
     path("reservations/", views.reservations, name="reservations"),
     path("reservations/<int:reservation_id>/", views.reservation_detail, name="reservation"),
+    path("reservations/<int:reservation_id>/row/", views.reservation_row, name="reservation-row"),
     path("reservations/<int:reservation_id>/release/", views.reservation_release, name="reservation-release"),
     path("reservations/<int:reservation_id>/extend/", views.reservation_extend, name="reservation-extend"),
     path("teams/<slug:slug>/", views.team_detail, name="team"),

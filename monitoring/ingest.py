@@ -458,9 +458,9 @@ def _group_payloads(newest: dict[int, tuple[GpuRef, tuple]]) -> dict[str, dict]:
     share of, with its own shares only."""
     per_group: dict[str, list] = defaultdict(list)
     t = 0.0
-    for gpu_id, (ref, (ts, util, mem_util, mem_used, mem_total, temp, power, _, uses)) in newest.items():
+    for gpu_id, (ref, (ts, util, mem_util, mem_used, mem_total, temp, power, procs, uses)) in newest.items():
         item = {"gpu": gpu_id, "uuid": ref.uuid, "t": ts, "util": util, "mem_util": mem_util, "mem_used": mem_used,
-                "mem_total": mem_total, "temp": temp, "power": power}
+                "mem_total": mem_total, "temp": temp, "power": power, "processes": [list(p) for p in procs]}
         t = max(t, ts)
         if ref.holders:
             item["shares"] = _live_shares(ref.holders, uses)

@@ -5,7 +5,7 @@ and every consumer forwards the same text, so a group of 1,000 browsers costs on
 serialization, not 1,000. Types (the `type` field of what the browser receives):
 
 - `telemetry.samples`: {"type", "t", "samples": [{"gpu", "uuid", "util", "mem_util",
-  "mem_used", "mem_total", "temp", "power"}, ...]}: the newest sample of each GPU of the
+  "mem_used", "mem_total", "temp", "power", "processes": [[pid, used MiB], ...]}, ...]}: the newest sample of each GPU of the
   group that one agent batch carried (one message per group per batch, never per GPU). A GPU
   held now also has "shares": [{"reservation", "team", "instance" (a MIG instance's id, or ""),
   "allocated", "used"}] (MiB; a team's group lists only its own shares).

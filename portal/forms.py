@@ -10,21 +10,34 @@ from allocations.queue import parse_duration
 from allocations.selectors import LATEST_INSTANT
 from allocations.shapes import AMOUNT_LIMITS
 from inventory.sharing import REPLICA_MODES
+from portal.timezones import INPUT_FORMAT, zone_label
 from teams.models import ApiToken, Membership, NotificationChannel
 from teams.notify import EVENTS
 
-DATETIME_LOCAL = "%Y-%m-%dT%H:%M"
-
-
 class DateTimeLocalInput(forms.DateTimeInput):
-    input_type = "datetime-local"
+    """A time in the page's zone, typed 24-hour ("2026-11-24 18:30"). Not the browser's datetime-local
+    picker: it shows the browser's locale (12-hour AM/PM in en-US) whatever the page says."""
+
+    input_type = "text"
 
     def __init__(self, **kwargs):
-        super().__init__(format=DATETIME_LOCAL, **kwargs)
+        attrs = {"placeholder": "YYYY-MM-DD HH:MM", "inputmode": "numeric", "autocomplete": "off",
+                 "pattern": r"\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}", **kwargs.pop("attrs", {})}
+        super().__init__(format=INPUT_FORMAT, attrs=attrs, **kwargs)
 
 
 def _local(dt) -> str:
-    return timezone.localtime(dt).strftime(DATETIME_LOCAL)
+    return timezone.localtime(dt).strftime(INPUT_FORMAT)
+
+
+class _InPageZone:
+    """A label naming the page's zone at render time (the form is built before the zone may matter)."""
+
+    def __init__(self, words: str):
+        self.words = words
+
+    def __str__(self) -> str:
+        return f"{self.words} · {zone_label()}"
 
 
 def _ge(value: float) -> str:
@@ -42,12 +55,12 @@ class ReservationForm(forms.Form):
     when = forms.ChoiceField(choices=[("window", "In a window I choose"),
                                       ("asap", "As soon as it fits (wait in the queue if need be)")],
                              initial="window", required=False, widget=forms.RadioSelect, label="When")
-    starts_at = forms.DateTimeField(required=False, widget=DateTimeLocalInput(), label="Starts (UTC)",
+    starts_at = forms.DateTimeField(required=False, widget=DateTimeLocalInput(), label=_InPageZone("Starts"),
                                     help_text="Leave empty to start now.")
-    ends_at = forms.DateTimeField(required=False, widget=DateTimeLocalInput(), label="Ends (UTC)")
+    ends_at = forms.DateTimeField(required=False, widget=DateTimeLocalInput(), label=_InPageZone("Ends"))
     duration = forms.CharField(required=False, max_length=32, label="For how long",
                                help_text='e.g. "4h", "30m" or "1d12h".')
-    not_after = forms.DateTimeField(required=False, widget=DateTimeLocalInput(), label="Start no later than (UTC)",
+    not_after = forms.DateTimeField(required=False, widget=DateTimeLocalInput(), label=_InPageZone("Start no later than"),
                                     help_text="Optional: it gives up if it cannot start by then.")
 
     def __init__(self, *args, teams=(), pools=(), offer=None, **kwargs):
@@ -132,7 +145,7 @@ class ReservationForm(forms.Form):
 
 
 class ExtendForm(forms.Form):
-    ends_at = forms.DateTimeField(widget=DateTimeLocalInput(), label="New end (UTC)")
+    ends_at = forms.DateTimeField(widget=DateTimeLocalInput(), label=_InPageZone("New end"))
 
 
 class MemberAddForm(forms.Form):
@@ -150,6 +163,8 @@ class AvailabilityForm(forms.Form):
     RANGES = {"24h": (timedelta(hours=24), timedelta(hours=1)), "3d": (timedelta(days=3), timedelta(hours=3)),
               "7d": (timedelta(days=7), timedelta(hours=6))}
     pool = forms.SlugField()
+    # The team the reserve form books for: the timeline counts what its quota still allows.
+    team = forms.SlugField(required=False)
     start = forms.DateTimeField(required=False, widget=DateTimeLocalInput())
     range = forms.ChoiceField(choices=[(k, k) for k in RANGES], required=False)
     # The shape to count, by the API's names (the reserve form's amount fields); see AvailabilityQuery.

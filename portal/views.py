@@ -6,7 +6,6 @@ request comes back as the same form with the message next to the field it names.
 from __future__ import annotations
 
 from datetime import timedelta
-from datetime import timezone as dt_timezone
 from urllib.parse import urlencode
 
 from django.contrib import messages
@@ -16,9 +15,11 @@ from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
+from django.utils.cache import patch_vary_headers
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
+from allocations import quotas as alloc_quotas
 from allocations import selectors as alloc_selectors
 from allocations import services as alloc_services
 from allocations import shapes as alloc_shapes
@@ -30,6 +31,7 @@ from common.errors import ApplicationError
 from monitoring import views as monitoring_views
 from portal.forms import AvailabilityForm, ExtendForm, MemberAddForm, MemberRemoveForm, ReservationForm
 from portal.templatetags.portal_units import booked_words, ge
+from portal.timezones import INPUT_FORMAT, people_times, when, zone_label
 from teams import services as team_services
 from teams.selectors import can_manage_team, teams_of
 
@@ -40,7 +42,7 @@ AUDIT_ENTRIES_PER_PAGE = 50
 def _form_error(form, error: ApplicationError) -> None:
     for item in error.errors:
         field = FORM_FIELD_OF.get(item.field, item.field)
-        form.add_error(field if field in form.fields else None, item.message)
+        form.add_error(field if field in form.fields else None, people_times(item.message))
 
 
 def _pools(user):
@@ -91,17 +93,21 @@ def _availability_context(user, data, pool=None) -> dict:
         return {"availability_error": "That pool is not one you can reserve from."}
     shape_fields = {name: form.cleaned_data.get(name) for name in alloc_shapes.AMOUNT_FIELDS
                     if name in form.cleaned_data and form.cleaned_data.get(name) not in (None, "")}
-    context = {"pool": pool, "range": form.cleaned_data.get("range") or "24h",
-               "ranges": list(AvailabilityForm.RANGES), "shape_query": urlencode(shape_fields)}
+    team = teams_of(user).filter(slug=form.cleaned_data["team"]).first() if form.cleaned_data.get("team") else None
+    quota = alloc_quotas.limits_for(team=team, pool=pool) if team is not None else None
+    query = {**shape_fields, **({"team": team.slug} if team is not None else {})}
+    context = {"pool": pool, "range": form.cleaned_data.get("range") or "24h", "team": team,
+               "team_without_quota": team is not None and quota is None,
+               "ranges": list(AvailabilityForm.RANGES), "shape_query": urlencode(query)}
     bad = [f"{name}: {' '.join(errors)}" for name, errors in form.errors.items()]
     if bad:
         return {**context, "availability_error": "The timeline needs valid amounts (" + "; ".join(bad) + ")."}
     span, slot = AvailabilityForm.RANGES[context["range"]]
     start = max(form.cleaned_data.get("start") or timezone.now(), timezone.now())
-    start = start.replace(minute=0, second=0, microsecond=0)
+    start = timezone.localtime(start).replace(minute=0, second=0, microsecond=0)  # on the hour where people are
     try:
         answer = alloc_selectors.availability(pool, start, start + span, slot,
-                                              alloc_shapes.Amounts(**shape_fields))
+                                              alloc_shapes.Amounts(**shape_fields), quota=quota)
     except ApplicationError as error:
         return {**context, "availability_error": f"No timeline for that amount: {error.message}"}
     return {**context, "slots": answer.slots, "timeline": _timeline_labels(answer.slots), "total": answer.capacity,
@@ -137,8 +143,8 @@ def reserve(request: HttpRequest) -> HttpResponse:
                 entry = reservation.queue_info
                 messages.success(request, f"Reservation #{reservation.pk} waits in the queue of {pool.name}: "
                                           f"position {entry.position}" + (
-                                              f", likely start {entry.likely_start:%Y-%m-%d %H:%M} UTC, starts by "
-                                              f"{entry.start_by:%Y-%m-%d %H:%M} UTC." if entry.start_by else "."))
+                                              f", likely start {when(entry.likely_start)}, starts by "
+                                              f"{when(entry.start_by)}." if entry.start_by else "."))
                 return redirect("reservation", reservation.pk)
             messages.success(request, f"Reserved {booked_words(reservation)} of {pool.name} "
                                       f"(reservation #{reservation.pk}, {ge(reservation.ge)} GE).")
@@ -154,7 +160,7 @@ def reserve(request: HttpRequest) -> HttpResponse:
 def _offer_fields(offer: dict) -> dict:
     """An alternative (allocations.alternatives) as the reserve form posts it: its message and its fields."""
     body = dict(offer["request"])
-    return {"kind": offer["kind"], "message": offer["message"], "fields": {**body, "when": "window"}}
+    return {"kind": offer["kind"], "message": people_times(offer["message"]), "fields": {**body, "when": "window"}}
 
 
 # At most this many hour labels under a timeline: more run into each other at a phone's width.
@@ -164,18 +170,18 @@ TIMELINE_DAY_LABEL_SLOTS = 2
 
 
 def _timeline_labels(slots) -> list[tuple]:
-    """(slot, day label, hour label, start for the form) per slot: the day where a new date begins, and at
-    the first slot unless the next date begins too close for both to fit; the hour on every n-th slot
-    only; so no two labels overlap."""
+    """(slot, day label, hour label, start for the form) per slot, in the page's zone: the day where a new
+    date begins, and at the first slot unless the next date begins too close for both to fit; the hour on
+    every n-th slot only; so no two labels overlap."""
     every = max(1, -(-len(slots) // TIMELINE_HOUR_LABELS))
-    starts = [slot.start.astimezone(dt_timezone.utc) for slot in slots]
+    starts = [timezone.localtime(slot.start) for slot in slots]
     next_day = next((i for i in range(1, len(starts)) if starts[i].date() != starts[0].date()), len(starts))
     out = []
-    for i, (slot, utc) in enumerate(zip(slots, starts)):
-        new_date = i > 0 and utc.date() != starts[i - 1].date()
+    for i, (slot, local) in enumerate(zip(slots, starts)):
+        new_date = i > 0 and local.date() != starts[i - 1].date()
         first = i == 0 and next_day >= TIMELINE_DAY_LABEL_SLOTS
-        day = f"{utc:%a} {utc.day}" if new_date or first else ""
-        out.append((slot, day, f"{utc:%H}h" if i % every == 0 else "", f"{utc:%Y-%m-%dT%H:%M}"))
+        day = f"{local:%a} {local.day}" if new_date or first else ""
+        out.append((slot, day, f"{local:%H}h" if i % every == 0 else "", local.strftime(INPUT_FORMAT)))
     return out
 
 
@@ -190,8 +196,12 @@ def _next_page(request: HttpRequest) -> str | None:
 
 
 def _form_shape(form: ReservationForm) -> dict:
-    """The amount fields the form shows (posted, else initial), by the API's names, for the timeline."""
+    """The team and the amount fields the form shows (posted, else initial), by the API's names, for the
+    timeline."""
     shape = {}
+    team = form["team"].value() or next((slug for slug, _ in form.fields["team"].choices), "")
+    if team:
+        shape["team"] = team
     for field in form.amount_fields():
         value = field.value()
         if value not in (None, ""):
@@ -210,6 +220,7 @@ def reserve_fields(request: HttpRequest) -> HttpResponse:
     form = ReservationForm(teams=(), pools=pools, offer=alloc_selectors.pool_offer(pool), initial={"pool": pool.slug})
     context = {"form": form, "offer": form.offer, "oob": True}
     context.update(_availability_context(request.user, {"range": request.GET.get("range", "24h"),
+                                                        "team": request.GET.get("team", ""),
                                                         **_form_shape(form)}, pool))
     return render(request, "portal/_amount_fields.html", context)
 
@@ -241,19 +252,23 @@ def reservations(request: HttpRequest) -> HttpResponse:
         list(visible.filter(state=Reservation.State.PENDING).order_by("pool__slug", "id")[:200]))
     kept = request.GET.copy()
     kept.pop("page", None)
-    return render(request, "portal/reservations.html", {
+    # HTMX asks again for the waiting and live lists while requests wait: that part alone.
+    page = "portal/_reservation_lists.html" if request.headers.get("HX-Request") else "portal/reservations.html"
+    response = render(request, page, {
         "waiting": waiting,
         "filters": filters,
         "filtered": any(request.GET.get(name) for name in filters.filters),
         "filter_query": kept.urlencode(),
-        "filter_teams": teams_of(request.user).order_by("slug").values_list("slug", flat=True),
-        "filter_pools": alloc_selectors.pools_visible_to(request.user).order_by("slug").values_list("slug", flat=True),
+        "filter_teams": teams_of(request.user).order_by("name").values_list("slug", "name"),
+        "filter_pools": alloc_selectors.pools_visible_to(request.user).order_by("name").values_list("slug", "name"),
         "states": Reservation.State.choices,
         "live": live_page,
         "ended": ended,
         "extend_form": ExtendForm(),
         "now": timezone.now(),
     })
+    patch_vary_headers(response, ["HX-Request"])
+    return response
 
 
 def _visible_reservation(request: HttpRequest, reservation_id: int) -> Reservation:
@@ -264,10 +279,19 @@ def _visible_reservation(request: HttpRequest, reservation_id: int) -> Reservati
 
 
 @login_required
+def reservation_row(request: HttpRequest, reservation_id: int) -> HttpResponse:
+    """One row of the live reservations table, for HTMX to swap in while the reservation moves."""
+    reservation = alloc_selectors.with_allocated_gpus([_visible_reservation(request, reservation_id)])[0]
+    return render(request, "portal/_reservation_row.html", {"r": reservation, "actions": True, "now": timezone.now()})
+
+
+@login_required
 def reservation_detail(request: HttpRequest, reservation_id: int) -> HttpResponse:
     reservation = alloc_selectors.with_queue(
         alloc_selectors.with_allocated_gpus([_visible_reservation(request, reservation_id)]), every_state=True)[0]
-    return render(request, "portal/reservation_detail.html", {
+    # HTMX asks again for the page's body while the reservation moves (portal_live): the body alone.
+    page = "portal/_reservation_body.html" if request.headers.get("HX-Request") else "portal/reservation_detail.html"
+    response = render(request, page, {
         "reservation": reservation,
         "grants": reservation.grants,
         "events": reservation.events.select_related("actor"),
@@ -275,6 +299,8 @@ def reservation_detail(request: HttpRequest, reservation_id: int) -> HttpRespons
         "extend_form": ExtendForm(initial={"ends_at": timezone.localtime(reservation.ends_at + timedelta(hours=1))}),
         "now": timezone.now(),
     })
+    patch_vary_headers(response, ["HX-Request"])  # a cache must not answer the page with the body alone
+    return response
 
 
 @login_required
@@ -291,7 +317,7 @@ def reservation_release(request: HttpRequest, reservation_id: int) -> HttpRespon
     try:
         released = alloc_services.reservation_release(actor=request.user, reservation_id=reservation.pk)
     except ApplicationError as error:
-        messages.error(request, error.message)
+        messages.error(request, people_times(error.message))
     else:
         if released.ends_at <= timezone.now():
             messages.success(request, f"Reservation #{reservation.pk} had already ended; it expires now.")
@@ -306,16 +332,17 @@ def reservation_extend(request: HttpRequest, reservation_id: int) -> HttpRespons
     reservation = _visible_reservation(request, reservation_id)
     form = ExtendForm(request.POST)
     if not form.is_valid():
-        messages.error(request, "Give the new end as a date and time.")
+        example = timezone.localtime(reservation.ends_at + timedelta(hours=1)).strftime(INPUT_FORMAT)
+        messages.error(request, f"Give the new end as a date and a 24-hour time ({zone_label()}), e.g. {example}.")
     else:
         try:
             alloc_services.reservation_extend(actor=request.user, reservation_id=reservation.pk,
                                               ends_at=form.cleaned_data["ends_at"])
         except ApplicationError as error:
-            messages.error(request, error.message)
+            messages.error(request, people_times(error.message))
         else:
             messages.success(request, f"Reservation #{reservation.pk} now ends "
-                                      f"{timezone.localtime(form.cleaned_data['ends_at']):%Y-%m-%d %H:%M} UTC.")
+                                      f"{when(form.cleaned_data['ends_at'])}.")
     return redirect(_next_page(request) or "reservations")
 
 

@@ -43,6 +43,7 @@ from allocations.apply.selectors import cluster_desired
 from allocations.models import ApplyJob, HostLeaseReport, Reservation
 from common.dispatch import enqueue_after_commit
 from allocations.transitions import move
+from common.errors import instant
 from inventory.models import Cluster
 
 log = logging.getLogger(__name__)
@@ -196,7 +197,7 @@ def _succeeded(job: ApplyJob, changes: list[str], *, now: datetime) -> str:
         if not open_jobs.exclude(pk=job.pk).exists():
             move(reservation, State.ACTIVE, reason=f"Applied on {job.target}.")
             notices.announce(reservation, "reservation.active", f"Reservation #{reservation.pk} is active",
-                             f"Its GPUs are ready on {job.target} until {reservation.ends_at:%Y-%m-%d %H:%M} UTC.")
+                             f"Its GPUs are ready on {job.target} until {instant(reservation.ends_at)}.")
     elif job.action == ApplyJob.Action.UNDO and reservation.state == State.RELEASING:
         open_jobs = reservation.apply_jobs.filter(action=ApplyJob.Action.UNDO, status__in=ApplyJob.OPEN_STATUSES)
         if not open_jobs.exclude(pk=job.pk).exists():

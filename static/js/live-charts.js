@@ -52,7 +52,13 @@
       tr.querySelector('[data-f="util"]').textContent = s.util;
       tr.querySelector('[data-f="mem"]').textContent = `${s.mem_used} / ${s.mem_total}`;
       tr.querySelector('[data-f="temp"]').textContent = s.temp;
-      tr.querySelector('[data-f="power"]').textContent = s.power;
+      // Whole watts and "pid (MiB MiB), ..." as the server renders them (templates/monitoring/_charts.html).
+      tr.querySelector('[data-f="power"]').textContent = Math.round(s.power);
+      const processes = tr.querySelector('[data-f="processes"]');
+      if (processes && s.processes) {
+        processes.textContent = s.processes.length
+          ? s.processes.map(([pid, mem]) => `${pid} (${mem} MiB)`).join(", ") : "none";
+      }
     }
   }
 

@@ -15,13 +15,15 @@
     const starts = document.querySelector('#reserve-form [name=starts_at]');
     const ends = document.querySelector('#reserve-form [name=ends_at]');
     if (!starts || !slot.dataset.start) return;
-    const before = starts.value ? Date.parse(starts.value + 'Z') : Date.now();
-    const length = ends && ends.value ? Date.parse(ends.value + 'Z') - before : 0;
+    // The fields hold wall-clock times of the page's zone ("2026-11-24 18:30"): the arithmetic reads them
+    // as if they were UTC, which keeps the wall-clock length.
+    const wall = (text) => Date.parse(text.trim().replace(' ', 'T') + 'Z');
+    const before = starts.value ? wall(starts.value) : NaN;
+    const length = ends && ends.value && !isNaN(before) ? wall(ends.value) - before : 0;
     starts.value = slot.dataset.start;
     if (ends) {
-      const start = Date.parse(slot.dataset.start + 'Z');
       const keep = length > 0 ? length : 2 * 3600 * 1000;
-      ends.value = new Date(start + keep).toISOString().slice(0, 16);
+      ends.value = new Date(wall(slot.dataset.start) + keep).toISOString().slice(0, 16).replace('T', ' ');
     }
     const window_ = document.querySelector('#reserve-form [name=when][value=window]');
     if (window_ && !window_.checked) { window_.checked = true; showWhen(); }

@@ -347,7 +347,7 @@ def test_borrowed_gpus_are_taken_back_after_a_notice_for_a_request_within_quota(
         waiting = ask(world, api, gpus=2, who=world.staff, team="infra").json()
     assert waiting["state"] == "pending"
     victim = Reservation.objects.get(pk=borrower["id"])
-    assert victim.preempt_at is not None and "team infra" in victim.preempt_reason
+    assert victim.preempt_at is not None and "team Infra" in victim.preempt_reason
     assert Reservation.objects.get(pk=old["id"]).preempt_at is None  # within quota: never a victim
     entry = QueueEntry.objects.get(pk=waiting["id"])
     assert abs(entry.start_by - victim.preempt_at) < timedelta(seconds=1)

@@ -107,8 +107,8 @@ def test_it_refuses_over_quota_and_says_by_how_much(world, api):
     response = client.post(URL, body(gpus=3), format="json")
     assert response.status_code == 409
     assert errors_of(response) == [("gpus", "quota_exceeded")]
-    assert "would hold 7.00 GE in pool a100" in response.json()["detail"]
-    assert "(quota 6.00, 1.00 over): 3 GPU(s) is 3.00 GE" in response.json()["detail"]
+    assert "would hold 7.00 GE in pool A100" in response.json()["detail"]
+    assert "(quota 6.00, 1.00 over): 3 GPUs is 3.00 GE" in response.json()["detail"]
 
 
 def test_quota_counts_only_reservations_that_overlap(world, api):
@@ -135,7 +135,7 @@ def test_it_refuses_more_gpu_hours_than_the_month_allows(world, api):
     response = book(10)  # 8 more, not overlapping: only the monthly limit can refuse it
     assert response.status_code == 409
     assert errors_of(response) == [("ends_at", "ge_hours_exceeded")]
-    assert "8.0 booked + 8.0 asked (2 GPU(s)) > 10 (6.0 over)" in response.json()["detail"]
+    assert "8.0 booked + 8.0 asked (2 GPUs) > 10 (6.0 over)" in response.json()["detail"]
 
 
 def test_a_staff_quota_change_binds_the_next_reservation(world, api):

@@ -181,7 +181,7 @@ def test_the_mig_refusal_says_what_is_over_in_ge_and_in_instances(api, member):
     assert response.status_code == 409
     assert errors_of(response) == [("count", "quota_exceeded")]
     detail = response.json()["detail"]
-    assert "team vision would hold 3.43 GE in pool a100-mig" in detail
+    assert "team Vision would hold 3.43 GE in pool A100-MIG" in detail
     assert "(quota 3.00, 0.43 over): 4 × 3g.40gb is 3.43 GE" in detail
 
 

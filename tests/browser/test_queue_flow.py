@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from allocations import services
 from allocations.models import QueueEntry, Reservation
+from portal import timezones
 from tests.factories import PASSWORD
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -45,8 +46,8 @@ def test_a_member_waits_in_the_queue_takes_an_alternative_and_withdraws(world, l
     assert "waits in the queue of A100: position 1" in page.locator(".flash").inner_text()
     assert page.locator("#queue-position").inner_text().startswith("1")
     entry = QueueEntry.objects.get(pk=waiting.pk)
-    promised = timezone.localtime(entry.start_by).strftime("%Y-%m-%d %H:%M")
-    assert promised == timezone.localtime(busy.ends_at).strftime("%Y-%m-%d %H:%M")
+    promised = timezones.when(entry.start_by)
+    assert promised == timezones.when(busy.ends_at)
     assert promised in page.locator("#start-by").inner_text()
     assert page.locator("#likely-start").inner_text().startswith(promised)  # no early releases learned yet
     page.set_viewport_size({"width": 390, "height": 844})

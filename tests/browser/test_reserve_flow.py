@@ -46,7 +46,7 @@ def test_a_member_reserves_and_releases_a_gpu_in_the_browser(world, live_server,
     asked = []
     page.once("dialog", lambda dialog: (asked.append(dialog.message), dialog.dismiss()))
     page.click(f"#reservation-{reservation.pk} button.danger")
-    assert asked == [f"Release reservation #{reservation.pk} of team ml, 2 GPUs of A100, now?"]
+    assert asked == [f"Release reservation #{reservation.pk} of team ML, 2 GPUs of A100, now?"]
     assert Reservation.objects.get().state == "active" and page.url == f"{live_server.url}/reservations/"
     page.once("dialog", lambda dialog: dialog.accept())
     page.click(f"#reservation-{reservation.pk} button.danger")

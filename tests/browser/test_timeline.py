@@ -68,6 +68,6 @@ def test_a_click_on_a_slot_starts_the_reservation_then(world, live_server, page)
     page.wait_for_selector("text=Reserved")
     from allocations.models import Reservation
 
-    reservation = Reservation.objects.get()  # booked for the slot picked (the form's times are UTC)
-    assert reservation.starts_at.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M") == picked
+    reservation = Reservation.objects.get()  # booked for the slot picked (the page's zone: the browser's, UTC here)
+    assert reservation.starts_at.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M") == picked
     assert reservation.ends_at - reservation.starts_at == timedelta(hours=5)

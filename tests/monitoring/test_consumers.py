@@ -103,7 +103,8 @@ def test_one_agent_batch_reaches_the_pool_group_as_one_typed_message(world, host
     assert got["type"] == "telemetry.samples" and got["t"] == pytest.approx(time.time(), abs=10)
     assert sorted(s["util"] for s in got["samples"]) == [0, 1, 2, 3]
     assert {s["uuid"] for s in got["samples"]} == set(host.uuids)
-    assert set(got["samples"][0]) == {"gpu", "uuid", "t", "util", "mem_util", "mem_used", "mem_total", "temp", "power"}
+    assert set(got["samples"][0]) == {"gpu", "uuid", "t", "util", "mem_util", "mem_used", "mem_total", "temp", "power",
+                                      "processes"}
     assert got_node["samples"] == got["samples"]
     assert nothing_for_other and nothing_more  # l4 watchers get nothing of a100; one message per batch
 

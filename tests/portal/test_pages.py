@@ -8,6 +8,7 @@ from django.test import Client
 from django.utils import timezone
 
 from allocations.models import Reservation
+from portal import timezones
 from tests.factories import window
 
 
@@ -128,7 +129,7 @@ def test_the_live_reservations_come_in_pages(world, browser):
     second = client.get("/reservations/?page=2").content.decode()
     assert second.count('<tr id="reservation-') == 12 and "51–62 of 62" in second and 'rel="prev"' in second
     # The earliest first, the latest on the last page.
-    assert timezone.localtime(start).strftime("%Y-%m-%d %H:%M") in first
+    assert timezones.window(start, start + timedelta(minutes=30)) in first
     for junk in ("abc", "99", "-1", "0"):
         assert client.get(f"/reservations/?page={junk}").status_code == 200
 
@@ -206,7 +207,7 @@ def test_an_early_release_shows_when_it_ended_beside_its_booked_end(world, brows
     assert client.post(f"/api/v1/reservations/{early}/release/").status_code == 200
     released = Reservation.objects.get(pk=early)
     assert released.ended_at is not None and released.ended_early
-    booked, ended = (timezone.localtime(t).strftime("%Y-%m-%d %H:%M") for t in (released.ends_at, released.ended_at))
+    booked, ended = (timezones.when(t) for t in (released.ends_at, released.ended_at))
     # A reservation that ran its whole window shows no second end.
     full = client.post("/api/v1/reservations/", {"pool": "a100", "team": "ml", "gpus": 1,
                                                  "ends_at": end.isoformat()}, format="json").json()["id"]
@@ -220,7 +221,7 @@ def test_an_early_release_shows_when_it_ended_beside_its_booked_end(world, brows
     assert "ended-early" not in full_row[:full_row.index("</tr>")]
 
     detail = browser(world.member).get(f"/reservations/{early}/").content.decode()
-    assert "Booked window (UTC)" in detail and booked in detail
+    assert "Booked window" in detail and timezones.window(released.starts_at, released.ends_at) in detail
     assert f'<dd id="ended-at">{ended}' in detail
     assert 'id="ended-at"' not in browser(world.member).get(f"/reservations/{full}/").content.decode()
 
@@ -234,7 +235,7 @@ def test_release_without_confirm_asks_and_changes_nothing(world, browser, api):
     answer = client.post(f"/reservations/{rid}/release/", {"next": f"/reservations/{rid}/"})
     assert answer.status_code == 200
     page = answer.content.decode()
-    assert f"Release reservation #{rid} of team ml, 2 GPUs of A100, now?" in page
+    assert f"Release reservation #{rid} of team ML, 2 GPUs of A100, now?" in page
     assert 'name="confirm" value="yes"' in page and f'name="next" value="/reservations/{rid}/"' in page
     assert Reservation.objects.get(pk=rid).state == state and Reservation.objects.get(pk=rid).ended_at is None
     # The page's own button posts again with confirm=yes: that releases.
@@ -250,7 +251,7 @@ def test_a_future_reservation_is_cancelled_after_asking(world, browser, api):
                                  format="json").json()["id"]
     client = browser(world.member)
     page = client.post(f"/reservations/{rid}/release/").content.decode()
-    assert f"Cancel reservation #{rid} of team ml, 1 GPU of A100, now?" in page
+    assert f"Cancel reservation #{rid} of team ML, 1 GPU of A100, now?" in page
     assert Reservation.objects.get(pk=rid).state == Reservation.State.SCHEDULED
     client.post(f"/reservations/{rid}/release/", {"confirm": "yes"})
     assert Reservation.objects.get(pk=rid).state in ("releasing", "released")  # a cancel is a release
