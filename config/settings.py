@@ -504,6 +504,11 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "ReservationStateEnum": "allocations.models.Reservation.State",
         "AlertStateEnum": "monitoring.models.Alert.State",
+        # Two models have a `kind` and two a `scope`: each choice set named after its model.
+        "ClusterKindEnum": "inventory.models.Cluster.Kind",
+        "ChannelKindEnum": "teams.models.NotificationChannel.Kind",
+        "TokenScopeEnum": "teams.models.ApiToken.Scope",
+        "AlertRuleScopeEnum": "monitoring.models.Scope",
     },
 }
 
