@@ -1,6 +1,7 @@
 """Pages: a pool's and a node's live charts (Plotly over WebSockets), and the dashboard's usage block."""
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
@@ -91,15 +92,18 @@ def dashboard_context(user) -> dict:
     """What the dashboard shows of telemetry: allocated vs used per pool and team, idle GPUs, open alerts.
     The usage needs the hot values in Redis; while Redis is unreachable the rest of the dashboard still shows."""
     try:
-        pools, teams = selectors.usage(pools_visible_to(user), teams_of(user))
+        activity = selectors.pool_activity(pools_visible_to(user))
+        _, teams = selectors.usage(pools_visible_to(user).none(), teams_of(user))
         usage_unavailable = False
     except ServiceUnavailable:
-        pools, teams, usage_unavailable = [], [], True
+        activity, teams, usage_unavailable = [], [], True
     return {
         "usage_unavailable": usage_unavailable,
-        "usage_pools": pools,
+        "idle_threshold": settings.TELEMETRY_IDLE_UTIL_PCT,
+        "activity_pools": activity,
         "usage_teams": teams,
-        "idle_gpus": [gpu for p in pools for gpu in p.idle],
+        "idle_gpus": [gpu for p in activity for gpu in p.idle_bookings],
+        "outside_gpus": [gpu for p in activity for gpu in p.outside_use],
         "open_alerts": list(selectors.alerts_visible_to(user).filter(state__in=["pending", "firing"])
                             .order_by("-state", "-active_since")[:20]),
     }
