@@ -306,15 +306,44 @@ def alerts_visible_to(user) -> QuerySet[Alert]:
     return qs.filter(Q(team__in=teams_of(user)) | Q(pool__in=pools_visible_to(user)))
 
 
+@dataclass
+class Lease:
+    """One lease key an agent reported ("<reservation id>:<device>", allocations.apply.backends.agent.lease_key),
+    read for people: the reservation, its team and the GPU it names."""
+
+    key: str
+    reservation_id: int | None  # None: the key names no reservation the portal knows
+    team: str | None
+    gpu: str  # "GPU <index>" when the device is one of the node's GPUs (or a MIG instance of one), else the device
+    why: str = ""  # for a refused lease, the agent's reason
+
+
 def node_leases(node: Node) -> dict | None:
     """What a bare-metal host's agent last said about its GPU leases (None: it never said anything)."""
-    from allocations.models import HostLeaseReport
+    from allocations.models import HostLeaseReport, Reservation
 
     report = HostLeaseReport.objects.filter(node=node).first()
     if report is None:
         return None
-    return {"held": report.held, "failed": sorted(report.failed.items()), "unleased_in_use": report.unleased_in_use,
-            "reported_at": report.reported_at}
+    keys = [*report.held, *report.failed]
+    ids = {int(key.split(":", 1)[0]) for key in keys if key.split(":", 1)[0].isdigit()}
+    teams = dict(Reservation.objects.filter(pk__in=ids).values_list("pk", "team__name"))
+    gpus = {}
+    for index, uuid, mig_devices in node.gpus.values_list("index", "uuid", "mig_devices"):
+        gpus[uuid] = f"GPU {index}"
+        for device in mig_devices or ():
+            if isinstance(device, dict) and device.get("uuid"):
+                gpus[device["uuid"]] = f"GPU {index} MIG {device.get('profile', '')}".rstrip()
+
+    def lease(key: str, why: str = "") -> Lease:
+        rid, _, device = key.partition(":")
+        reservation_id = int(rid) if rid.isdigit() and int(rid) in teams else None
+        gpu = gpus.get(device) or gpus.get(device.split("/", 1)[0], device)
+        return Lease(key, reservation_id, teams.get(reservation_id), gpu, why)
+
+    return {"held": [lease(key) for key in report.held],
+            "failed": [lease(key, why) for key, why in sorted(report.failed.items())],
+            "unleased_in_use": [gpus.get(uuid, uuid) for uuid in report.unleased_in_use], "reported_at": report.reported_at}
 
 
 # --- Kubernetes telemetry sources ------------------------------------------------------------

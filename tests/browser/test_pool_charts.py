@@ -152,3 +152,25 @@ def test_the_charts_of_a_200_gpu_pool_stay_readable(world, asgi_server, page):
     _check_the_charts(page, f"{asgi_server}/pools/big/", 200, "big-15:3", "Infra", 66.5, "pool-200")
     height = page.evaluate(f"{HEATMAP}._fullLayout.height")
     assert height <= 900
+
+
+def test_an_empty_pool_says_what_to_do_instead_of_drawing_empty_charts(world, live_server, page):
+    QuotaFactory(team=world.team, pool=PoolFactory(slug="empty", name="Empty"), max_ge=2)
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    for user, says in ((world.member, "Ask them"), (world.staff, "python -m agent")):
+        _sign_in(page, live_server.url, user)
+        for width, height in ((1440, 900), (390, 844)):
+            page.set_viewport_size({"width": width, "height": height})
+            page.goto(f"{live_server.url}/pools/empty/")
+            assert page.locator("#pool-empty").is_visible()
+            assert says in page.inner_text("#pool-empty")
+            assert page.locator(".js-plotly-plot, #chart-heatmap, .gpu-bars").count() == 0
+            assert page.evaluate("document.documentElement.scrollWidth") <= width
+            _shot_page(page, f"pool-empty-{user.username}-{width}")
+    assert errors == []
+
+
+def _shot_page(page, name: str) -> None:
+    if os.environ.get("SCREENSHOTS"):
+        page.screenshot(path=str(Path(os.environ["SCREENSHOTS"]) / f"{name}.png"), full_page=True)
