@@ -41,6 +41,17 @@ MODELS = {
     "T4": Model("Tesla T4", 15360, False, 70.0),
 }
 
+# Idle and top SM clocks (MHz) of these boards, as NVML reports them; the simulation runs between the two
+# with the load. All of them are data-centre boards with ECC on.
+SM_CLOCKS = {
+    "NVIDIA H100 80GB HBM3": (345, 1980), "NVIDIA H200": (345, 1980), "NVIDIA A100-SXM4-80GB": (210, 1410),
+    "NVIDIA A100-SXM4-40GB": (210, 1410), "NVIDIA L40S": (210, 2520), "NVIDIA L4": (210, 2040),
+    "Tesla T4": (300, 1590),
+}
+# Chance per GPU and second of a corrected (single-bit) ECC error; uncorrected ones are left at 0, as on a
+# healthy fleet.
+ECC_CORRECTED_RATE = 0.0005
+
 SPEC = re.compile(r"^(?P<count>[1-9][0-9]?)x(?P<model>[A-Za-z0-9-]+)(:mig=(?P<mig>[A-Za-z0-9.+-]+))?$")
 
 
@@ -93,6 +104,7 @@ class SimulatedBackend:
         self.util = [self.rng.uniform(0, 60) for _ in self.models]
         # A quarter of the cards sit idle (nothing running), so "allocated but idle" has something to show.
         self.idle = [self.rng.random() < 0.25 for _ in self.models]
+        self.ecc_corrected = [0 for _ in self.models]
 
     def inventory(self) -> list[GpuInfo]:
         return [GpuInfo(uuid=self.uuids[i], index=i, name=m.name, memory_mib=m.memory_mib,
@@ -125,8 +137,16 @@ class SimulatedBackend:
                 temperature_c=round(32 + util * 0.45),
                 power_w=round(model.max_power_w * (0.12 + 0.8 * util / 100), 1),
                 processes=processes,
+                **self._clock_and_ecc(i, model, util),
             ))
         return samples
+
+    def _clock_and_ecc(self, i: int, model: Model, util: float) -> dict:
+        low, high = SM_CLOCKS.get(model.name, (210, 1410))
+        if self.rng.random() < ECC_CORRECTED_RATE:
+            self.ecc_corrected[i] += 1
+        return {"sm_clock_mhz": round(low + (high - low) * min(1.0, util / 30)) if util else low,
+                "ecc_corrected": self.ecc_corrected[i], "ecc_uncorrected": 0}
 
     # The leases this host holds now (the agent sets it to its LeaseStore's read): a leased GPU runs one
     # process per lease, owned by the lease's user, so the portal has shares to attribute.
