@@ -240,6 +240,15 @@
       tr.querySelector('[data-f="mem"]').textContent = `${s.mem_used} / ${s.mem_total}`;
       tr.querySelector('[data-f="temp"]').textContent = s.temp;
       tr.querySelector('[data-f="power"]').textContent = s.power;
+      // Health figures come only from sources that report them (absent: "–").
+      tr.querySelector('[data-f="sm_clock"]').textContent = s.sm_clock_mhz ?? "–";
+      const ecc = tr.querySelector('[data-f="ecc"]');
+      ecc.textContent = s.ecc_corrected == null && s.ecc_uncorrected == null ? "–"
+        : `${s.ecc_corrected ?? "–"} / ${s.ecc_uncorrected ?? "–"}`;
+      ecc.classList.toggle("warn", Boolean(s.ecc_uncorrected));
+      const xid = tr.querySelector('[data-f="xid"]');
+      xid.textContent = s.xid ?? "–";
+      xid.classList.toggle("warn", Boolean(s.xid));
     }
   }
 
