@@ -81,3 +81,20 @@ def test_staff_see_leases_as_reservation_team_and_gpu_not_raw_keys(world):
     assert "Refused an unknown reservation on GPU 2" in html
     assert "Running processes without a lease: GPU 2" in html
     assert "leases-held" not in _page(world.member, f"/nodes/{node.pk}/")  # staff only, as before
+
+
+def test_a_nodes_history_answers_those_who_may_watch_it_and_names_a_bad_range(world, api):
+    from tests.browser.test_pool_charts import _minute_rollups as minute_rollups
+
+    node = Node.objects.get(name="node-a")
+    gpu_ids = list(node.gpus.values_list("pk", flat=True))
+    minute_rollups(gpu_ids, 42.5)
+    body = api(world.member).get(f"/api/v1/nodes/{node.pk}/telemetry/?range=24h").json()
+    assert body["node"] == node.pk and body["resolution"] == "minute" and body["step"] == 300
+    assert {g["gpu"] for g in body["gpus"]} == set(gpu_ids)
+    assert {p[1] for g in body["gpus"] for p in g["util"]} == {42.5}
+    node_c = world.other_pool.gpus.first().node
+    assert api(world.member).get(f"/api/v1/nodes/{node_c.pk}/telemetry/").status_code == 404
+    bad = api(world.member).get(f"/api/v1/nodes/{node.pk}/telemetry/?range=2y")
+    assert bad.status_code == 400 and bad.json()["errors"][0]["field"] == "range"
+    assert bad.json()["errors"][0]["rule"] == "invalid_choice"
