@@ -272,7 +272,7 @@ def pool_activity(pools: QuerySet[GpuPool], now=None) -> list[PoolActivity]:
             summary.no_data += 1
             continue
         card_busy = sample.util > idle_at or bool(sample.processes)
-        used = {r: mib for r, instance, mib, _ in sample.shares if r is not None}
+        used = {r: mib for r, _, mib, _ in sample.shares if r is not None}
         outside = any(r is None and mib > 0 for r, _, mib, _ in sample.shares)
         label = f"{node_name}:{index}"
         for reservation_id, part in booked.items():
