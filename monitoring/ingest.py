@@ -294,7 +294,7 @@ def samples_ingest(*, refs: dict[str, GpuRef], batches: list, now: float, who: s
                 result.rejected["duplicate"] += 1
                 continue
             stored.add((ref.gpu_id, second))
-            rows.append((ref.gpu_id, ref.pool_id, second, *values))
+            rows.append((ref.gpu_id, ref.pool_id, second, *values, *health))
             previous = newest.get(ref.gpu_id)
             if previous is None or previous[1][0] <= ts:
                 uses = shares.attribute(procs, ref.holders) if procs or ref.holders else ()
@@ -363,8 +363,9 @@ def _batch_fields(batch) -> tuple[int, float, list] | None:
 
 HEALTH_FIELDS = ("sm_clock_mhz", "ecc_corrected", "ecc_uncorrected", "xid")
 NO_HEALTH = (None, None, None, None)
-# Beyond these a figure is not believable (a clock in MHz, an error count, an XID code): left out, not stored.
-HEALTH_MAX = (100_000, 2**31 - 1, 2**31 - 1, 100_000)
+# Beyond these a figure is not believable (a clock in MHz, an error count, an XID code) or does not fit its
+# column (monitoring.models.Sample): left out, not stored.
+HEALTH_MAX = (2**15 - 1, 2**31 - 1, 2**31 - 1, 2**15 - 1)
 
 
 def _sample_values(raw) -> tuple:
@@ -435,13 +436,15 @@ def _parse_sample(raw, refs: dict[str, GpuRef], result: IngestResult) -> tuple[G
             health)
 
 
-COLUMNS = ("gpu_id", "pool_id", "ts", "util", "mem_util", "mem_used", "mem_total", "temp", "power")
-PG_TYPES = ("bigint", "bigint", "bigint", "smallint", "smallint", "integer", "integer", "smallint", "float8")
+COLUMNS = ("gpu_id", "pool_id", "ts", "util", "mem_util", "mem_used", "mem_total", "temp", "power", "sm_clock",
+           "ecc_corrected", "ecc_uncorrected", "xid")
+PG_TYPES = ("bigint", "bigint", "bigint", "smallint", "smallint", "integer", "integer", "smallint", "float8",
+            "smallint", "integer", "integer", "smallint")
 
 
 def _store_raw(rows: list[tuple]) -> int:
     """One INSERT for the whole request; returns the rows inserted. On PostgreSQL the columns travel
-    as nine arrays through unnest(), so the statement is the same size for 10 rows or 10,000 and costs
+    as arrays (one per column) through unnest(), so the statement is the same size for 10 rows or 10,000 and costs
     no per-row SQL building; ON CONFLICT DO NOTHING makes a resent sample harmless."""
     if not rows:
         return 0

@@ -62,7 +62,9 @@ def live_group(user, kind: str, key: str) -> str | None:
 
 RANGES = {"5m": 5 * 60, "15m": 15 * 60, "1h": 3600, "24h": 86400, "7d": 7 * 86400, "30d": 30 * 86400}
 MAX_POINTS = 360
-HISTORY_METRICS = ("util", "mem_used", "temp", "power")
+HISTORY_METRICS = ("util", "mem_used", "temp", "power", "sm_clock")
+# Metrics a source may leave out (null in the tables): averaged over the samples that have them.
+OPTIONAL_METRICS = {"sm_clock"}
 NICE_STEPS = (1, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
 
 
@@ -113,8 +115,10 @@ def pool_history(gpu_ids: list[int], range_key: str, now: float | None = None) -
         db_table, time_column, first = model._meta.db_table, "bucket", start - start % step
         # Each bucket's average weighted by its sample count: a minute with one sample must not count
         # as much as one with sixty.
-        columns = ", ".join(f"CAST(sum({m}_avg * n) AS DOUBLE PRECISION) / sum(n), max({m}_max)"
-                            for m in HISTORY_METRICS)
+        columns = ", ".join(
+            f"CAST(sum({m}_avg * n) AS DOUBLE PRECISION) / "
+            + (f"nullif(sum(CASE WHEN {m}_avg IS NOT NULL THEN n END), 0)" if m in OPTIONAL_METRICS else "sum(n)")
+            + f", max({m}_max)" for m in HISTORY_METRICS)
     placeholders = ", ".join(["%s"] * len(gpu_ids))
     rows = sql.fetch_all(
         f"SELECT gpu_id, {time_column} - {time_column} %% %s AS b, {columns} FROM {db_table} "

@@ -29,8 +29,8 @@ def _chart_context(gpus: list[tuple[int, str, int]], title: str, ws_path: str, h
     series = {}
     for gpu_id in ids:
         points = history.series.get(gpu_id, {})
-        series[gpu_id] = {m: [[ts, round(avg, 1)] for ts, avg, _ in points.get(m, [])][-WINDOW:]
-                          for m in ("util", "mem_used", "temp", "power")}
+        series[gpu_id] = {m: [[ts, None if avg is None else round(avg, 1)] for ts, avg, _ in points.get(m, [])]
+                          [-WINDOW:] for m in selectors.HISTORY_METRICS}
     latest = hot.latest_get((gpu_id, node_id) for gpu_id, _, node_id in gpus)
     return {
         "title": title,

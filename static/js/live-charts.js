@@ -13,7 +13,9 @@
   const data = JSON.parse(document.getElementById("chart-data").textContent);
   const gpus = data.gpus;
   const byId = new Map(gpus.map((g) => [g.id, g]));
-  const METRICS = ["util", "mem_used", "temp", "power"];
+  const METRICS = ["util", "mem_used", "temp", "power", "sm_clock"];
+  // A live sample names the SM clock as agents send it; null where the source does not report it.
+  const value = (s, metric) => (metric === "sm_clock" ? s.sm_clock_mhz ?? null : s[metric]);
   const COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
                    "#bcbd22", "#17becf"];
   const CONFIG = {displaylogo: false, responsive: true};
@@ -207,7 +209,7 @@
       newest.set(s.gpu, s.t);
       const series = live.get(s.gpu);
       series.t.push(s.t);
-      for (const m of METRICS) series[m].push(s[m]);
+      for (const m of METRICS) series[m].push(value(s, m));
       if (series.t.length > data.window) {
         series.t.shift();
         for (const m of METRICS) series[m].shift();
@@ -220,7 +222,7 @@
         const idx = drawn.map((s) => order.indexOf(s.gpu));
         for (const el of charts) {
           const metric = el.dataset.metric;
-          Plotly.extendTraces(el, {x: drawn.map((s) => [new Date(s.t * 1000)]), y: drawn.map((s) => [s[metric]])},
+          Plotly.extendTraces(el, {x: drawn.map((s) => [new Date(s.t * 1000)]), y: drawn.map((s) => [value(s, metric)])},
                               idx, data.window);
         }
       }

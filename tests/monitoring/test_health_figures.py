@@ -6,6 +6,7 @@ import pytest
 from django.test import Client
 
 from monitoring import hot, ingest
+from monitoring.models import Sample
 from tests.monitoring.conftest import batch, payload, post, sample
 
 pytestmark = pytest.mark.django_db
@@ -23,6 +24,10 @@ def test_the_health_figures_an_agent_sends_are_kept_with_the_newest_sample(world
     first, second = _latest(host, 0), _latest(host, 1)
     assert (first.sm_clock, first.ecc_corrected, first.ecc_uncorrected, first.xid) == (1980, 3, 1, 79)
     assert (second.sm_clock, second.ecc_corrected, second.ecc_uncorrected, second.xid) == (None,) * 4
+    # ... and stored in the history, null where the agent sent none.
+    health = {gpu_id: row for gpu_id, *row in Sample.objects.values_list(
+        "gpu_id", "sm_clock", "ecc_corrected", "ecc_uncorrected", "xid")}
+    assert health == {host.gpus[0].pk: [1980, 3, 1, 79], host.gpus[1].pk: [None, None, None, None]}
 
 
 def test_a_bad_health_figure_is_left_out_and_the_sample_kept(world, host):
