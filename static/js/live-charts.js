@@ -18,7 +18,9 @@
   const value = (s, metric) => (metric === "sm_clock" ? s.sm_clock_mhz ?? null : s[metric]);
   const COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
                    "#bcbd22", "#17becf"];
-  const CONFIG = {displaylogo: false, responsive: true};
+  // Resized by the handler below, on width changes only: Plotly's own `responsive` also redraws on height
+  // changes (a full-page screenshot, a phone's toolbar sliding away), where it could log axis-scaling errors.
+  const CONFIG = {displaylogo: false};
   const charts = Array.from(root.querySelectorAll(".chart"));
   const heatmap = document.getElementById("chart-heatmap");
   const status = document.getElementById("live-status");
@@ -313,6 +315,17 @@
   }
   drawHeatmap();
   drawLines();
+  let drawnWidth = root.clientWidth;
+  let resizeDue = null;
+  window.addEventListener("resize", () => {
+    clearTimeout(resizeDue);
+    resizeDue = setTimeout(() => {
+      if (root.clientWidth === drawnWidth) return;
+      drawnWidth = root.clientWidth;
+      drawHeatmap();  // its labels depend on the width
+      for (const el of [heatmap, ...charts]) Plotly.Plots.resize(el);
+    }, 200);
+  });
   heatmap.on("plotly_click", (event) => {
     const point = event.points && event.points[0];
     if (!point) return;

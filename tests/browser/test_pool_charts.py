@@ -128,10 +128,22 @@ def test_the_charts_of_an_8_gpu_pool_mark_bookings_and_change_with_the_range(wor
     _minute_rollups([g.pk for g in gpus], 77.5)
     _sign_in(page, asgi_server, world.member)
     _check_the_charts(page, f"{asgi_server}/pools/a100/", 8, "node-b:1", f"ML #{reservation.pk}", 77.5, "pool-8")
-    # A click on a heatmap row's line adds it to the lines; unticking in the table takes it away.
+    # Unticking a GPU in the table takes its line away.
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     page.set_viewport_size({"width": 1440, "height": 900})
+    page.wait_for_function(f"{HEATMAP}._fullLayout.width > 1000")  # redrawn for the new width, not reloaded
     page.locator(f'#gpu-table input[data-pick="{gpus[0].pk}"]').uncheck()
     page.wait_for_function("document.getElementById('chart-util').data.length === 7")
+    # Turned to a phone's width the charts shrink; a height change alone (a full-page screenshot, a phone's
+    # toolbar) redraws nothing and logs nothing.
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.wait_for_function(f"{HEATMAP}._fullLayout.width <= 390 && "
+                           "document.getElementById('chart-power')._fullLayout.width <= 390")
+    page.screenshot(full_page=True)
+    page.wait_for_timeout(500)
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+    assert errors == []
 
 
 def test_the_charts_of_a_200_gpu_pool_stay_readable(world, asgi_server, page):
