@@ -49,9 +49,20 @@ class GpuSample:
     temperature_c: int
     power_w: float
     processes: list[GpuProcess] = field(default_factory=list)
+    # None where the board or driver does not say: ECC exists on data-centre cards only, and a clock
+    # query can be refused (a GPU that fell off the bus).
+    sm_clock_mhz: int | None = None
+    # Volatile ECC error counts (since the driver loaded), corrected (single-bit) and uncorrected (double-bit).
+    ecc_corrected: int | None = None
+    ecc_uncorrected: int | None = None
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        data = asdict(self)
+        # Left out when unknown: the portal reads an absent field as "not reported".
+        for name in ("sm_clock_mhz", "ecc_corrected", "ecc_uncorrected"):
+            if data[name] is None:
+                del data[name]
+        return data
 
 
 class GpuBackend(Protocol):

@@ -129,8 +129,21 @@ class NvmlBackend:
                                                  default=0)),
                 power_w=round(power_mw / 1000, 1),
                 processes=processes,
+                sm_clock_mhz=self._optional(getattr(nv, "nvmlDeviceGetClockInfo", None), handle,
+                                            getattr(nv, "NVML_CLOCK_SM", 1)),
+                ecc_corrected=self._ecc(handle, "NVML_MEMORY_ERROR_TYPE_CORRECTED"),
+                ecc_uncorrected=self._ecc(handle, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED"),
             ))
         return samples
+
+    def _ecc(self, handle: Any, error_type: str) -> int | None:
+        """The volatile ECC error count of one type, or None where the GPU has no ECC (consumer boards) or it
+        is off: NVML answers NotSupported there. XID errors come only as NVML events (a listener thread with
+        nvmlEventSetWait); the agent does not read them yet."""
+        nv = self.nvml
+        count = self._optional(getattr(nv, "nvmlDeviceGetTotalEccErrors", None), handle, getattr(nv, error_type, None),
+                               getattr(nv, "NVML_VOLATILE_ECC", 0))
+        return int(count) if count is not None else None
 
     # Local account -> portal user (the reverse of --user-map), so a process is named as its booker.
     portal_users: dict[str, str] = {}

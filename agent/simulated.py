@@ -46,6 +46,17 @@ MODELS = {
     "T4": Model("Tesla T4", 15360, False, 70.0),
 }
 
+# Idle and top SM clocks (MHz) of these boards, as NVML reports them; the simulation runs between the two
+# with the load. All of them are data-centre boards with ECC on.
+SM_CLOCKS = {
+    "NVIDIA H100 80GB HBM3": (345, 1980), "NVIDIA H200": (345, 1980), "NVIDIA A100-SXM4-80GB": (210, 1410),
+    "NVIDIA A100-SXM4-40GB": (210, 1410), "NVIDIA L40S": (210, 2520), "NVIDIA L4": (210, 2040),
+    "Tesla T4": (300, 1590),
+}
+# Chance per GPU and second of a corrected (single-bit) ECC error; uncorrected ones are left at 0, as on a
+# healthy fleet.
+ECC_CORRECTED_RATE = 0.0005
+
 SPEC = re.compile(r"^(?P<count>[1-9][0-9]?)x(?P<model>[A-Za-z0-9-]+)(:mig=(?P<mig>[A-Za-z0-9.+-]+))?$")
 
 
@@ -149,6 +160,7 @@ class SimulatedBackend:
         self.uuids = uuids or [f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{host}.simulated/{i}')}"
                                for i in range(len(self.models))]
         self.started: dict[str, float] = {}  # lease key -> clock when its job started
+        self.ecc_corrected = [0 for _ in self.models]  # volatile corrected ECC errors so far
 
     def inventory(self) -> list[GpuInfo]:
         return [GpuInfo(uuid=self.uuids[i], index=i, name=m.name, memory_mib=m.memory_mib,
@@ -181,8 +193,18 @@ class SimulatedBackend:
                 temperature_c=round(32 + util * 0.45 + warmth),
                 power_w=round(model.max_power_w * (0.12 + 0.8 * util / 100), 1),
                 processes=processes,
+                **self._clock_and_ecc(i, model, util),
             ))
         return samples
+
+    def _clock_and_ecc(self, i: int, model: Model, util: float) -> dict:
+        """The SM clock following the load, and now and then one more corrected ECC error (from the seed and
+        the second, like everything else here)."""
+        low, high = SM_CLOCKS.get(model.name, (210, 1410))
+        if random.Random(f"{self.seed}:{self.uuids[i]}:ecc:{int(self.clock())}").random() < ECC_CORRECTED_RATE:
+            self.ecc_corrected[i] += 1
+        return {"sm_clock_mhz": round(low + (high - low) * min(1.0, util / 30)) if util else low,
+                "ecc_corrected": self.ecc_corrected[i], "ecc_uncorrected": 0}
 
     # The leases this host holds now (the agent sets it to its LeaseStore's read).
     lease_source = None

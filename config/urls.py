@@ -21,7 +21,8 @@ from audit.api.views import AuditEntryListView
 from config import health, metrics
 from inventory.api.agent import HeartbeatView, RegisterView
 from inventory.api.views import ClusterViewSet, GpuModelViewSet, GpuViewSet, HostTokenViewSet, NodeViewSet
-from monitoring.api.views import AlertRuleViewSet, AlertViewSet, PoolHistoryView, SilenceViewSet, TelemetryView
+from monitoring.api.views import (AlertRuleViewSet, AlertViewSet, NodeHistoryView, PoolHistoryView, SilenceViewSet,
+                                   TelemetryView)
 from portal import channels, tokens, views
 from teams.api.views import ApiTokenViewSet, ChannelViewSet, GroupMappingViewSet, MeView, TeamViewSet, TokenView
 
@@ -56,6 +57,7 @@ api = [
     path("agent/heartbeat/", HeartbeatView.as_view(), name="agent-heartbeat"),
     path("agent/telemetry/", TelemetryView.as_view(), name="agent-telemetry"),
     path("pools/<slug:slug>/telemetry/", PoolHistoryView.as_view(), name="pool-telemetry"),
+    path("nodes/<int:node_id>/telemetry/", NodeHistoryView.as_view(), name="node-telemetry"),
     path("agent/leases/", LeasesView.as_view(), name="agent-leases"),
     # Beside the teams' routes: a team's use is the allocations app's to read (teams know no bookings).
     path("teams/<slug:slug>/usage/", TeamUsageView.as_view(), name="team-usage"),

@@ -46,6 +46,11 @@ class Latest:
     # instance or "", used MiB, GPU instance id or None). Last, with a default: values cached before
     # it existed read back without it.
     shares: tuple[tuple, ...] = ()
+    # What the source reports of the card's health (monitoring.ingest.HEALTH_FIELDS), None where it does not.
+    sm_clock: int | None = None
+    ecc_corrected: int | None = None
+    ecc_uncorrected: int | None = None
+    xid: int | None = None  # the last XID error's code
 
     @property
     def mem_pct(self) -> float:

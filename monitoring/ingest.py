@@ -101,6 +101,12 @@ class WireSample(msgspec.Struct, gc=False):
     utilization_memory_pct: float = 0.0
     power_w: float = 0.0
     processes: list[WireProcess] = []
+    # Optional health figures (absent: the source does not report them): SM clock, volatile ECC error
+    # counts, the last XID error's code. Kept with the newest sample (hot values, live), not in history.
+    sm_clock_mhz: int | None = None
+    ecc_corrected: int | None = None
+    ecc_uncorrected: int | None = None
+    xid: int | None = None
 
 
 class WireBatch(msgspec.Struct, gc=False):
@@ -282,17 +288,17 @@ def samples_ingest(*, refs: dict[str, GpuRef], batches: list, now: float, who: s
             parsed = _parse_sample(raw, refs, result)
             if parsed is None:
                 continue
-            ref, values, procs = parsed
+            ref, values, procs, health = parsed
             if (ref.gpu_id, second) in stored:
                 # History holds one sample per GPU and second; the first one sent is the one kept.
                 result.rejected["duplicate"] += 1
                 continue
             stored.add((ref.gpu_id, second))
-            rows.append((ref.gpu_id, ref.pool_id, second, *values))
+            rows.append((ref.gpu_id, ref.pool_id, second, *values, *health))
             previous = newest.get(ref.gpu_id)
             if previous is None or previous[1][0] <= ts:
                 uses = shares.attribute(procs, ref.holders) if procs or ref.holders else ()
-                newest[ref.gpu_id] = (ref, (ts, *values, tuple((p[0], p[1]) for p in procs), uses))
+                newest[ref.gpu_id] = (ref, (ts, *values, tuple((p[0], p[1]) for p in procs), uses, *health))
 
     # One statement, in autocommit: committed when it returns, so what follows is after commit.
     # Rows another request stored first (an overlapping resend) are not inserted and not accepted.
@@ -355,20 +361,35 @@ def _batch_fields(batch) -> tuple[int, float, list] | None:
         return None
 
 
+HEALTH_FIELDS = ("sm_clock_mhz", "ecc_corrected", "ecc_uncorrected", "xid")
+NO_HEALTH = (None, None, None, None)
+# Beyond these a figure is not believable (a clock in MHz, an error count, an XID code) or does not fit its
+# column (monitoring.models.Sample): left out, not stored.
+HEALTH_MAX = (2**15 - 1, 2**31 - 1, 2**31 - 1, 2**15 - 1)
+
+
 def _sample_values(raw) -> tuple:
-    """(uuid, util, mem_util, used, total, temp, power, processes) of one sample as sent, each process
-    (pid, used MiB, user, MIG device UUID or "", GPU instance id or None); raises TypeError,
-    KeyError, ... when a value is missing or not a number."""
+    """(uuid, util, mem_util, used, total, temp, power, processes, health) of one sample as sent, each process
+    (pid, used MiB, user, MIG device UUID or "", GPU instance id or None), health the optional figures of
+    HEALTH_FIELDS (None each where absent or not believable: they never cost the sample); raises
+    TypeError, KeyError, ... when a value is missing or not a number."""
     if isinstance(raw, WireSample):
+        health = (raw.sm_clock_mhz, raw.ecc_corrected, raw.ecc_uncorrected, raw.xid)
         return (raw.uuid, raw.utilization_gpu_pct, raw.utilization_memory_pct, raw.memory_used_mib,
                 raw.memory_total_mib, raw.temperature_c, raw.power_w,
                 tuple((p.pid, max(0, p.used_memory_mib), p.user[:MAX_NAME], p.mig_uuid[:MAX_NAME], p.gpu_instance_id)
-                      for p in raw.processes[:MAX_PROCESSES]))
+                      for p in raw.processes[:MAX_PROCESSES]),
+                NO_HEALTH if health == NO_HEALTH else _health(health))
     processes = raw.get("processes") or []
     return (raw["uuid"], _number(raw["utilization_gpu_pct"]), _number(raw.get("utilization_memory_pct", 0)),
             _number(raw["memory_used_mib"]), _number(raw["memory_total_mib"]), _number(raw["temperature_c"]),
             _number(raw.get("power_w", 0)),
-            tuple(_process(p) for p in processes[:MAX_PROCESSES]))
+            tuple(_process(p) for p in processes[:MAX_PROCESSES]),
+            _health(tuple(raw.get(name) for name in HEALTH_FIELDS)))
+
+
+def _health(values: tuple) -> tuple:
+    return tuple(v if type(v) is int and 0 <= v <= most else None for v, most in zip(values, HEALTH_MAX))
 
 
 def _process(raw) -> tuple:
@@ -381,11 +402,11 @@ def _process(raw) -> tuple:
             gi if type(gi) is int else None)
 
 
-def _parse_sample(raw, refs: dict[str, GpuRef], result: IngestResult) -> tuple[GpuRef, tuple, tuple] | None:
-    """One sample → (its GPU, (util, mem_util, mem_used, mem_total, temp, power), processes), or None
+def _parse_sample(raw, refs: dict[str, GpuRef], result: IngestResult) -> tuple[GpuRef, tuple, tuple, tuple] | None:
+    """One sample → (its GPU, (util, mem_util, mem_used, mem_total, temp, power), processes, health), or None
     with the reason counted. Plain tuples: this runs 10,000 times a second."""
     try:
-        uuid, util, mem_util, used, total, temp, power, procs = _sample_values(raw)
+        uuid, util, mem_util, used, total, temp, power, procs, health = _sample_values(raw)
         ref = refs.get(uuid)
     except (TypeError, KeyError, ValueError, AttributeError, OverflowError):
         result.rejected["malformed"] += 1
@@ -411,16 +432,19 @@ def _parse_sample(raw, refs: dict[str, GpuRef], result: IngestResult) -> tuple[G
     if used > total:
         result.clamped["memory_clamped"] += 1
         used = total
-    return ref, (round(util), round(mem_util), int(used), int(total), round(temp), round(float(power), 1)), procs
+    return (ref, (round(util), round(mem_util), int(used), int(total), round(temp), round(float(power), 1)), procs,
+            health)
 
 
-COLUMNS = ("gpu_id", "pool_id", "ts", "util", "mem_util", "mem_used", "mem_total", "temp", "power")
-PG_TYPES = ("bigint", "bigint", "bigint", "smallint", "smallint", "integer", "integer", "smallint", "float8")
+COLUMNS = ("gpu_id", "pool_id", "ts", "util", "mem_util", "mem_used", "mem_total", "temp", "power", "sm_clock",
+           "ecc_corrected", "ecc_uncorrected", "xid")
+PG_TYPES = ("bigint", "bigint", "bigint", "smallint", "smallint", "integer", "integer", "smallint", "float8",
+            "smallint", "integer", "integer", "smallint")
 
 
 def _store_raw(rows: list[tuple]) -> int:
     """One INSERT for the whole request; returns the rows inserted. On PostgreSQL the columns travel
-    as nine arrays through unnest(), so the statement is the same size for 10 rows or 10,000 and costs
+    as arrays (one per column) through unnest(), so the statement is the same size for 10 rows or 10,000 and costs
     no per-row SQL building; ON CONFLICT DO NOTHING makes a resent sample harmless."""
     if not rows:
         return 0
@@ -458,9 +482,11 @@ def _group_payloads(newest: dict[int, tuple[GpuRef, tuple]]) -> dict[str, dict]:
     share of, with its own shares only."""
     per_group: dict[str, list] = defaultdict(list)
     t = 0.0
-    for gpu_id, (ref, (ts, util, mem_util, mem_used, mem_total, temp, power, procs, uses)) in newest.items():
+    for gpu_id, (ref, (ts, util, mem_util, mem_used, mem_total, temp, power, procs, uses, *health)) in newest.items():
         item = {"gpu": gpu_id, "uuid": ref.uuid, "t": ts, "util": util, "mem_util": mem_util, "mem_used": mem_used,
                 "mem_total": mem_total, "temp": temp, "power": power, "processes": [list(p) for p in procs]}
+        if health.count(None) < len(health):
+            item.update((name, value) for name, value in zip(HEALTH_FIELDS, health) if value is not None)
         t = max(t, ts)
         if ref.holders:
             item["shares"] = _live_shares(ref.holders, uses)

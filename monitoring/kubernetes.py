@@ -362,7 +362,7 @@ def outcome_of(reading: Reading, refs: dict[str, ingest.GpuRef], seen: dict[str,
         out.samples.append(ingest.WireSample(
             uuid=uuid, utilization_gpu_pct=util, memory_used_mib=used, memory_total_mib=total,
             temperature_c=v["temp"], utilization_memory_pct=v.get("mem_util", 0.0), power_w=v.get("power", 0.0),
-            processes=processes))
+            processes=processes, xid=int(v["xid"]) if "xid" in v else None))
         out.times.append(ts)
         if uuid in seen:
             out.periods.append(ts - seen[uuid])

@@ -37,6 +37,11 @@ class Sample(models.Model):
     mem_total = models.IntegerField(help_text="MiB")
     temp = models.SmallIntegerField(help_text="°C")
     power = models.FloatField(help_text="W")
+    # Health figures, null where the source does not report them (monitoring.ingest.HEALTH_FIELDS).
+    sm_clock = models.SmallIntegerField(null=True, help_text="SM clock, MHz")
+    ecc_corrected = models.IntegerField(null=True, help_text="volatile corrected ECC errors since the driver loaded")
+    ecc_uncorrected = models.IntegerField(null=True, help_text="volatile uncorrected ECC errors since the driver loaded")
+    xid = models.SmallIntegerField(null=True, help_text="the last XID error's code")
 
 
 class Rollup(models.Model):
@@ -57,6 +62,12 @@ class Rollup(models.Model):
     temp_max = models.SmallIntegerField()
     power_avg = models.FloatField()
     power_max = models.FloatField()
+    # Over the samples that had them (null: none did). ECC counts only grow while the driver stays loaded,
+    # so the bucket's max is its last count; an XID code is not a quantity, and stays in raw history only.
+    sm_clock_avg = models.FloatField(null=True)
+    sm_clock_max = models.SmallIntegerField(null=True)
+    ecc_corrected_max = models.IntegerField(null=True)
+    ecc_uncorrected_max = models.IntegerField(null=True)
 
     class Meta:
         abstract = True

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
-from django.db.models import Avg, Count, F, Max, Sum
+from django.db.models import Avg, Count, F, Max, Q, Sum
 
 from monitoring.models import HourRollup, MinuteRollup, RollupMark, Sample
 
@@ -23,7 +23,8 @@ MINUTE, HOUR = 60, 3600
 # A bucket is rolled up this long after it ends (samples of the last seconds still arriving).
 GRACE = {MINUTE: 30, HOUR: 120}
 UPDATE_FIELDS = ["pool_id", "n", "util_avg", "util_max", "mem_util_avg", "mem_util_max", "mem_used_avg",
-                 "mem_used_max", "mem_total", "temp_avg", "temp_max", "power_avg", "power_max"]
+                 "mem_used_max", "mem_total", "temp_avg", "temp_max", "power_avg", "power_max", "sm_clock_avg",
+                 "sm_clock_max", "ecc_corrected_max", "ecc_uncorrected_max"]
 DIRTY_KEY = "tm:dirty:{level}:{bucket}"
 # How far back a late sample can make a bucket dirty (longer outages stay in raw only).
 DIRTY_LOOKBACK = 6 * HOUR
@@ -45,12 +46,15 @@ def _minute_rows(start: int, end: int, buckets: set[int] | None = None) -> list[
         pool=Max("pool_id"), n=Count("ts"), util_avg=Avg("util"), util_max=Max("util"), mem_util_avg=Avg("mem_util"),
         mem_util_max=Max("mem_util"), mem_used_avg=Avg("mem_used"), mem_used_max=Max("mem_used"),
         mem_total_=Max("mem_total"), temp_avg=Avg("temp"), temp_max=Max("temp"), power_avg=Avg("power"),
-        power_max=Max("power"))
+        power_max=Max("power"), sm_clock_avg=Avg("sm_clock"), sm_clock_max=Max("sm_clock"),
+        ecc_corrected_max=Max("ecc_corrected"), ecc_uncorrected_max=Max("ecc_uncorrected"))
     return [MinuteRollup(gpu_id=r["gpu_id"], pool_id=r["pool"], bucket=r["bucket"], n=r["n"], util_avg=r["util_avg"],
                          util_max=r["util_max"], mem_util_avg=r["mem_util_avg"], mem_util_max=r["mem_util_max"],
                          mem_used_avg=r["mem_used_avg"], mem_used_max=r["mem_used_max"], mem_total=r["mem_total_"],
                          temp_avg=r["temp_avg"], temp_max=r["temp_max"], power_avg=r["power_avg"],
-                         power_max=r["power_max"]) for r in agg]
+                         power_max=r["power_max"], sm_clock_avg=r["sm_clock_avg"], sm_clock_max=r["sm_clock_max"],
+                         ecc_corrected_max=r["ecc_corrected_max"], ecc_uncorrected_max=r["ecc_uncorrected_max"])
+            for r in agg]
 
 
 def _hour_rows(start: int, end: int, buckets: set[int] | None = None) -> list[HourRollup]:
@@ -62,13 +66,18 @@ def _hour_rows(start: int, end: int, buckets: set[int] | None = None) -> list[Ho
         mem_util_sum=Sum(F("mem_util_avg") * F("n")), mem_util_max_=Max("mem_util_max"),
         mem_used_sum=Sum(F("mem_used_avg") * F("n")), mem_used_max_=Max("mem_used_max"), mem_total_=Max("mem_total"),
         temp_sum=Sum(F("temp_avg") * F("n")), temp_max_=Max("temp_max"), power_sum=Sum(F("power_avg") * F("n")),
-        power_max_=Max("power_max"))
+        power_max_=Max("power_max"), sm_clock_sum=Sum(F("sm_clock_avg") * F("n")),
+        sm_clock_n=Sum("n", filter=Q(sm_clock_avg__isnull=False)), sm_clock_max_=Max("sm_clock_max"),
+        ecc_corrected_max_=Max("ecc_corrected_max"), ecc_uncorrected_max_=Max("ecc_uncorrected_max"))
     return [HourRollup(gpu_id=r["gpu_id"], pool_id=r["pool"], bucket=r["hour"], n=r["total"],
                        util_avg=r["util_sum"] / r["total"], util_max=r["util_max_"],
                        mem_util_avg=r["mem_util_sum"] / r["total"], mem_util_max=r["mem_util_max_"],
                        mem_used_avg=r["mem_used_sum"] / r["total"], mem_used_max=r["mem_used_max_"],
                        mem_total=r["mem_total_"], temp_avg=r["temp_sum"] / r["total"], temp_max=r["temp_max_"],
-                       power_avg=r["power_sum"] / r["total"], power_max=r["power_max_"]) for r in agg]
+                       power_avg=r["power_sum"] / r["total"], power_max=r["power_max_"],
+                       sm_clock_avg=r["sm_clock_sum"] / r["sm_clock_n"] if r["sm_clock_n"] else None,
+                       sm_clock_max=r["sm_clock_max_"], ecc_corrected_max=r["ecc_corrected_max_"],
+                       ecc_uncorrected_max=r["ecc_uncorrected_max_"]) for r in agg]
 
 
 def _upsert(model, rows) -> int:

@@ -8,6 +8,7 @@ from django.conf import settings
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
+from allocations import units
 from allocations.models import Allocation
 from allocations.selectors import pools_visible_to, with_occupancy
 from common import sql
@@ -61,7 +62,9 @@ def live_group(user, kind: str, key: str) -> str | None:
 
 RANGES = {"5m": 5 * 60, "15m": 15 * 60, "1h": 3600, "24h": 86400, "7d": 7 * 86400, "30d": 30 * 86400}
 MAX_POINTS = 360
-HISTORY_METRICS = ("util", "mem_used", "temp", "power")
+HISTORY_METRICS = ("util", "mem_used", "temp", "power", "sm_clock")
+# Metrics a source may leave out (null in the tables): averaged over the samples that have them.
+OPTIONAL_METRICS = {"sm_clock"}
 NICE_STEPS = (1, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
 
 
@@ -112,8 +115,10 @@ def pool_history(gpu_ids: list[int], range_key: str, now: float | None = None) -
         db_table, time_column, first = model._meta.db_table, "bucket", start - start % step
         # Each bucket's average weighted by its sample count: a minute with one sample must not count
         # as much as one with sixty.
-        columns = ", ".join(f"CAST(sum({m}_avg * n) AS DOUBLE PRECISION) / sum(n), max({m}_max)"
-                            for m in HISTORY_METRICS)
+        columns = ", ".join(
+            f"CAST(sum({m}_avg * n) AS DOUBLE PRECISION) / "
+            + (f"nullif(sum(CASE WHEN {m}_avg IS NOT NULL THEN n END), 0)" if m in OPTIONAL_METRICS else "sum(n)")
+            + f", max({m}_max)" for m in HISTORY_METRICS)
     placeholders = ", ".join(["%s"] * len(gpu_ids))
     rows = sql.fetch_all(
         f"SELECT gpu_id, {time_column} - {time_column} %% %s AS b, {columns} FROM {db_table} "
@@ -205,6 +210,96 @@ def usage(pools: QuerySet[GpuPool], teams: QuerySet[Team], now=None) -> tuple[li
     return list(by_pool.values()), list(by_team.values())
 
 
+# --- booked vs busy, per pool -------------------------------------------------------------
+
+
+@dataclass
+class GpuActivity:
+    gpu_id: int
+    label: str  # node:index
+    pool: str
+    team: str | None  # the holder's name; for use outside the portal the card's holders, if any, joined
+    reservation_id: int | None  # the idle booking's; None for use outside the portal
+    util: int
+    processes: int
+
+
+@dataclass
+class PoolActivity:
+    """What a pool's GPUs do now, in GPUs: a shared card counts by its parts (k of N shares, a MIG
+    instance's slices, a vGPU grant's worth), so booked_busy + booked_idle + unbooked_busy + free +
+    no_data == capacity."""
+
+    name: str
+    slug: str
+    capacity: int
+    free: float = 0.0  # nobody booked it and nothing runs on it
+    booked_busy: float = 0.0
+    booked_idle: float = 0.0  # booked, and its holder runs nothing
+    unbooked_busy: float = 0.0  # busy although nobody booked it: use outside the portal
+    no_data: float = 0.0  # no recent sample: its agent or exporter is silent
+    idle_bookings: list[GpuActivity] = field(default_factory=list)
+    outside_use: list[GpuActivity] = field(default_factory=list)
+
+
+def pool_activity(pools: QuerySet[GpuPool], now=None) -> list[PoolActivity]:
+    """Per pool: GPUs free, booked and busy, booked but idle, busy without a booking, and without data.
+
+    Busy comes from the hot telemetry: utilization above TELEMETRY_IDLE_UTIL_PCT, or a process on the card.
+    A card whose processes were attributed to its holders at ingest (monitoring.shares.attribute) is split
+    by them: a holder using memory is busy, one using none idle, use nobody could be told is outside use on
+    the card's unbooked part. A card without process data (some exporters send none) is busy or idle as a
+    whole, its booked part with it. Three queries and one cache read, whatever the fleet size.
+    """
+    now = now or timezone.now()
+    idle_at = settings.TELEMETRY_IDLE_UTIL_PCT
+    pool_list = list(pools.order_by("slug").values_list("pk", "name", "slug"))
+    by_pool = {pk: PoolActivity(name, slug, 0) for pk, name, slug in pool_list}
+    gpus = list(Gpu.objects.filter(pool_id__in=by_pool).order_by("node__name", "index")
+                .values_list("id", "pool_id", "node_id", "node__name", "index"))
+    # gpu id → {reservation id: (team name, milli of the card it holds)}
+    held: dict[int, dict[int, list]] = {}
+    for gpu_id, reservation_id, team, milli in (
+            Allocation.objects.filter(gpu_id__in=[g[0] for g in gpus], starts_at__lte=now, ends_at__gt=now)
+            .order_by("reservation_id").values_list("gpu_id", "reservation_id", "reservation__team__name", "milli")):
+        entry = held.setdefault(gpu_id, {}).setdefault(reservation_id, [team, 0])
+        entry[1] += milli
+    latest = hot.latest_get((g[0], g[2]) for g in gpus)
+    for gpu_id, pool_id, _, node_name, index in gpus:
+        summary = by_pool[pool_id]
+        summary.capacity += 1
+        holders = held.get(gpu_id, {})
+        booked = {r: min(1.0, milli / units.MILLI_PER_GPU) for r, (_, milli) in holders.items()}
+        unbooked = max(0.0, 1.0 - sum(booked.values()))
+        sample = latest.get(gpu_id)
+        if sample is None:
+            summary.no_data += 1
+            continue
+        card_busy = sample.util > idle_at or bool(sample.processes)
+        used = {r: mib for r, _, mib, _ in sample.shares if r is not None}
+        outside = any(r is None and mib > 0 for r, _, mib, _ in sample.shares)
+        label = f"{node_name}:{index}"
+        for reservation_id, part in booked.items():
+            if sample.processes and reservation_id in used:
+                busy = used[reservation_id] > 0
+            else:  # no process data, or a booking newer than the ingest's holder map: the card decides
+                busy = card_busy
+            if busy:
+                summary.booked_busy += part
+            else:
+                summary.booked_idle += part
+                summary.idle_bookings.append(GpuActivity(gpu_id, label, summary.slug, holders[reservation_id][0],
+                                                         reservation_id, sample.util, len(sample.processes)))
+        if outside or (not holders and card_busy):
+            summary.unbooked_busy += unbooked
+            teams = ", ".join(sorted({team for team, _ in holders.values()})) or None
+            summary.outside_use.append(GpuActivity(gpu_id, label, summary.slug, teams, None, sample.util,
+                                                   len(sample.processes)))
+        else:
+            summary.free += unbooked
+    return list(by_pool.values())
+
+
 def alerts_visible_to(user) -> QuerySet[Alert]:
     """Staff see every alert; members those about their teams or the pools their teams may use."""
     qs = Alert.objects.select_related("rule", "pool", "node", "team")
@@ -215,15 +310,44 @@ def alerts_visible_to(user) -> QuerySet[Alert]:
     return qs.filter(Q(team__in=teams_of(user)) | Q(pool__in=pools_visible_to(user)))
 
 
+@dataclass
+class Lease:
+    """One lease key an agent reported ("<reservation id>:<device>", allocations.apply.backends.agent.lease_key),
+    read for people: the reservation, its team and the GPU it names."""
+
+    key: str
+    reservation_id: int | None  # None: the key names no reservation the portal knows
+    team: str | None
+    gpu: str  # "GPU <index>" when the device is one of the node's GPUs (or a MIG instance of one), else the device
+    why: str = ""  # for a refused lease, the agent's reason
+
+
 def node_leases(node: Node) -> dict | None:
     """What a bare-metal host's agent last said about its GPU leases (None: it never said anything)."""
-    from allocations.models import HostLeaseReport
+    from allocations.models import HostLeaseReport, Reservation
 
     report = HostLeaseReport.objects.filter(node=node).first()
     if report is None:
         return None
-    return {"held": report.held, "failed": sorted(report.failed.items()), "unleased_in_use": report.unleased_in_use,
-            "reported_at": report.reported_at}
+    keys = [*report.held, *report.failed]
+    ids = {int(key.split(":", 1)[0]) for key in keys if key.split(":", 1)[0].isdigit()}
+    teams = dict(Reservation.objects.filter(pk__in=ids).values_list("pk", "team__name"))
+    gpus = {}
+    for index, uuid, mig_devices in node.gpus.values_list("index", "uuid", "mig_devices"):
+        gpus[uuid] = f"GPU {index}"
+        for device in mig_devices or ():
+            if isinstance(device, dict) and device.get("uuid"):
+                gpus[device["uuid"]] = f"GPU {index} MIG {device.get('profile', '')}".rstrip()
+
+    def lease(key: str, why: str = "") -> Lease:
+        rid, _, device = key.partition(":")
+        reservation_id = int(rid) if rid.isdigit() and int(rid) in teams else None
+        gpu = gpus.get(device) or gpus.get(device.split("/", 1)[0], device)
+        return Lease(key, reservation_id, teams.get(reservation_id), gpu, why)
+
+    return {"held": [lease(key) for key in report.held],
+            "failed": [lease(key, why) for key, why in sorted(report.failed.items())],
+            "unleased_in_use": [gpus.get(uuid, uuid) for uuid in report.unleased_in_use], "reported_at": report.reported_at}
 
 
 # --- Kubernetes telemetry sources ------------------------------------------------------------

@@ -113,6 +113,19 @@ class AlertViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
         return selectors.alerts_visible_to(self.request.user)
 
 
+def _history_response(request: Request, scope: dict, gpus: dict[int, str]) -> Response:
+    """Per-GPU history of `gpus` (id → uuid) for the ?range= asked (default 15m)."""
+    range_key = request.query_params.get("range", "15m")
+    if range_key not in selectors.RANGES:
+        raise ValidationFailed(f"range must be one of {', '.join(selectors.RANGES)}.", field="range",
+                               rule="invalid_choice")
+    history = selectors.pool_history(list(gpus), range_key)
+    return Response({**scope, "range": range_key, "resolution": history.resolution,
+                     "step": history.step, "start": history.start, "end": history.end,
+                     "gpus": [{"gpu": gpu_id, "uuid": gpus.get(gpu_id), **series}
+                              for gpu_id, series in history.series.items()]})
+
+
 class PoolHistoryView(APIView):
     """GET /api/v1/pools/<slug>/telemetry/?range=5m|15m|1h|24h|7d|30d: per-GPU history (avg and max per point)."""
 
@@ -121,13 +134,15 @@ class PoolHistoryView(APIView):
         pool = selectors.pool_for_viewer(request.user, slug)
         if pool is None:
             raise NotFound("No such pool, or not one your teams use.", field="pool", rule="not_found")
-        range_key = request.query_params.get("range", "15m")
-        if range_key not in selectors.RANGES:
-            raise ValidationFailed(f"range must be one of {', '.join(selectors.RANGES)}.", field="range",
-                                   rule="invalid_choice")
-        gpus = dict(pool.gpus.values_list("id", "uuid"))
-        history = selectors.pool_history(list(gpus), range_key)
-        return Response({"pool": pool.slug, "range": range_key, "resolution": history.resolution,
-                         "step": history.step, "start": history.start, "end": history.end,
-                         "gpus": [{"gpu": gpu_id, "uuid": gpus.get(gpu_id), **series}
-                                  for gpu_id, series in history.series.items()]})
+        return _history_response(request, {"pool": pool.slug}, dict(pool.gpus.values_list("id", "uuid")))
+
+
+class NodeHistoryView(APIView):
+    """GET /api/v1/nodes/<id>/telemetry/?range=5m|15m|1h|24h|7d|30d: per-GPU history of one node's GPUs."""
+
+    @extend_schema(parameters=[OpenApiParameter("range", str, enum=list(selectors.RANGES))], responses={200: dict})
+    def get(self, request: Request, node_id: int) -> Response:
+        node = selectors.node_for_viewer(request.user, node_id)
+        if node is None:
+            raise NotFound("No such node, or not one you may watch.", field="node", rule="not_found")
+        return _history_response(request, {"node": node.pk}, dict(node.gpus.values_list("id", "uuid")))

@@ -1,43 +1,234 @@
-// Live GPU charts: one Plotly chart per metric, one trace per GPU, extended in place from the
-// WebSocket (typed JSON from monitoring/live.py) and bounded to `window` points per trace.
+// GPU telemetry on the pool and node pages, drawn with Plotly and fed by the WebSocket (typed JSON from
+// monitoring/live.py):
+// - a heatmap of every GPU over time (one row per GPU), with a strip that marks the booked ones and
+//   names the holder on hover: readable at 8 GPUs and at 200;
+// - line charts per metric for the selected GPUs only (at most 10, one distinct colour each, listed in an
+//   HTML legend that wraps instead of being clipped);
+// - a range picker: live (the last `window` seconds, extended in place as samples arrive) or 1 h to 30 days
+//   read from the history endpoint (minute and hour rollups).
 (function () {
   "use strict";
   const root = document.getElementById("live");
   if (!root || !window.Plotly) return;
   const data = JSON.parse(document.getElementById("chart-data").textContent);
   const gpus = data.gpus;
-  const indexOf = new Map(gpus.map((g, i) => [g.id, i]));
+  const byId = new Map(gpus.map((g) => [g.id, g]));
+  const METRICS = ["util", "mem_used", "temp", "power", "sm_clock"];
+  // A live sample names the SM clock as agents send it; null where the source does not report it.
+  const value = (s, metric) => (metric === "sm_clock" ? s.sm_clock_mhz ?? null : s[metric]);
+  const COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+                   "#bcbd22", "#17becf"];
+  // Resized by the handler below, on width changes only: Plotly's own `responsive` also redraws on height
+  // changes (a full-page screenshot, a phone's toolbar sliding away), where it could log axis-scaling errors.
+  const CONFIG = {displaylogo: false};
   const charts = Array.from(root.querySelectorAll(".chart"));
+  const heatmap = document.getElementById("chart-heatmap");
   const status = document.getElementById("live-status");
+  const note = document.getElementById("range-note");
+  const legend = document.getElementById("chart-legend");
+  const buttons = Array.from(root.querySelectorAll(".range-picker button"));
 
-  for (const el of charts) {
-    const metric = el.dataset.metric;
-    const traces = gpus.map((g) => {
-      const points = (data.history[g.id] || {})[metric] || [];
-      return {x: points.map((p) => new Date(p[0] * 1000)), y: points.map((p) => p[1]), name: g.label,
-              mode: "lines", type: "scatter"};
-    });
-    Plotly.newPlot(el, traces, {title: {text: el.dataset.title}, height: 260, margin: {l: 50, r: 10, t: 40, b: 30},
-                                showlegend: gpus.length <= 16, xaxis: {type: "date"}},
-                   {displaylogo: false, responsive: true});
+  function holderText(g) {
+    if (!g.holders.length) return "free";
+    return g.holders.map((h) => (h.reservation ? `${h.team} #${h.reservation}` : h.team) + ` (${h.part})`).join(", ");
   }
 
-  // Each GPU's newest time drawn: an older sample (an agent's backlog resent after an outage, or two
+  // The live points of each GPU: whole seconds and each metric, at most `window` of them.
+  const live = new Map(gpus.map((g) => {
+    const h = data.history[g.id] || {};
+    const series = {t: (h.util || []).map((p) => p[0])};
+    for (const m of METRICS) series[m] = (h[m] || []).map((p) => p[1]);
+    return [g.id, series];
+  }));
+  // Each GPU's newest time received: an older sample (an agent's backlog resent after an outage, or two
   // web workers' pushes crossing) would draw its line back in time and put old values in the table.
   const newest = new Map(gpus.map((g) => {
-    const points = Object.values(data.history[g.id] || {}).flat();
-    return [g.id, points.length ? Math.max(...points.map((p) => p[0])) : -Infinity];
+    const t = live.get(g.id).t;
+    return [g.id, t.length ? t[t.length - 1] : -Infinity];
   }));
 
-  function onSamples(msg) {
-    const rows = msg.samples.filter((s) => indexOf.has(s.gpu) && s.t > newest.get(s.gpu));
-    if (!rows.length) return;
-    for (const s of rows) newest.set(s.gpu, s.t);
-    const idx = rows.map((s) => indexOf.get(s.gpu));
+  // What the charts show: the live points, or a range read from the history endpoint.
+  let view = {range: "live", source: live};
+  // The GPUs drawn as lines, each with its colour (kept while it stays selected).
+  const colourOf = new Map();
+  for (const g of gpus.slice(0, 8)) colourOf.set(g.id, COLOURS[colourOf.size]);
+
+  function selected() { return gpus.filter((g) => colourOf.has(g.id)); }
+
+  function toggle(id) {
+    if (colourOf.has(id)) colourOf.delete(id);
+    else if (colourOf.size < COLOURS.length) {
+      const used = new Set(colourOf.values());
+      colourOf.set(id, COLOURS.find((c) => !used.has(c)));
+    } else {
+      legend.dataset.full = "true";
+    }
+    drawLines();
+  }
+
+  function lineTraces(metric) {
+    return selected().map((g) => {
+      const s = view.source.get(g.id) || {t: [], [metric]: []};
+      return {x: s.t.map((t) => new Date(t * 1000)), y: s[metric].slice(), name: g.label, type: "scatter",
+              mode: "lines", line: {color: colourOf.get(g.id), width: 1.6},
+              hovertemplate: `${g.label} · ${holderText(g)}<br>%{x}<br>%{y}<extra></extra>`};
+    });
+  }
+
+  function drawLines() {
     for (const el of charts) {
-      const metric = el.dataset.metric;
-      Plotly.extendTraces(el, {x: rows.map((s) => [new Date(s.t * 1000)]), y: rows.map((s) => [s[metric]])},
-                          idx, data.window);
+      Plotly.react(el, lineTraces(el.dataset.metric),
+                   {title: {text: el.dataset.title, font: {size: 14}}, height: 250, showlegend: false,
+                    margin: {l: 50, r: 10, t: 36, b: 30}, xaxis: {type: "date"}}, CONFIG);
+    }
+    const chosen = selected();
+    legend.replaceChildren(...chosen.map((g) => {
+      const item = document.createElement("span");
+      item.className = "legend-item";
+      item.dataset.gpu = g.id;
+      const swatch = document.createElement("span");
+      swatch.className = "swatch-line";
+      swatch.style.background = colourOf.get(g.id);
+      item.append(swatch, `${g.label} (${holderText(g)})`);
+      return item;
+    }));
+    if (!chosen.length) legend.textContent = "No GPU selected: tick some in the table or click a row of the heatmap.";
+    else if (legend.dataset.full === "true") legend.append(" · at most 10 lines: untick one first.");
+    delete legend.dataset.full;
+    for (const box of document.querySelectorAll("#gpu-table input[data-pick]")) {
+      const id = Number(box.dataset.pick);
+      box.checked = colourOf.has(id);
+      const cell = box.parentElement;
+      cell.style.boxShadow = colourOf.has(id) ? `inset 4px 0 0 ${colourOf.get(id)}` : "";
+    }
+  }
+
+  // The heatmap's columns: every second of the live window, or every bucket of the range.
+  function columns() {
+    if (view.range === "live") {
+      let end = Math.floor(Date.now() / 1000);
+      for (const t of newest.values()) if (t > end) end = Math.floor(t);
+      const out = [];
+      for (let t = end - data.window + 1; t <= end; t++) out.push(t);
+      return out;
+    }
+    const out = [];
+    for (let t = view.start - (view.start % view.step); t <= view.end; t += view.step) out.push(t);
+    return out;
+  }
+
+  function rowLabel(g) {
+    // On a phone the labels would take half the width: the booked strip and the hover name the holder.
+    if (!g.holders.length || root.clientWidth < 600) return g.label;
+    const teams = [...new Set(g.holders.map((h) => h.team))].join(", ");
+    return `${g.label} · ${teams.length > 14 ? teams.slice(0, 13) + "…" : teams}`;
+  }
+
+  function drawHeatmap() {
+    const cols = columns();
+    const at = new Map(cols.map((t, j) => [t, j]));
+    const z = gpus.map((g) => {
+      const row = new Array(cols.length).fill(null);
+      const s = view.source.get(g.id);
+      if (s) s.t.forEach((t, k) => {
+        const j = at.get(Math.floor(t));
+        if (j !== undefined) row[j] = s.util[k];
+      });
+      return row;
+    });
+    const labels = gpus.map(rowLabel);
+    const holders = gpus.map((g) => holderText(g));
+    const dense = gpus.length > 24;
+    const traces = [
+      {type: "heatmap", x: ["booked"], y: labels, z: gpus.map((g) => [g.holders.length ? 1 : 0]), xaxis: "x2",
+       zmin: 0, zmax: 1, showscale: false, colorscale: [[0, "#eef2f8"], [1, "#2f6fde"]], ygap: dense ? 0 : 1,
+       text: holders.map((h) => [h]), hovertemplate: "%{y}<br>%{text}<extra></extra>"},
+      {type: "heatmap", x: cols.map((t) => new Date(t * 1000)), y: labels, z, zmin: 0, zmax: 100,
+       colorscale: "Viridis", ygap: dense ? 0 : 1, hoverongaps: false, colorbar: {thickness: 8, len: 1, title: {text: "%"}},
+       text: holders.map((h) => new Array(cols.length).fill(h)),
+       hovertemplate: "%{y}<br>%{text}<br>%{x}<br>%{z} % utilization<extra></extra>"},
+    ];
+    const height = Math.min(900, Math.max(200, 70 + gpus.length * (dense ? 4 : 24)));
+    Plotly.react(heatmap, traces, {
+      title: {text: heatmap.dataset.title, font: {size: 14}}, height, margin: {l: 10, r: 10, t: 36, b: 36},
+      xaxis: {type: "date", domain: [0.05, 1]}, xaxis2: {domain: [0, 0.035], showticklabels: false, fixedrange: true},
+      yaxis: {type: "category", autorange: "reversed", automargin: true, anchor: "x2", tickfont: {size: 10}},
+    }, CONFIG);
+  }
+
+  let heatmapDue = false;
+  function heatmapSoon() {
+    if (heatmapDue) return;
+    heatmapDue = true;
+    setTimeout(() => { heatmapDue = false; if (view.range === "live") drawHeatmap(); }, 1000);
+  }
+
+  function stepWords(step) {
+    if (step % 86400 === 0) return step === 86400 ? "day" : `${step / 86400} days`;
+    if (step % 3600 === 0) return step === 3600 ? "hour" : `${step / 3600} hours`;
+    if (step % 60 === 0) return step === 60 ? "minute" : `${step / 60} minutes`;
+    return `${step} s`;
+  }
+
+  let asked = 0;
+  async function showRange(range, label) {
+    for (const b of buttons) b.setAttribute("aria-pressed", String(b.dataset.range === range));
+    const mine = ++asked;
+    if (range === "live") {
+      view = {range: "live", source: live};
+      note.textContent = `Live, once a second: the last ${data.window} s.`;
+    } else {
+      note.textContent = `Loading the last ${label}…`;
+      let body;
+      try {
+        const response = await fetch(`${data.history_url}?range=${encodeURIComponent(range)}`,
+                                      {headers: {Accept: "application/json"}, credentials: "same-origin"});
+        if (!response.ok) throw new Error(`the portal answered ${response.status}`);
+        body = await response.json();
+      } catch (error) {
+        if (mine === asked) note.textContent = `Could not load the last ${label}: ${error.message}.`;
+        return;
+      }
+      if (mine !== asked) return;  // another range was picked meanwhile
+      const source = new Map();
+      for (const g of body.gpus) {
+        const series = {t: (g.util || []).map((p) => p[0])};
+        for (const m of METRICS) series[m] = (g[m] || []).map((p) => (p[1] === null ? null : Math.round(p[1] * 10) / 10));
+        source.set(g.gpu, series);
+      }
+      view = {range, source, start: body.start, end: body.end, step: body.step};
+      note.textContent = `The last ${label}: averages per ${stepWords(body.step)} (${body.resolution} history); the live feed keeps the table current.`;
+    }
+    root.dataset.range = range;
+    drawHeatmap();
+    drawLines();
+  }
+
+  function onSamples(msg) {
+    const rows = msg.samples.filter((s) => byId.has(s.gpu) && s.t > newest.get(s.gpu));
+    if (!rows.length) return;
+    for (const s of rows) {
+      newest.set(s.gpu, s.t);
+      const series = live.get(s.gpu);
+      series.t.push(s.t);
+      for (const m of METRICS) series[m].push(value(s, m));
+      if (series.t.length > data.window) {
+        series.t.shift();
+        for (const m of METRICS) series[m].shift();
+      }
+    }
+    if (view.range === "live") {
+      const order = selected().map((g) => g.id);
+      const drawn = rows.filter((s) => colourOf.has(s.gpu));
+      if (drawn.length) {
+        const idx = drawn.map((s) => order.indexOf(s.gpu));
+        for (const el of charts) {
+          const metric = el.dataset.metric;
+          Plotly.extendTraces(el, {x: drawn.map((s) => [new Date(s.t * 1000)]), y: drawn.map((s) => [value(s, metric)])},
+                              idx, data.window);
+        }
+      }
+      heatmapSoon();
     }
     for (const s of rows) {
       // The pool page's GPU bars: the card's memory in use against the holders' parts.
@@ -59,6 +250,15 @@
         processes.textContent = s.processes.length
           ? s.processes.map(([pid, mem]) => `${pid} (${mem} MiB)`).join(", ") : "none";
       }
+      // Health figures come only from sources that report them (absent: "–").
+      tr.querySelector('[data-f="sm_clock"]').textContent = s.sm_clock_mhz ?? "–";
+      const ecc = tr.querySelector('[data-f="ecc"]');
+      ecc.textContent = s.ecc_corrected == null && s.ecc_uncorrected == null ? "–"
+        : `${s.ecc_corrected ?? "–"} / ${s.ecc_uncorrected ?? "–"}`;
+      ecc.classList.toggle("warn", Boolean(s.ecc_uncorrected));
+      const xid = tr.querySelector('[data-f="xid"]');
+      xid.textContent = s.xid ?? "–";
+      xid.classList.toggle("warn", Boolean(s.xid));
     }
   }
 
@@ -114,5 +314,29 @@
       delay = Math.min(delay * 2, 30000);
     };
   }
+
+  for (const b of buttons) b.addEventListener("click", () => showRange(b.dataset.range, b.textContent.trim()));
+  for (const box of document.querySelectorAll("#gpu-table input[data-pick]")) {
+    box.addEventListener("change", () => toggle(Number(box.dataset.pick)));
+  }
+  drawHeatmap();
+  drawLines();
+  let drawnWidth = root.clientWidth;
+  let resizeDue = null;
+  window.addEventListener("resize", () => {
+    clearTimeout(resizeDue);
+    resizeDue = setTimeout(() => {
+      if (root.clientWidth === drawnWidth) return;
+      drawnWidth = root.clientWidth;
+      drawHeatmap();  // its labels depend on the width
+      for (const el of [heatmap, ...charts]) Plotly.Plots.resize(el);
+    }, 200);
+  });
+  heatmap.on("plotly_click", (event) => {
+    const point = event.points && event.points[0];
+    if (!point) return;
+    const row = Array.isArray(point.pointIndex) ? point.pointIndex[0] : point.pointNumber[0];
+    if (gpus[row]) toggle(gpus[row].id);
+  });
   connect();
 })();

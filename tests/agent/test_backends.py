@@ -89,3 +89,35 @@ def test_nvml_treats_unsupported_queries_as_absent_not_fatal():
     assert (samples[0].power_w, samples[1].power_w) == (312.5, 0.0)
     assert samples[0].processes[0].pid == 4242 and samples[0].processes[0].used_memory_mib == 512
     assert samples[0].utilization_gpu_pct == 97 and samples[0].memory_used_mib == 1024
+
+
+def test_nvml_reads_the_sm_clock_and_volatile_ecc_counts_where_the_gpu_has_them():
+    nvml = fake_nvml(mig_supported=False)
+
+    def ecc(handle, error_type, counter_type):
+        assert counter_type == nvml.NVML_VOLATILE_ECC
+        if handle == "h1":
+            raise NotSupported()  # a consumer board: no ECC
+        return {nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED: 3, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED: 0}[error_type]
+
+    nvml.NVML_CLOCK_SM, nvml.NVML_VOLATILE_ECC = 1, 0
+    nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 0, 1
+    nvml.nvmlDeviceGetClockInfo = lambda handle, clock: 1980 if clock == 1 else 0
+    nvml.nvmlDeviceGetTotalEccErrors = ecc
+    first, second = NvmlBackend(nvml).sample()
+    assert (first.sm_clock_mhz, first.ecc_corrected, first.ecc_uncorrected) == (1980, 3, 0)
+    assert (second.ecc_corrected, second.ecc_uncorrected) == (None, None)
+    assert "ecc_corrected" not in second.as_dict() and second.as_dict()["sm_clock_mhz"] == 1980
+
+
+def test_an_nvml_without_clock_or_ecc_queries_reports_neither():
+    (sample, _) = NvmlBackend(fake_nvml(mig_supported=False)).sample()
+    assert (sample.sm_clock_mhz, sample.ecc_corrected, sample.ecc_uncorrected) == (None, None, None)
+
+
+def test_the_simulation_reports_an_sm_clock_that_follows_the_load_and_ecc_counts():
+    backend = SimulatedBackend("4xH100", host="sim-clock", seed=3)
+    for _ in range(50):
+        for s in backend.sample():
+            assert 345 <= s.sm_clock_mhz <= 1980 and s.ecc_uncorrected == 0 and s.ecc_corrected >= 0
+            assert {"sm_clock_mhz", "ecc_corrected", "ecc_uncorrected"} <= set(s.as_dict())

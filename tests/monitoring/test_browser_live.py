@@ -49,11 +49,15 @@ def test_the_pool_charts_extend_in_place_as_samples_arrive(world, asgi_server, p
     # send) is stored, but the charts and the table keep the newest values.
     old = payload(batch([sample(u, util=99) for u in uuids], t=t - 30), stream="backlog-stream")
     assert agent.post("/api/v1/agent/telemetry/", json=old).status_code == 200
-    body = payload(batch([sample(u, util=60 + g) for g, u in enumerate(uuids)], t=t + 5))
+    body = payload(batch([sample(u, util=60 + g, sm_clock_mhz=1755, ecc_corrected=2, ecc_uncorrected=0, xid=79)
+                          for g, u in enumerate(uuids)], t=t + 5))
     assert agent.post("/api/v1/agent/telemetry/", json=body).status_code == 200
     page.wait_for_function("document.getElementById('chart-util').data[0].x.length >= 6")
     assert page.evaluate("document.getElementById('chart-util').data[0].y") == [10, 20, 30, 40, 50, 60]
     assert page.locator('#gpu-table tr[data-gpu] [data-f="util"]').first.inner_text() == "60"
+    # The health figures the agent sent, live in the table.
+    first = page.locator("#gpu-table tr[data-gpu]").first
+    assert [first.locator(f'[data-f="{f}"]').inner_text() for f in ("sm_clock", "ecc", "xid")] == ["1755", "2 / 0", "79"]
 
 
 def test_the_pool_page_shows_each_holders_memory_against_its_share_live(world, asgi_server, page):

@@ -39,3 +39,18 @@ def test_a_mig_cards_instances_add_up_into_the_card():
                         "2": {"used": 3000.0, "gr_active": 0.9, "temp": 40.0, "power": 200.0}})
     assert card == {"used": 4000.0, "gr_active": 0.9, "temp": 40.0, "power": 200.0}
     assert _gpu_values({"": {"used": 5.0, "util": 7.0}}) == {"used": 5.0, "util": 7.0}
+
+
+def test_the_last_xid_error_dcgm_reports_rides_with_the_gpus_sample():
+    from monitoring.ingest import GpuRef
+    from monitoring.kubernetes import outcome_of
+
+    reading = Reading()
+    for uuid, xid in (("GPU-1", 79.0), ("GPU-2", None)):
+        reading.add_dating({**GPU, "UUID": uuid}, 100.0)
+        for key, value in (("used", 1000.0), ("free", 7000.0), ("temp", 50.0), ("util", 10.0), ("xid", xid)):
+            if value is not None:
+                reading.add_value(key, {**GPU, "UUID": uuid}, value)
+    refs = {u: GpuRef(i, u, None, 1, None) for i, u in enumerate(("GPU-1", "GPU-2"))}
+    samples = {s.uuid: s for s in outcome_of(reading, refs, {}, {}, {}, {}).samples}
+    assert samples["GPU-1"].xid == 79 and samples["GPU-2"].xid is None  # no series: no XID error reported

@@ -88,17 +88,19 @@ def test_the_pool_page_shows_live_charts_to_those_who_may_see_the_pool(world, ho
 
 def test_the_dashboard_shows_allocated_vs_used_idle_gpus_and_alerts(world, host):
     _hold(world, host.gpus[:3])
-    post(host, payload(batch([sample(u, util=[90, 0, 50, 0][i]) for i, u in enumerate(host.uuids)])))
+    post(host, payload(batch([sample(u, util=[90, 0, 50, 0][i], **({} if i % 2 == 0 else {"processes": []}))
+                              for i, u in enumerate(host.uuids)])))
     AlertRule.objects.all().delete()
     AlertRule.objects.create(name="Busy", metric="gpu_util", scope="gpu", threshold=80, for_seconds=0)
     alerts_evaluate()
     client = Client()
     client.force_login(world.owner)
     html = client.get("/").content.decode()
-    usage = html.split('id="usage-pools"')[1].split("</table>")[0]
-    assert "<td>A100</td><td class=\"num\">8</td><td class=\"num\">3</td><td class=\"num\">2</td>" in usage
+    usage = html.split('<tr data-pool="a100">')[1].split("</tr>")[0]
+    assert ('<td class="num" data-f="free">1</td>' in usage and '<td class="num" data-f="booked_busy">2</td>' in usage
+            and '<td class="num warn" data-f="booked_idle">1</td>' in usage)
     idle = html.split('id="idle-gpus"')[1].split("</p>")[0]
-    assert "a100 node-a:1 (ml, 0 %)" in idle and "node-a:3" not in idle  # 3 is idle but nobody holds it
+    assert "a100 node-a:1 (ML, 0 %)" in idle and "node-a:3" not in idle  # 3 is idle but nobody holds it
     alerts = html.split('id="alerts"')[1].split("</section>")[0]
     assert "firing" in alerts and "Busy" in alerts and "node-a GPU 0" in alerts
 

@@ -145,3 +145,29 @@ def test_a_history_point_over_several_minutes_weights_each_by_its_samples(settin
     day = pool_history([1], "24h", now=HOUR0 + 3600)
     point = next(p for p in day.series[1]["util"] if p[0] == HOUR0)
     assert point[1] == pytest.approx(100 / 60) and point[2] == 100
+
+
+@override_settings(TELEMETRY_RAW_RETENTION=timedelta(days=3650),
+                   TELEMETRY_MINUTE_RETENTION=timedelta(days=3650))
+def test_the_sm_clock_and_ecc_counts_roll_up_over_the_samples_that_have_them():
+    base = {"pool_id": 7, "mem_util": 0, "mem_used": 0, "mem_total": 81559, "temp": 40, "power": 100.0, "util": 50}
+    rows = []
+    for s in range(120):  # GPU 1 reports its clock and ECC counts in its first minute only; GPU 2 never
+        health = {"sm_clock": 1000 + s * 10, "ecc_corrected": s // 10, "ecc_uncorrected": 0} if s < 60 else {}
+        rows.append(Sample(gpu_id=1, ts=HOUR0 + s, **base, **health))
+        rows.append(Sample(gpu_id=2, ts=HOUR0 + s, **base))
+    Sample.objects.bulk_create(rows)
+    telemetry_rollup(now=HOUR0 + 3 * 3600)
+    first, second = MinuteRollup.objects.filter(gpu_id=1).order_by("bucket")
+    assert (first.sm_clock_avg, first.sm_clock_max, first.ecc_corrected_max, first.ecc_uncorrected_max) == (
+        1295.0, 1590, 5, 0)
+    assert (second.sm_clock_avg, second.sm_clock_max, second.ecc_corrected_max) == (None, None, None)
+    hour = HourRollup.objects.get(gpu_id=1, bucket=HOUR0)
+    assert (hour.sm_clock_avg, hour.sm_clock_max, hour.ecc_corrected_max) == (1295.0, 1590, 5)
+    assert HourRollup.objects.get(gpu_id=2, bucket=HOUR0).sm_clock_avg is None
+    # The history reads the clock over the minutes that had it (not diluted by those without), null elsewhere.
+    day = pool_history([1, 2], "24h", now=HOUR0 + 3 * 3600)
+    clock = {gpu: [p for p in day.series[gpu]["sm_clock"] if p[0] == HOUR0][0] for gpu in (1, 2)}
+    assert clock[1][1:] == (1295.0, 1590) and clock[2][1:] == (None, None)
+    month = pool_history([1], "30d", now=HOUR0 + 3 * 3600)
+    assert [p[1:] for p in month.series[1]["sm_clock"] if p[0] == HOUR0] == [(1295.0, 1590)]
