@@ -194,7 +194,7 @@ else:
     # running beat holds a lock it renews every tick (at most BEAT_TICK_SECONDS apart); the others
     # wait on the lock and one takes over within BEAT_LOCK_SECONDS + a tick of the holder's death.
     # So a sweep or an alert evaluation is neither doubled nor skipped for longer than that.
-    CELERY_BEAT_SCHEDULER = "redbeat.RedBeatScheduler"
+    CELERY_BEAT_SCHEDULER = "config.beat.ResilientRedBeatScheduler"
     CELERY_REDBEAT_REDIS_URL = REDIS_URL
     CELERY_REDBEAT_KEY_PREFIX = channel_layer_prefix(REDIS_URL) + "redbeat"
     CELERY_REDBEAT_LOCK_TIMEOUT = env.int("BEAT_LOCK_SECONDS", default=5)

@@ -42,8 +42,9 @@ def fleet(world, api) -> dict[str, object]:
     mapping = GroupMapping.objects.create(group="gpu-ml", team=world.team)
     channel = channel_create(actor=world.staff, name="hook", kind="webhook", team=world.team,
                              url="https://example.com/hook", events=["alert.firing"])
+    spare_token, _ = api_token_create(user=world.staff, name="one to revoke")
     return {
-        "priority-classes": priority.name, "group-mappings": mapping.pk,
+        "priority-classes": priority.name, "tokens": spare_token.prefix, "group-mappings": mapping.pk,
         "notification-channels": channel.pk,
         "alert-rules": rule.pk, "alerts": alert.pk, "apply-jobs": job.pk, "clusters": node.cluster_id,
         "gpus": node.gpus.first().pk, "gpu-models": node.gpus.first().model_name, "host-tokens": host_token.pk, "nodes": node.pk, "pools": world.pool.slug,
