@@ -8,7 +8,7 @@ PORT ?= 8000
 TEST_DATABASE_URL ?= postgres://gpupool:gpupool@127.0.0.1:5432/gpupool
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/14
 
-.PHONY: run test venv dev-venv services benchmark-api benchmark-api-cpu benchmark-api-floor benchmark-history benchmark-sharing benchmark-queue benchmark-telemetry-history benchmark-k8s-telemetry benchmark-apply clean
+.PHONY: run test venv dev-venv services benchmark-api benchmark-api-cpu benchmark-api-floor benchmark-history benchmark-sharing benchmark-queue benchmark-telemetry-history benchmark-k8s-telemetry benchmark-apply benchmark-page-load clean
 
 $(VENV)/.runtime: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -108,3 +108,7 @@ benchmark-telemetry: services $(VENV)/.dev
 
 clean:
 	rm -rf $(VENV) var staticfiles .pytest_cache
+
+# Pool page (Plotly) vs reservations page (no Plotly) in Chromium on the embedded demo, repeat visits.
+benchmark-page-load: services $(VENV)/.dev
+	$(PY) -m benchmarks.page_load --json benchmarks/results/page_load.json

@@ -35,9 +35,9 @@ def test_a_second_pool_visit_takes_plotly_from_the_browsers_cache(world, collect
     page.context.add_cookies([{"name": "sessionid", "value": client.cookies["sessionid"].value, "url": asgi_server}])
     page.goto(f"{asgi_server}/pools/a100/")
     first = {r["name"]: r for r in page.evaluate(STATIC)}
-    plotly = next(name for name in first if name.startswith("plotly-3.3.0.min."))
-    assert plotly != "plotly-3.3.0.min.js"  # fingerprinted
-    assert 0 < first[plotly]["transferred"] < 2_000_000  # compressed on the wire (4.8 MB as it is)
+    plotly = next(name for name in first if name.startswith("plotly-cartesian-3.4.0.min."))
+    assert plotly != "plotly-cartesian-3.4.0.min.js"  # fingerprinted
+    assert 0 < first[plotly]["transferred"] < 700_000  # compressed on the wire (1.4 MB as it is)
 
     page.goto(f"{asgi_server}/reservations/")
     page.goto(f"{asgi_server}/pools/a100/")

@@ -75,7 +75,7 @@ def test_the_pool_page_shows_live_charts_to_those_who_may_see_the_pool(world, ho
     page = member.get("/pools/a100/")
     assert page.status_code == 200
     html = page.content.decode()
-    assert "js/plotly-3.3.0.min.js" in html and 'data-ws="/ws/pools/a100/"' in html
+    assert "js/plotly-cartesian-3.4.0.min.js" in html and 'data-ws="/ws/pools/a100/"' in html
     data = json.loads(html.split('<script id="chart-data" type="application/json">')[1].split("</script>")[0])
     assert len(data["gpus"]) == 8 and data["window"] == 300
     assert data["history"][str(host.gpus[0].pk)]["util"][0][1] == 33
