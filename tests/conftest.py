@@ -213,6 +213,17 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
 
 
+def sign_in(page, url: str, username: str = "member") -> None:
+    """Sign in through the login form (the factories' PASSWORD) and wait for the dashboard."""
+    from tests.factories import PASSWORD
+
+    page.goto(f"{url}/login/")
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{url}/")
+
+
 @pytest.fixture
 def page(tmp_path):
     """A headless Debian Chromium page driven by Playwright (no browser download: executable_path)."""

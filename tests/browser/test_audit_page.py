@@ -4,24 +4,16 @@ from __future__ import annotations
 import pytest
 
 from allocations.models import Quota
-from tests.factories import PASSWORD
+from tests.conftest import sign_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
-
-
-def _sign_in(page, live_server, username):
-    page.goto(f"{live_server.url}/login/")
-    page.fill("input[name=username]", username)
-    page.fill("input[name=password]", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{live_server.url}/")
 
 
 def test_staff_filter_the_audit_log_by_object_type(world, live_server, page, api):
     quota = Quota.objects.get(team=world.team, pool=world.pool)
     assert api(world.staff).patch(f"/api/v1/quotas/{quota.pk}/", {"max_ge": 7}, format="json").status_code == 200
     page.set_viewport_size({"width": 1440, "height": 900})
-    _sign_in(page, live_server, "staff")
+    sign_in(page, live_server.url, "staff")
     page.goto(f"{live_server.url}/audit/")
     assert page.locator("#audit-entries tbody tr").count() > 1
     page.select_option("select[name=object_type]", "allocations.quota")
@@ -37,7 +29,7 @@ def test_on_a_phone_each_entry_fits_the_screen(world, live_server, page, api):
     quota = Quota.objects.get(team=world.team, pool=world.pool)
     api(world.staff).patch(f"/api/v1/quotas/{quota.pk}/", {"max_ge": 7}, format="json")
     page.set_viewport_size({"width": 390, "height": 844})
-    _sign_in(page, live_server, "staff")
+    sign_in(page, live_server.url, "staff")
     page.goto(f"{live_server.url}/audit/")
     page.wait_for_load_state("networkidle")
     assert page.evaluate("document.documentElement.scrollWidth") <= 390

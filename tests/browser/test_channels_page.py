@@ -9,17 +9,13 @@ import pytest
 from django.utils import timezone
 
 from teams.models import NotificationChannel
-from tests.factories import PASSWORD
+from tests.conftest import sign_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
 def test_add_a_team_channel_and_see_a_failing_one(world, live_server, page):
-    page.goto(f"{live_server.url}/login/")
-    page.fill("input[name=username]", "owner")
-    page.fill("input[name=password]", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{live_server.url}/")
+    sign_in(page, live_server.url, "owner")
     page.click("nav >> text=Notifications")
     page.fill("input[name=name]", "ML room")
     page.select_option("select[name=owner]", "ml")

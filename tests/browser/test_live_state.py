@@ -9,18 +9,9 @@ from playwright.sync_api import expect
 
 from allocations import queue, services
 from allocations.models import Reservation
-from tests.conftest import wait_for
-from tests.factories import PASSWORD
+from tests.conftest import sign_in, wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
-
-
-def sign_in(page, url: str, username: str = "member") -> None:
-    page.goto(f"{url}/login/")
-    page.fill("input[name=username]", username)
-    page.fill("input[name=password]", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{url}/")
 
 
 def book(world, gpus: int = 1) -> Reservation:

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from allocations import services
 from allocations.models import Reservation
-from tests.factories import PASSWORD
+from tests.conftest import sign_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -30,14 +30,6 @@ def shanghai_page(page):
     context = page.context.browser.new_context(timezone_id="Asia/Shanghai", viewport={"width": 1440, "height": 900})
     yield context.new_page()
     context.close()
-
-
-def sign_in(page, url: str) -> None:
-    page.goto(f"{url}/login/")
-    page.fill("input[name=username]", "member")
-    page.fill("input[name=password]", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{url}/")
 
 
 def test_an_extend_refusal_and_the_history_speak_to_people(world, live_server, shanghai_page, api):

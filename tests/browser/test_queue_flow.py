@@ -10,17 +10,9 @@ from django.utils import timezone
 from allocations import services
 from allocations.models import QueueEntry, Reservation
 from portal import timezones
-from tests.factories import PASSWORD
+from tests.conftest import sign_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
-
-
-def sign_in(page, live_server):
-    page.goto(f"{live_server.url}/login/")
-    page.fill("input[name=username]", "member")
-    page.fill("input[name=password]", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{live_server.url}/")
 
 
 def open_reserve(page, live_server):
@@ -32,7 +24,7 @@ def open_reserve(page, live_server):
 def test_a_member_waits_in_the_queue_takes_an_alternative_and_withdraws(world, live_server, page, tmp_path):
     busy = services.reservation_create(actor=world.staff, request=services.ReservationRequest(
         team="infra", pool="a100", gpus=8, ends_at=timezone.now() + timedelta(hours=2)))
-    sign_in(page, live_server)
+    sign_in(page, live_server.url)
 
     # As soon as it fits: the window's fields give way to the duration's.
     open_reserve(page, live_server)

@@ -11,8 +11,8 @@ import pytest
 from django.utils import timezone
 
 from allocations.models import Reservation
+from tests.conftest import sign_in
 from tests.factories import (
-    PASSWORD,
     ClusterFactory,
     GpuFactory,
     MembershipFactory,
@@ -46,14 +46,6 @@ def shared(db):
     member = UserFactory(username="member")
     MembershipFactory(user=member, team=team)
     return member
-
-
-def sign_in(page, url: str) -> None:
-    page.goto(f"{url}/login/")
-    page.fill("input[name=username]", "member")
-    page.fill("input[name=password]", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{url}/")
 
 
 def shoot(page, name: str) -> None:

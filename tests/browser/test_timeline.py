@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from tests.factories import PASSWORD
+from tests.conftest import sign_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -19,18 +19,10 @@ LABELS = """() => {
 }"""
 
 
-def _sign_in(page, url):
-    page.goto(f"{url}/login/")
-    page.fill("input[name=username]", "owner")
-    page.fill("input[name=password]", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{url}/")
-
-
 @pytest.mark.parametrize("width", [1440, 390])
 def test_timeline_labels_never_overlap_or_fall_off_the_edge(world, live_server, page, width):
     page.set_viewport_size({"width": width, "height": 900})
-    _sign_in(page, live_server.url)
+    sign_in(page, live_server.url, "owner")
     page.goto(f"{live_server.url}/reserve/")
     for range_ in ("24h", "3d", "7d"):
         page.click(f".ranges a:text-is('{range_}')")
@@ -46,7 +38,7 @@ def test_timeline_labels_never_overlap_or_fall_off_the_edge(world, live_server, 
 
 
 def test_a_click_on_a_slot_starts_the_reservation_then(world, live_server, page):
-    _sign_in(page, live_server.url)
+    sign_in(page, live_server.url, "owner")
     page.goto(f"{live_server.url}/reserve/")
     page.fill("#reserve-form [name=ends_at]", "")
     slot = page.locator(".timeline .slot").nth(3)

@@ -8,17 +8,13 @@ from pathlib import Path
 import pytest
 
 from teams.models import ApiToken
-from tests.factories import PASSWORD
+from tests.conftest import sign_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
 def test_make_and_revoke_a_token_in_the_browser(world, live_server, page):
-    page.goto(f"{live_server.url}/login/")
-    page.fill("input[name=username]", "member")
-    page.fill("input[name=password]", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{live_server.url}/")
+    sign_in(page, live_server.url)
     page.click("nav >> text=Tokens")
     for width, height in ((1440, 900), (390, 844)):
         page.set_viewport_size({"width": width, "height": height})
