@@ -16,6 +16,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.utils.cache import patch_vary_headers
+from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
@@ -310,9 +311,19 @@ def reservation_release(request: HttpRequest, reservation_id: int) -> HttpRespon
     if request.POST.get("confirm") != "yes":
         # One click must not end a running job's GPUs: without `confirm=yes` (which the button's JavaScript
         # dialog adds) the answer is a page that asks, so the no-JavaScript path asks too.
-        return render(request, "portal/release_confirm.html", {
-            "reservation": reservation, "next": _next_page(request) or "",
-            "cancel": reservation.starts_at > timezone.now(),
+        cancel = reservation.starts_at > timezone.now()
+        verb = "Cancel" if cancel else "Release"
+        next_page = _next_page(request)
+        return render(request, "portal/confirm.html", {
+            "question": f"{verb} reservation #{reservation.pk}?",
+            "detail": (f"{verb} reservation #{reservation.pk} of team {reservation.team.name}, "
+                       f"{booked_words(reservation)} of {reservation.pool.name}, now? "
+                       + ("It has not started; its GPUs go back to the pool." if cancel
+                          else "Whatever runs on its GPUs loses them.")),
+            "button": "Cancel it" if cancel else "Release",
+            "action": reverse("reservation-release", args=[reservation.pk]),
+            "fields": [("next", next_page)] if next_page else [],
+            "back": reverse("reservation", args=[reservation.pk]),
         })
     try:
         released = alloc_services.reservation_release(actor=request.user, reservation_id=reservation.pk)
