@@ -399,9 +399,10 @@ OIDC_RP_CLIENT_SECRET = (Path(_oidc_secret_file).read_text().strip() if _oidc_se
                          else env.str("OIDC_RP_CLIENT_SECRET", default=""))
 OIDC_RP_SCOPES = env.str("OIDC_RP_SCOPES", default="openid email profile")
 OIDC_RP_SIGN_ALGO = env.str("OIDC_RP_SIGN_ALGO", default="RS256")
-for _name in ("OIDC_OP_AUTHORIZATION_ENDPOINT", "OIDC_OP_TOKEN_ENDPOINT", "OIDC_OP_USER_ENDPOINT",
-              "OIDC_OP_JWKS_ENDPOINT"):
-    globals()[_name] = env.str(_name, default="")
+OIDC_OP_AUTHORIZATION_ENDPOINT = env.str("OIDC_OP_AUTHORIZATION_ENDPOINT", default="")
+OIDC_OP_TOKEN_ENDPOINT = env.str("OIDC_OP_TOKEN_ENDPOINT", default="")
+OIDC_OP_USER_ENDPOINT = env.str("OIDC_OP_USER_ENDPOINT", default="")
+OIDC_OP_JWKS_ENDPOINT = env.str("OIDC_OP_JWKS_ENDPOINT", default="")
 OIDC_USE_PKCE = True
 OIDC_USERNAME_CLAIM = env.str("OIDC_USERNAME_CLAIM", default="preferred_username")
 OIDC_GROUPS_CLAIM = env.str("OIDC_GROUPS_CLAIM", default="groups")

@@ -27,7 +27,8 @@ from urllib.parse import quote, urlsplit
 import requests
 from django.conf import settings
 from django.core.mail import send_mail
-from django.db.models import Q
+from django.db.models import Q, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from common import crypto
@@ -207,8 +208,9 @@ def delivery_attempt(delivery_id: int) -> str | None:
         else:
             wait = settings.NOTIFY_RETRY_SECONDS * 2 ** (delivery.attempts - 1)
             delivery.next_attempt_at = timezone.now() + timedelta(seconds=wait)
-        NotificationChannel.objects.filter(pk=channel.pk, failing_since__isnull=True).update(failing_since=now)
-        NotificationChannel.objects.filter(pk=channel.pk).update(last_attempt_at=now, last_error=delivery.last_error)
+        # failing_since keeps the first failure of the run (one UPDATE, whatever another attempt wrote).
+        NotificationChannel.objects.filter(pk=channel.pk).update(
+            last_attempt_at=now, last_error=delivery.last_error, failing_since=Coalesce("failing_since", Value(now)))
         log.warning("delivery %s of %s to channel %s failed (attempt %s): %s", delivery.pk, delivery.event,
                     channel.pk, delivery.attempts, delivery.last_error)
     else:

@@ -89,14 +89,13 @@ def _user_and_grant(key: str) -> tuple | None:
         return None
     grant = TokenGrant(key=key, ends_at=ends_at, read_only=read_only,
                        team_ids=frozenset(team_ids) if team_ids else None)
-    if grant.team_ids is not None:
-        # A key limited to some teams acts as a plain member of them: no staff powers. The user
-        # object is this request's alone; marked so that nothing saves the lowered flags.
-        user_values = tuple(False if field in ("is_staff", "is_superuser") else value
-                            for field, value in zip(USER_FIELDS, user_values))
-    user = _user_from_values(dict(zip(USER_FIELDS, user_values)))
-    if grant.team_ids is not None:
-        user.token_team_ids = grant.team_ids
+    columns = dict(zip(USER_FIELDS, user_values))
+    if grant.team_ids is None:
+        return _user_from_values(columns), grant
+    # A key limited to some teams acts as a plain member of them: no staff powers. The user object is
+    # this request's alone; marked so that nothing saves the lowered flags.
+    user = _user_from_values({**columns, "is_staff": False, "is_superuser": False})
+    user.token_team_ids = grant.team_ids
     return user, grant
 
 
