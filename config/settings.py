@@ -81,11 +81,15 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
+    # The language: the language cookie (the switcher's), else the browser's Accept-Language.
+    "django.middleware.locale.LocaleMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     # Audit entries written during a request name its user and its source (API, admin or page).
     "audit.middleware.AuditSourceMiddleware",
+    # A signed-in person's saved language and time zone beat the browser's (portal/preferences.py).
+    "portal.preferences.PreferenceMiddleware",
     # The viewer's time zone for the pages and their forms (portal/timezones.py).
     "portal.timezones.TimezoneMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
@@ -118,6 +122,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "django.template.context_processors.i18n",
                 "teams.backends.sign_in_options",
                 "portal.context_processors.navigation",
             ],
@@ -450,7 +455,12 @@ AXES_LOCKOUT_CALLABLE = "config.lockout.lockout_response"
 AXES_VERBOSE = False
 
 # --- i18n, static -----------------------------------------------------------------------
-LANGUAGE_CODE = "en-us"
+# English and Simplified Chinese. Catalogues: locale/ (templates, config, portal) and each app's locale/;
+# `python manage.py translations` rebuilds them, `--check` (run by the tests) fails on a string that is
+# not marked or not translated.
+LANGUAGE_CODE = "en"
+LANGUAGES = [("en", "English"), ("zh-hans", "简体中文")]
+LOCALE_PATHS = [BASE_DIR / "locale"]
 TIME_ZONE = env.str("TIME_ZONE", default="UTC")
 USE_I18N = True
 USE_TZ = True
@@ -524,6 +534,7 @@ SILENCED_SYSTEM_CHECKS: list[str] = []
 if HTTPS:
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
+    LANGUAGE_COOKIE_SECURE = True
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     # HSTS: a browser that saw the header over HTTPS refuses plain HTTP to this host (and, with
     # include-subdomains, to the hosts under it) for that long. Set include-subdomains false when the

@@ -23,7 +23,7 @@ from inventory.api.agent import HeartbeatView, RegisterView
 from inventory.api.views import ClusterViewSet, GpuModelViewSet, GpuViewSet, HostTokenViewSet, NodeViewSet
 from monitoring.api.views import (AlertRuleViewSet, AlertViewSet, NodeHistoryView, PoolHistoryView, SilenceViewSet,
                                    TelemetryView)
-from portal import channels, tokens, views
+from portal import channels, preferences, tokens, views
 from teams.api.views import ApiTokenViewSet, ChannelViewSet, GroupMappingViewSet, MeView, TeamViewSet, TokenView
 
 # The admin says whose it is: staff reach it from the portal's nav.
@@ -91,6 +91,8 @@ urlpatterns = [
     path("reservations/<int:reservation_id>/release/", views.reservation_release, name="reservation-release"),
     path("reservations/<int:reservation_id>/extend/", views.reservation_extend, name="reservation-extend"),
     path("teams/<slug:slug>/", views.team_detail, name="team"),
+    path("preferences/", preferences.preferences, name="preferences"),
+    path("language/", preferences.switch_language, name="language"),
     path("tokens/", tokens.tokens, name="tokens"),
     path("tokens/revoke/", tokens.token_revoke, name="token-revoke"),
     path("notifications/", channels.channels, name="channels"),

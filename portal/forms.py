@@ -4,14 +4,16 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django import forms
+from django.conf import settings
 from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
 
 from allocations.queue import parse_duration
 from allocations.selectors import LATEST_INSTANT
 from allocations.shapes import AMOUNT_LIMITS
 from inventory.sharing import REPLICA_MODES
 from portal.timezones import INPUT_FORMAT, zone_label
-from teams.models import ApiToken, Membership, NotificationChannel
+from teams.models import ApiToken, Membership, NotificationChannel, Preference
 from teams.notify import EVENTS
 
 class DateTimeLocalInput(forms.DateTimeInput):
@@ -220,3 +222,25 @@ class ChannelForm(forms.Form):
     def __init__(self, *args, teams=(), **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["owner"].choices = [("", "Me")] + [(team.slug, f"Team {team.name}") for team in teams]
+
+
+class LanguageForm(forms.Form):
+    """The header's switcher."""
+
+    language = forms.ChoiceField(choices=settings.LANGUAGES)
+
+
+class PreferenceForm(forms.ModelForm):
+    """A person's saved language and time zone; empty follows the browser."""
+
+    class Meta:
+        model = Preference
+        fields = ["language", "time_zone"]
+        labels = {"language": _("Language"), "time_zone": _("Time zone")}
+        help_texts = {"language": _("Empty: the browser's language."),
+                      "time_zone": _("An IANA zone such as Asia/Shanghai; empty: the browser's zone.")}
+        widgets = {"time_zone": forms.TextInput(attrs={"list": "zones", "autocomplete": "off"})}
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["language"].choices = [("", _("Follow my browser")), *settings.LANGUAGES]

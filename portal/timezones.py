@@ -3,7 +3,7 @@
 The browser names its IANA zone in the `tz` cookie (static/js/timezone.js); the middleware activates
 it for the request, so templates, messages and forms (a naive "2026-11-24 18:30" posted by the reserve
 form is that zone's 18:30) all use it. A missing or unknown zone falls back to settings.TIME_ZONE.
-`zone_for` is the one place the choice is made (a per-user preference would be read there too).
+`zone_for` is the one place the choice is made; a saved preference (portal/preferences.py) comes first.
 """
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from datetime import datetime, tzinfo
 
 from django.conf import settings
 from django.utils import formats, timezone
+
+from common.zones import zone_named
 
 TZ_COOKIE = "tz"
 API_PREFIX = "/api/"
@@ -25,18 +27,12 @@ INPUT_FORMAT = "%Y-%m-%d %H:%M"
 ISO_INSTANT = re.compile(r"\b\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:\d{2})")
 
 
-def _zone(name: str) -> tzinfo | None:
-    if not name or len(name) > 64:
-        return None
-    try:
-        return zoneinfo.ZoneInfo(name)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError):  # unknown, or not a zone name ("../etc")
-        return None
-
-
 def zone_for(request) -> tzinfo:
-    """The zone `request`'s pages use: the browser's (cookie), else the portal's default."""
-    return _zone(request.COOKIES.get(TZ_COOKIE, "")) or zoneinfo.ZoneInfo(settings.TIME_ZONE)
+    """The zone `request`'s pages use: the signed-in person's saved zone, else the browser's (cookie),
+    else the portal's default."""
+    saved = getattr(getattr(request, "preference", None), "time_zone", "")
+    return (zone_named(saved) or zone_named(request.COOKIES.get(TZ_COOKIE, ""))
+            or zoneinfo.ZoneInfo(settings.TIME_ZONE))
 
 
 class TimezoneMiddleware:

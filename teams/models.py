@@ -8,6 +8,8 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
 
+from common.zones import zone_named
+
 
 class Team(models.Model):
     slug = models.SlugField(max_length=64, unique=True)
@@ -187,3 +189,21 @@ class Delivery(models.Model):
         ordering = ["-created_at", "-pk"]
         indexes = [models.Index(fields=["next_attempt_at"], condition=models.Q(status="pending"),
                                 name="delivery_due")]
+
+
+class Preference(models.Model):
+    """How one person wants the pages: a language and a time zone. Empty = follow the browser (its
+    Accept-Language and the zone timezone.js reports). portal/preferences.py applies them."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, primary_key=True,
+                                related_name="preference")
+    language = models.CharField(max_length=16, blank=True, choices=settings.LANGUAGES)
+    time_zone = models.CharField(max_length=64, blank=True, help_text="An IANA zone, e.g. Asia/Shanghai")
+
+    def clean(self) -> None:
+        if self.time_zone and zone_named(self.time_zone) is None:
+            raise ValidationError({"time_zone": ValidationError(
+                "Not a time zone name (IANA, e.g. Asia/Shanghai).", code="unknown_zone")})
+
+    def __str__(self) -> str:
+        return f"{self.user}: {self.language or 'browser'}, {self.time_zone or 'browser'}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db.models import QuerySet
 
-from teams.models import Membership, NotificationChannel, Team
+from teams.models import Membership, NotificationChannel, Preference, Team
 
 User = AbstractBaseUser | AnonymousUser
 
@@ -70,3 +70,10 @@ def channels_visible_to(user: User):
     own = NotificationChannel.objects.filter(user_id=user.pk)
     teams = NotificationChannel.objects.filter(team__in=teams_of(user))
     return (own | teams).select_related("team", "user").order_by("team__slug", "name", "pk")
+
+
+def preference_of(user) -> Preference | None:
+    """The language and zone `user` saved, or None (anonymous, or nothing saved: follow the browser)."""
+    if user is None or not user.is_authenticated:
+        return None
+    return Preference.objects.filter(user=user).first()

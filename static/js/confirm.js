@@ -16,3 +16,10 @@ document.addEventListener("submit", (event) => {
   }
   field.value = "yes";
 });
+
+// A select marked data-autosubmit (the header's language switcher) posts its form when changed; without
+// JavaScript the form's own button does.
+document.addEventListener("change", (event) => {
+  const select = event.target;
+  if (select instanceof HTMLSelectElement && select.dataset.autosubmit !== undefined) select.form.requestSubmit();
+});
