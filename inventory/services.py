@@ -113,7 +113,7 @@ class ReportedGpu:
 def pool_for_model(cluster: Cluster, model_name: str) -> GpuPool:
     """Unpooled GPUs join a pool per cluster and model, made on first sight; staff can move them later."""
     slug = slugify(f"{cluster.slug}-{model_name}")[:64]
-    pool, _ = GpuPool.objects.get_or_create(slug=slug, defaults={"name": f"{cluster.name}: {model_name}"[:128],
+    pool, _made = GpuPool.objects.get_or_create(slug=slug, defaults={"name": f"{cluster.name}: {model_name}"[:128],
                                                                   "sharing_mode": "exclusive"})
     return pool
 
@@ -136,7 +136,7 @@ def host_register(*, token: HostToken, gpus: list[ReportedGpu], backend: str, no
     if len(set(mig_uuids)) != len(mig_uuids):
         raise ValidationFailed(_("The report lists a MIG device UUID twice."), field="gpus",
                                rule="duplicate_mig_uuid")
-    node, _ = Node.objects.select_for_update().get_or_create(cluster=token.cluster, name=token.host_name)
+    node, _made = Node.objects.select_for_update().get_or_create(cluster=token.cluster, name=token.host_name)
     elsewhere = Gpu.objects.filter(uuid__in=uuids).exclude(node=node).values_list("uuid", flat=True).first()
     if elsewhere:
         raise Conflict(_("GPU %(uuid)s is already registered on another host.") % {"uuid": elsewhere}, field="gpus",

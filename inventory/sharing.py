@@ -44,7 +44,7 @@ def mig_layout_names(config: dict) -> tuple[str, ...] | str:
         return str(config["mig_layout"])
     profiles = config.get("profiles") or ()
     if isinstance(profiles, dict):
-        return tuple(name for name, count in sorted(profiles.items()) for _ in range(int(count)))
+        return tuple(name for name, count in sorted(profiles.items()) for _copy in range(int(count)))
     return tuple(profiles)
 
 

@@ -201,7 +201,7 @@ def api_token_create(*, user: AbstractBaseUser, name: str = "", scope: str = Api
 def api_token_revoke(*, actor: AbstractBaseUser, prefix: str) -> None:
     """Revoke (delete) one of the actor's own tokens, named by its prefix, as the tokens page and
     `DELETE /api/v1/tokens/{prefix}/` do. Someone else's prefix is answered as unknown."""
-    deleted, _ = ApiToken.objects.filter(user_id=actor.pk, prefix=prefix).delete()
+    deleted, _by_model = ApiToken.objects.filter(user_id=actor.pk, prefix=prefix).delete()
     if not deleted:
         raise NotFound(_("You have no token %(prefix)s….") % {"prefix": prefix}, field="prefix", rule="not_found")
 

@@ -63,7 +63,7 @@ def _lookup(key: str, digest: str) -> tuple | str:
                         *(f"user__{field}" for field in USER_FIELDS)).first())
     if row is None or not hmac.compare_digest(row[1], digest):
         return _NO_USER
-    pk, _, created_at, expires_at, scope = row[:5]
+    pk, _digest, created_at, expires_at, scope = row[:5]
     user_values = row[5:]
     if not user_values[USER_FIELDS.index("is_active")]:
         return _NO_USER
