@@ -2,6 +2,7 @@
 from auditlog.admin import LogEntryAdmin
 from auditlog.filters import ResourceTypeFilter
 from django.contrib import admin
+from django.utils.translation import gettext_lazy as _
 
 from audit.models import AuditEntry
 
@@ -19,14 +20,15 @@ class AuditEntryAdmin(LogEntryAdmin):
     search_fields = ["object_repr", "actor_username", "actor_email"]
     fieldsets = [
         (None, {"fields": ["created", "user_url", "source", "resource_url"]}),
-        ("Changes", {"fields": ["action", "msg"]}),
+        (_("Changes"), {"fields": ["action", "msg"]}),
     ]
     readonly_fields = [*LogEntryAdmin.readonly_fields, "source"]
 
-    @admin.display(description="Actor")
+    @admin.display(description=_("Actor"))
     def user_url(self, obj: AuditEntry) -> str:
-        # The username written with the entry: the account may be gone (entries outlive it).
-        return obj.actor_label
+        # The username written with the entry: the account may be gone (entries outlive it). "system"
+        # is the API's code for no person; here it is a word to read.
+        return obj.actor_username or _("system")
 
     def has_delete_permission(self, request, obj=None) -> bool:
         return False

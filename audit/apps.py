@@ -1,5 +1,6 @@
 from django.apps import AppConfig, apps
 from django.conf import settings
+from django.utils.translation import gettext_lazy as _
 
 # Left out of every tracked model's entries: what changes on each heartbeat, use or save.
 ALWAYS_UNTRACKED = ("created_at", "updated_at", "last_used_at", "last_seen_at", "last_login")
@@ -7,7 +8,7 @@ ALWAYS_UNTRACKED = ("created_at", "updated_at", "last_used_at", "last_seen_at", 
 
 class AuditConfig(AppConfig):
     name = "audit"
-    verbose_name = "Audit log"
+    verbose_name = _("Audit log")
 
     def ready(self) -> None:
         from auditlog.registry import auditlog

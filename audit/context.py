@@ -13,6 +13,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from django.contrib.auth.base_user import AbstractBaseUser
+from django.utils.translation import gettext_lazy as _
 
 
 class Source:
@@ -20,7 +21,7 @@ class Source:
     PAGE = "page"
     ADMIN = "admin"
     SYSTEM = "system"
-    choices = ((API, "API"), (PAGE, "page"), (ADMIN, "admin"), (SYSTEM, "system task"))
+    choices = ((API, "API"), (PAGE, _("page")), (ADMIN, _("admin")), (SYSTEM, _("system task")))
 
 
 def _nobody() -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import django_filters
+from django.utils.translation import gettext_lazy as _
 from auditlog.registry import auditlog
 from django.db.models import QuerySet
 
@@ -19,9 +20,9 @@ def object_types() -> list[tuple[str, str]]:
 
 class AuditEntryFilterSet(django_filters.FilterSet):
     actor = django_filters.CharFilter(method="filter_actor", max_length=150,
-                                      help_text='A username, or "system" for the entries no person made.')
+                                      help_text=_('A username, or "system" for the entries no person made.'))
     object_type = django_filters.ChoiceFilter(choices=object_types, method="filter_object_type",
-                                              help_text="app_label.model, e.g. allocations.quota")
+                                              help_text=_("app_label.model, e.g. allocations.quota"))
     object_id = django_filters.NumberFilter(min_value=0, max_value=2**63 - 1)
     since = django_filters.IsoDateTimeFilter(field_name="timestamp", lookup_expr="gte")
     until = django_filters.IsoDateTimeFilter(field_name="timestamp", lookup_expr="lt")

@@ -6,6 +6,8 @@ from __future__ import annotations
 from auditlog.models import AbstractLogEntry, LogEntryManager
 from django.conf import settings
 from django.db import models
+from django.utils import translation
+from django.utils.translation import gettext_lazy as _
 
 from audit.context import Source, current
 
@@ -23,24 +25,37 @@ class AuditEntryQuerySet(models.QuerySet):
 
 
 class AuditEntryManager(LogEntryManager.from_queryset(AuditEntryQuerySet)):
-    pass
+    """django-auditlog writes an entry's object_repr (and an m2m change's members) as str() of the objects,
+    which speaks the active language: a person working in Chinese would write Chinese into a log that
+    someone else reads and searches later. Entries are written in the portal's default language
+    (settings.LANGUAGE_CODE), whoever acts."""
+
+    def log_create(self, *args, **kwargs):
+        with translation.override(settings.LANGUAGE_CODE):
+            return super().log_create(*args, **kwargs)
+
+    def log_m2m_changes(self, *args, **kwargs):
+        with translation.override(settings.LANGUAGE_CODE):
+            return super().log_m2m_changes(*args, **kwargs)
 
 
 class AuditEntry(AbstractLogEntry):
-    source = models.CharField(max_length=8, choices=Source.choices, default=Source.SYSTEM, db_index=True)
+    source = models.CharField(_("source"), max_length=8, choices=Source.choices, default=Source.SYSTEM,
+                              db_index=True)
     # Entries outlive what they name: deleting a user or a model's content type must neither cascade
     # into the log nor rewrite it (SET_NULL would be an UPDATE, which the trigger refuses). The
     # username and e-mail written beside the id say who it was after the account is gone.
     actor = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.DO_NOTHING, db_constraint=False,
-                              null=True, blank=True, related_name="+")
-    actor_username = models.CharField(max_length=150, blank=True, default="")
-    content_type = models.ForeignKey("contenttypes.ContentType", on_delete=models.PROTECT, related_name="+")
+                              null=True, blank=True, related_name="+", verbose_name=_("actor"))
+    actor_username = models.CharField(_("actor username"), max_length=150, blank=True, default="")
+    content_type = models.ForeignKey("contenttypes.ContentType", on_delete=models.PROTECT, related_name="+",
+                                     verbose_name=_("content type"))
 
     objects = AuditEntryManager()
 
     class Meta(AbstractLogEntry.Meta):
-        verbose_name = "audit entry"
-        verbose_name_plural = "audit entries"
+        verbose_name = _("audit entry")
+        verbose_name_plural = _("audit entries")
         # The API's and the page's filters: an object's history, and one person's changes, newest first.
         indexes = [models.Index(fields=["content_type", "object_id", "-timestamp"], name="audit_object_time"),
                    models.Index(fields=["actor_username", "-timestamp"], name="audit_actor_time")]

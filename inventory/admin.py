@@ -8,6 +8,7 @@ from inventory import services
 from common import crypto
 from inventory.kubernetes.client import parse_kubeconfig
 from django.utils.html import format_html_join
+from django.utils.translation import gettext_lazy as _
 
 from inventory.models import Cluster, Gpu, GpuModel, GpuModelWeightChange, GpuPool, HostToken, Node
 
@@ -16,18 +17,22 @@ class ClusterForm(forms.ModelForm):
     """The kubeconfig is write-only here too: the stored (encrypted) one is never shown."""
 
     kubeconfig = forms.CharField(
+        label=_("Kubeconfig"),
         widget=forms.Textarea(attrs={"rows": 8, "autocomplete": "off"}), required=False, strip=False,
-        help_text="Paste a kubeconfig (credentials inline) to replace the stored one; leave empty to keep it.",
+        help_text=_("Paste a kubeconfig (credentials inline) to replace the stored one; leave empty to keep it."),
     )
 
     prometheus_bearer_token = forms.CharField(
+        label=_("Prometheus bearer token"),
         widget=forms.PasswordInput(attrs={"autocomplete": "off"}), required=False, strip=False,
-        help_text="A bearer token for prometheus_url (or a username and password below); stored encrypted. Leave "
-                  "all three empty to keep the stored one.")
-    prometheus_username = forms.CharField(required=False, widget=forms.TextInput(attrs={"autocomplete": "off"}))
-    prometheus_password = forms.CharField(widget=forms.PasswordInput(attrs={"autocomplete": "off"}), required=False,
-                                          strip=False)
-    forget_prometheus_credentials = forms.BooleanField(required=False, help_text="Remove the stored one")
+        help_text=_("A bearer token for prometheus_url (or a username and password below); stored encrypted. Leave "
+                    "all three empty to keep the stored one."))
+    prometheus_username = forms.CharField(label=_("Prometheus username"), required=False,
+                                          widget=forms.TextInput(attrs={"autocomplete": "off"}))
+    prometheus_password = forms.CharField(label=_("Prometheus password"), required=False, strip=False,
+                                          widget=forms.PasswordInput(attrs={"autocomplete": "off"}))
+    forget_prometheus_credentials = forms.BooleanField(label=_("Forget the Prometheus credentials"), required=False,
+                                                       help_text=_("Remove the stored one"))
 
     class Meta:
         model = Cluster
@@ -52,9 +57,9 @@ class ClusterForm(forms.ModelForm):
         data = super().clean()
         if data.get("kind") != Cluster.Kind.KUBERNETES:
             if (data.get("kubeconfig") or "").strip():
-                self.add_error("kubeconfig", "Only Kubernetes clusters take a kubeconfig.")
+                self.add_error("kubeconfig", _("Only Kubernetes clusters take a kubeconfig."))
             if data.get("in_cluster"):
-                self.add_error("in_cluster", "Only Kubernetes clusters take in-cluster credentials.")
+                self.add_error("in_cluster", _("Only Kubernetes clusters take in-cluster credentials."))
         # The telemetry settings are checked together by the same rules as the API's.
         for name in services.TELEMETRY_FIELDS:
             if data.get(name) in (None, "") and name not in ("prometheus_url", "exporter_namespace",
@@ -94,7 +99,7 @@ class ClusterAdmin(admin.ModelAdmin):
     prepopulated_fields = {"slug": ["name"]}
     readonly_fields = ["has_credentials", "last_discovered_at", "discovery_error"]
 
-    @admin.display(boolean=True, description="credentials")
+    @admin.display(boolean=True, description=_("credentials"))
     def has_credentials(self, obj: Cluster) -> bool:
         return obj.has_credentials
 
@@ -158,7 +163,7 @@ class HostTokenAdmin(admin.ModelAdmin):
     def has_add_permission(self, request) -> bool:
         return False
 
-    @admin.action(description="Revoke the selected tokens")
+    @admin.action(description=_("Revoke the selected tokens"))
     def revoke(self, request, queryset) -> None:
         for token in queryset:
             services.host_token_revoke(actor=request.user, token=token)
@@ -174,8 +179,8 @@ class GpuModelForm(forms.ModelForm):
     def clean_name(self):
         name = self.cleaned_data.get("name")
         if self.instance.pk is None and name and not Gpu.objects.filter(model_name=name).exists():
-            raise forms.ValidationError("No GPU of this model is in the inventory (the name must match "
-                                        "the GPUs' model name exactly).")
+            raise forms.ValidationError(_("No GPU of this model is in the inventory (the name must match "
+                                          "the GPUs' model name exactly)."))
         return name
 
     def clean_weight(self):
@@ -201,7 +206,7 @@ class GpuModelAdmin(admin.ModelAdmin):
             n=Count("id")).values("n")
         return super().get_queryset(request).annotate(gpu_count=Coalesce(Subquery(gpus), 0))
 
-    @admin.display(description="GPUs", ordering="gpu_count")
+    @admin.display(description=_("GPUs"), ordering="gpu_count")
     def gpus(self, obj: GpuModel) -> int:
         return obj.gpu_count
 
@@ -209,7 +214,7 @@ class GpuModelAdmin(admin.ModelAdmin):
         # The name is the model's identity (Gpu.model_name): fixed once the row exists.
         return ["name", "history"] if obj is not None else ["history"]
 
-    @admin.display(description="Weight history (newest first)")
+    @admin.display(description=_("Weight history (newest first)"))
     def history(self, obj: GpuModel) -> str:
         if obj is None or obj.pk is None:
             return "—"
@@ -217,7 +222,7 @@ class GpuModelAdmin(admin.ModelAdmin):
         return format_html_join(
             "", "<div>{} · {} · {} → {}</div>",
             ((f"{c.at:%Y-%m-%d %H:%M}", c.actor.username if c.actor else "—", c.old_weight, c.new_weight)
-             for c in changes)) or "No changes recorded."
+             for c in changes)) or _("No changes recorded.")
 
     def has_delete_permission(self, request, obj=None) -> bool:
         return False

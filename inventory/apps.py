@@ -1,10 +1,11 @@
 from django.apps import AppConfig
 from django.db.models.signals import post_delete, post_save
+from django.utils.translation import gettext_lazy as _
 
 
 class InventoryConfig(AppConfig):
     name = "inventory"
-    verbose_name = "Inventory: clusters, nodes, GPUs and pools"
+    verbose_name = _("Inventory: clusters, nodes, GPUs and pools")
 
     def ready(self) -> None:
         from inventory.models import HostToken

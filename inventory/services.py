@@ -15,6 +15,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 from django.utils.text import slugify
+from django.utils.translation import gettext as _
 
 from audit.services import audit_record
 from common.errors import Conflict, NotFound, PermissionDenied, ValidationFailed
@@ -40,11 +41,11 @@ from inventory.signals import gpu_moving, node_health_changed
 def host_token_create(*, actor: AbstractBaseUser, cluster: Cluster, host_name: str) -> tuple[HostToken, str]:
     """A new token for one host; returns it with the key, which is never stored or shown again."""
     if not actor.is_staff:
-        raise PermissionDenied("Only staff can create host tokens.", field="cluster", rule="staff_required")
+        raise PermissionDenied(_("Only staff can create host tokens."), field="cluster", rule="staff_required")
     if cluster.kind != Cluster.Kind.BAREMETAL:
-        raise ValidationFailed("Host agents belong to bare-metal clusters.", field="cluster", rule="not_baremetal")
+        raise ValidationFailed(_("Host agents belong to bare-metal clusters."), field="cluster", rule="not_baremetal")
     if not host_name or len(host_name) > 253:
-        raise ValidationFailed("host_name must be 1 to 253 characters.", field="host_name", rule="invalid")
+        raise ValidationFailed(_("host_name must be 1 to 253 characters."), field="host_name", rule="invalid")
     key = new_key()
     token = HostToken.objects.create(cluster=cluster, host_name=host_name, key_hash=key_digest(key), prefix=key[:8],
                                      created_by=actor if actor.is_authenticated else None)
@@ -54,7 +55,7 @@ def host_token_create(*, actor: AbstractBaseUser, cluster: Cluster, host_name: s
 @transaction.atomic
 def host_token_revoke(*, actor: AbstractBaseUser, token: HostToken) -> HostToken:
     if not actor.is_staff:
-        raise PermissionDenied("Only staff can revoke host tokens.", field="token", rule="staff_required")
+        raise PermissionDenied(_("Only staff can revoke host tokens."), field="token", rule="staff_required")
     if token.revoked_at is None:
         token.revoked_at = timezone.now()
         token.save(update_fields=["revoked_at"])
@@ -112,7 +113,7 @@ class ReportedGpu:
 def pool_for_model(cluster: Cluster, model_name: str) -> GpuPool:
     """Unpooled GPUs join a pool per cluster and model, made on first sight; staff can move them later."""
     slug = slugify(f"{cluster.slug}-{model_name}")[:64]
-    pool, _ = GpuPool.objects.get_or_create(slug=slug, defaults={"name": f"{cluster.name}: {model_name}"[:128],
+    pool, _made = GpuPool.objects.get_or_create(slug=slug, defaults={"name": f"{cluster.name}: {model_name}"[:128],
                                                                   "sharing_mode": "exclusive"})
     return pool
 
@@ -128,16 +129,18 @@ def host_register(*, token: HostToken, gpus: list[ReportedGpu], backend: str, no
     now = now or timezone.now()
     uuids = [gpu.uuid for gpu in gpus]
     if len(set(uuids)) != len(uuids):
-        raise ValidationFailed("The report lists a GPU UUID twice.", field="gpus", rule="duplicate_uuid")
+        raise ValidationFailed(_("The report lists a GPU UUID twice."), field="gpus", rule="duplicate_uuid")
     if len({gpu.index for gpu in gpus}) != len(gpus):
-        raise ValidationFailed("The report lists a GPU index twice.", field="gpus", rule="duplicate_index")
+        raise ValidationFailed(_("The report lists a GPU index twice."), field="gpus", rule="duplicate_index")
     mig_uuids = [device["uuid"] for gpu in gpus for device in gpu.mig_devices or ()]
     if len(set(mig_uuids)) != len(mig_uuids):
-        raise ValidationFailed("The report lists a MIG device UUID twice.", field="gpus", rule="duplicate_mig_uuid")
-    node, _ = Node.objects.select_for_update().get_or_create(cluster=token.cluster, name=token.host_name)
+        raise ValidationFailed(_("The report lists a MIG device UUID twice."), field="gpus",
+                               rule="duplicate_mig_uuid")
+    node, _made = Node.objects.select_for_update().get_or_create(cluster=token.cluster, name=token.host_name)
     elsewhere = Gpu.objects.filter(uuid__in=uuids).exclude(node=node).values_list("uuid", flat=True).first()
     if elsewhere:
-        raise Conflict(f"GPU {elsewhere} is already registered on another host.", field="gpus", rule="uuid_taken")
+        raise Conflict(_("GPU %(uuid)s is already registered on another host.") % {"uuid": elsewhere}, field="gpus",
+                       rule="uuid_taken")
     node.healthy = True
     node.last_seen_at = now
     node.labels = {**node.labels, "gpupool.io/agent-backend": backend}
@@ -218,10 +221,10 @@ def _cluster_credentials(cluster: Cluster, *, kubeconfig: str | None, in_cluster
             cluster.kubeconfig_encrypted = crypto.encrypt(kubeconfig)
     if cluster.kind != Cluster.Kind.KUBERNETES and (cluster.kubeconfig_encrypted or cluster.in_cluster):
         field = "kubeconfig" if cluster.kubeconfig_encrypted else "in_cluster"
-        raise ValidationFailed("Only Kubernetes clusters take a kubeconfig or in-cluster credentials.",
+        raise ValidationFailed(_("Only Kubernetes clusters take a kubeconfig or in-cluster credentials."),
                                field=field, rule="not_kubernetes")
     if cluster.kubeconfig_encrypted and cluster.in_cluster:
-        raise ValidationFailed("Give either a kubeconfig or in_cluster: true, not both.", field="kubeconfig",
+        raise ValidationFailed(_("Give either a kubeconfig or in_cluster: true, not both."), field="kubeconfig",
                                rule="exclusive_with_in_cluster")
 
 
@@ -236,8 +239,9 @@ def _cluster_save(cluster: Cluster) -> None:
         taken = Cluster.objects.exclude(pk=cluster.pk)
         field = "slug" if taken.filter(slug=cluster.slug).exists() else "name"
         value = cluster.slug if field == "slug" else cluster.name
-        raise ValidationFailed(f"A cluster with {field} {value!r} already exists.", field=field,
-                               rule="unique") from None
+        message = (_("A cluster with slug %(value)r already exists.") if field == "slug"
+                   else _("A cluster with name %(value)r already exists."))
+        raise ValidationFailed(message % {"value": value}, field=field, rule="unique") from None
 
 
 @transaction.atomic
@@ -245,16 +249,18 @@ def cluster_create(*, actor: AbstractBaseUser, name: str, kind: str, slug: str =
                    kubeconfig: str | None = None, in_cluster: bool = False, prometheus_auth: dict | None = None,
                    **telemetry: object) -> Cluster:
     if not actor.is_staff:
-        raise PermissionDenied("Only staff can register clusters.", field="cluster", rule="staff_required")
+        raise PermissionDenied(_("Only staff can register clusters."), field="cluster", rule="staff_required")
     slug = slug or slugify(name)[:64]
     if not slug:
-        raise ValidationFailed("name must contain letters or digits (it makes the slug).", field="name",
+        raise ValidationFailed(_("name must contain letters or digits (it makes the slug)."), field="name",
                                rule="invalid")
     if Cluster.objects.filter(slug=slug).exists():
-        raise ValidationFailed(f"A cluster with slug {slug!r} already exists.", field="slug", rule="unique")
+        raise ValidationFailed(_("A cluster with slug %(value)r already exists.") % {"value": slug}, field="slug",
+                               rule="unique")
     unknown = sorted(set(telemetry) - set(TELEMETRY_FIELDS))
     if unknown:
-        raise ValidationFailed(f"{unknown[0]} is not a cluster field.", field=unknown[0], rule="unknown_field")
+        raise ValidationFailed(_("%(field)s is not a cluster field.") % {"field": unknown[0]}, field=unknown[0],
+                               rule="unknown_field")
     cluster = Cluster(name=name, slug=slug, kind=kind, description=description, **telemetry)
     _cluster_credentials(cluster, kubeconfig=kubeconfig, in_cluster=in_cluster)
     cluster_telemetry_check(cluster=cluster, prometheus_auth=prometheus_auth)
@@ -268,10 +274,10 @@ def cluster_update(*, actor: AbstractBaseUser, cluster: Cluster, kubeconfig: str
     """Change a cluster's fields; a kubeconfig given replaces the stored one ("" removes it), and so does
     a Prometheus credential ({} removes it)."""
     if not actor.is_staff:
-        raise PermissionDenied("Only staff can change clusters.", field="cluster", rule="staff_required")
+        raise PermissionDenied(_("Only staff can change clusters."), field="cluster", rule="staff_required")
     for name, value in fields.items():
         if name not in {"name", "slug", "kind", "description", *TELEMETRY_FIELDS}:
-            raise ValidationFailed(f"{name} cannot be changed.", field=name, rule="read_only")
+            raise ValidationFailed(_("%(field)s cannot be changed.") % {"field": name}, field=name, rule="read_only")
         setattr(cluster, name, value)
     _cluster_credentials(cluster, kubeconfig=kubeconfig, in_cluster=in_cluster)
     cluster_telemetry_check(cluster=cluster, prometheus_auth=prometheus_auth)
@@ -290,39 +296,42 @@ def cluster_telemetry_check(*, cluster: Cluster, prometheus_auth: dict | None = 
     if prometheus_auth is not None:
         token, user, password = (prometheus_auth.get(k, "") for k in ("bearer_token", "username", "password"))
         if set(prometheus_auth) - {"bearer_token", "username", "password"}:
-            raise ValidationFailed("prometheus_auth takes bearer_token, or username and password.",
+            raise ValidationFailed(_("prometheus_auth takes bearer_token, or username and password."),
                                    field="prometheus_auth", rule="unknown_field")
         if token and (user or password):
-            raise ValidationFailed("Give a bearer token or a username and password, not both.",
+            raise ValidationFailed(_("Give a bearer token or a username and password, not both."),
                                    field="prometheus_auth", rule="exclusive")
         if bool(user) != bool(password) and not token:
-            raise ValidationFailed("Basic auth needs both a username and a password.", field="prometheus_auth",
+            raise ValidationFailed(_("Basic auth needs both a username and a password."), field="prometheus_auth",
                                    rule="incomplete")
         secret = {"bearer_token": token} if token else {"username": user, "password": password} if user else {}
         cluster.prometheus_auth_encrypted = crypto.encrypt(json.dumps(secret)) if secret else ""
     source = cluster.telemetry_source
     if source not in TelemetrySource.values:
-        raise ValidationFailed(f"telemetry_source must be one of {', '.join(TelemetrySource.values)}.",
+        raise ValidationFailed(_("telemetry_source must be one of %(sources)s.") % {
+                                   "sources": ", ".join(TelemetrySource.values)},
                                field="telemetry_source", rule="invalid_choice")
     if source != TelemetrySource.NONE and cluster.kind != Cluster.Kind.KUBERNETES:
-        raise ValidationFailed("Only Kubernetes clusters take a telemetry source (hosts run the agent).",
+        raise ValidationFailed(_("Only Kubernetes clusters take a telemetry source (hosts run the agent)."),
                                field="telemetry_source", rule="not_kubernetes")
     if source == TelemetrySource.PROMETHEUS and not cluster.prometheus_url:
-        raise ValidationFailed("The prometheus source needs prometheus_url.", field="prometheus_url", rule="required")
+        raise ValidationFailed(_("The prometheus source needs prometheus_url."), field="prometheus_url",
+                               rule="required")
     if source == TelemetrySource.EXPORTER and not cluster.has_credentials:
-        raise ValidationFailed("The exporter source finds the exporter pods through the API server: give a "
-                               "kubeconfig or in_cluster first.", field="telemetry_source", rule="no_credentials")
+        raise ValidationFailed(_("The exporter source finds the exporter pods through the API server: give a "
+                                 "kubeconfig or in_cluster first."), field="telemetry_source", rule="no_credentials")
     if cluster.prometheus_url:
         parts = urlsplit(cluster.prometheus_url)
         if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
-            raise ValidationFailed("prometheus_url must be an http:// or https:// URL of the Prometheus server "
-                                   "(no query).", field="prometheus_url", rule="invalid")
+            raise ValidationFailed(_("prometheus_url must be an http:// or https:// URL of the Prometheus server "
+                                     "(no query)."), field="prometheus_url", rule="invalid")
     period = cluster.telemetry_period_seconds
     if not isinstance(period, (int, float)) or not MIN_TELEMETRY_PERIOD <= period <= MAX_TELEMETRY_PERIOD:
-        raise ValidationFailed(f"telemetry_period_seconds must be from {MIN_TELEMETRY_PERIOD:g} to "
-                               f"{MAX_TELEMETRY_PERIOD:g}.", field="telemetry_period_seconds", rule="range")
+        raise ValidationFailed(_("telemetry_period_seconds must be from %(low)g to %(high)g.") % {
+                                   "low": MIN_TELEMETRY_PERIOD, "high": MAX_TELEMETRY_PERIOD},
+                               field="telemetry_period_seconds", rule="range")
     if not 1 <= int(cluster.exporter_port) <= 65535:
-        raise ValidationFailed("exporter_port must be from 1 to 65535.", field="exporter_port", rule="range")
+        raise ValidationFailed(_("exporter_port must be from 1 to 65535."), field="exporter_port", rule="range")
 
 
 # --- GPUs --------------------------------------------------------------------------------------
@@ -345,7 +354,7 @@ def gpu_update(*, actor: AbstractBaseUser, gpu: Gpu, **fields: object) -> Gpu:
     """Change a GPU's fields (staff). A move to another pool or node is offered to gpu_moving's
     receivers first, which may refuse it (allocations: the GPU is booked)."""
     if not actor.is_staff:
-        raise PermissionDenied("Only staff can change GPUs.", field="gpu", rule="staff_required")
+        raise PermissionDenied(_("Only staff can change GPUs."), field="gpu", rule="staff_required")
     gpu_move_check(gpu=gpu, fields=fields)
     for name, value in fields.items():
         setattr(gpu, name, value)
@@ -480,15 +489,16 @@ def gpu_model_weight_check(weight: object) -> Decimal:
         if value is None or not value.is_finite():
             raise InvalidOperation
     except InvalidOperation:
-        raise ValidationFailed("weight must be a number.", field="weight", rule="invalid") from None
+        raise ValidationFailed(_("weight must be a number."), field="weight", rule="invalid") from None
     if value <= 0:
-        raise ValidationFailed("weight must be greater than 0.", field="weight", rule="positive")
+        raise ValidationFailed(_("weight must be greater than 0."), field="weight", rule="positive")
     if value > WEIGHT_MAX:
-        raise ValidationFailed(f"weight must be at most {WEIGHT_MAX}.", field="weight", rule="max_value")
+        raise ValidationFailed(_("weight must be at most %(max)s.") % {"max": WEIGHT_MAX}, field="weight",
+                               rule="max_value")
     step = Decimal(1).scaleb(-WEIGHT_PLACES)
     if value != value.quantize(step):
-        raise ValidationFailed(f"weight takes at most {WEIGHT_PLACES} decimal places.", field="weight",
-                               rule="max_decimal_places")
+        raise ValidationFailed(_("weight takes at most %(places)d decimal places.") % {"places": WEIGHT_PLACES},
+                               field="weight", rule="max_decimal_places")
     return value.quantize(step)
 
 
@@ -499,14 +509,15 @@ def gpu_model_weight_set(*, actor: AbstractBaseUser, name: str, weight: object) 
     it: a grant keeps the GE it was charged. The model must be one the inventory holds (or one that
     already has a row), so a mistyped name is refused rather than weighed."""
     if not actor.is_staff:
-        raise PermissionDenied("Only staff can set GPU model weights.", field="weight", rule="staff_required")
+        raise PermissionDenied(_("Only staff can set GPU model weights."), field="weight", rule="staff_required")
     if not name or len(name) > 128 or "\x00" in name:
-        raise ValidationFailed("name must be 1 to 128 characters, without NUL.", field="name", rule="invalid")
+        raise ValidationFailed(_("name must be 1 to 128 characters, without NUL."), field="name", rule="invalid")
     value = gpu_model_weight_check(weight)
     row = GpuModel.objects.select_for_update().filter(name=name).first()
     if row is None:
         if not Gpu.objects.filter(model_name=name).exists():
-            raise NotFound(f"No GPU of model {name!r} is in the inventory.", field="name", rule="does_not_exist")
+            raise NotFound(_("No GPU of model %(name)r is in the inventory.") % {"name": name}, field="name",
+                           rule="does_not_exist")
         try:
             # A savepoint: two first weighings of one model at once both find no row; the second
             # INSERT meets the unique index and then reads (and locks) the row the first one made.

@@ -12,14 +12,15 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import models
+from django.utils.translation import gettext as _, gettext_lazy
 
 
 class SharingMode(models.TextChoices):
-    EXCLUSIVE = "exclusive", "Exclusive (whole GPUs)"
-    TIME_SLICING = "time_slicing", "Time-slicing"
+    EXCLUSIVE = "exclusive", gettext_lazy("Exclusive (whole GPUs)")
+    TIME_SLICING = "time_slicing", gettext_lazy("Time-slicing")
     MPS = "mps", "MPS"
     MIG = "mig", "MIG"
-    VGPU = "vgpu", "vGPU (memory + core shares)"
+    VGPU = "vgpu", gettext_lazy("vGPU (memory + core shares)")
 
 
 # Modes whose reservations the portal can place: all of them.
@@ -43,7 +44,7 @@ def mig_layout_names(config: dict) -> tuple[str, ...] | str:
         return str(config["mig_layout"])
     profiles = config.get("profiles") or ()
     if isinstance(profiles, dict):
-        return tuple(name for name, count in sorted(profiles.items()) for _ in range(int(count)))
+        return tuple(name for name, count in sorted(profiles.items()) for _copy in range(int(count)))
     return tuple(profiles)
 
 
@@ -54,7 +55,7 @@ def _is_int(value: Any) -> bool:
 def validate_sharing_config(mode: str, config: Any) -> list[str]:
     """Return human-readable problems with `config` for `mode` (empty when valid)."""
     if not isinstance(config, dict):
-        return ["must be a JSON object"]
+        return [_("must be a JSON object")]
     allowed: dict[str, set[str]] = {
         SharingMode.EXCLUSIVE: set(),
         SharingMode.TIME_SLICING: {"replicas"},
@@ -63,31 +64,32 @@ def validate_sharing_config(mode: str, config: Any) -> list[str]:
         SharingMode.VGPU: {"default_memory_mib", "default_cores_pct"},
     }
     if mode not in allowed:
-        return [f"unknown sharing mode {mode!r}"]
-    problems = [f"unknown key {key!r} for mode {mode}" for key in sorted(set(config) - allowed[mode])]
+        return [_("unknown sharing mode %(mode)r") % {"mode": mode}]
+    problems = [_("unknown key %(key)r for mode %(mode)s") % {"key": key, "mode": mode}
+                for key in sorted(set(config) - allowed[mode])]
     if mode in (SharingMode.TIME_SLICING, SharingMode.MPS):
         replicas = config.get("replicas")
         if not _is_int(replicas) or not 2 <= replicas <= 64:
-            problems.append("replicas must be an integer from 2 to 64")
+            problems.append(_("replicas must be an integer from 2 to 64"))
     elif mode == SharingMode.MIG:
         layout, profiles = config.get("mig_layout"), config.get("profiles")
         if layout is None and profiles is None:
-            problems.append("mig needs mig_layout (a config name) or profiles ({profile: count})")
+            problems.append(_("mig needs mig_layout (a config name) or profiles ({profile: count})"))
         if layout is not None and (not isinstance(layout, str) or not layout):
-            problems.append("mig_layout must be a non-empty string")
+            problems.append(_("mig_layout must be a non-empty string"))
         if layout is not None and profiles is not None:
-            problems.append("give mig_layout or profiles, not both")
+            problems.append(_("give mig_layout or profiles, not both"))
         as_list = isinstance(profiles, list) and profiles and all(isinstance(k, str) and k for k in profiles)
         as_counts = isinstance(profiles, dict) and profiles and all(
             isinstance(k, str) and _is_int(v) and v >= 1 for k, v in profiles.items())
         if profiles is not None and not (as_list or as_counts):
-            problems.append("profiles must list one GPU's profile names (e.g. [\"3g.40gb\", \"1g.10gb\"]) or map "
-                            "them to counts >= 1")
+            problems.append(_("profiles must list one GPU's profile names (e.g. [\"3g.40gb\", \"1g.10gb\"]) or "
+                              "map them to counts >= 1"))
     elif mode == SharingMode.VGPU:
         memory = config.get("default_memory_mib")
         cores = config.get("default_cores_pct")
         if memory is not None and (not _is_int(memory) or memory < 1):
-            problems.append("default_memory_mib must be a positive integer")
+            problems.append(_("default_memory_mib must be a positive integer"))
         if cores is not None and (not _is_int(cores) or not 1 <= cores <= 100):
-            problems.append("default_cores_pct must be an integer from 1 to 100")
+            problems.append(_("default_cores_pct must be an integer from 1 to 100"))
     return problems

@@ -1,4 +1,5 @@
 from django.contrib import admin
+from django.utils.translation import gettext_lazy as _
 
 from teams.models import ApiToken, GroupMapping, Membership, Team
 
@@ -29,7 +30,7 @@ class MembershipAdmin(admin.ModelAdmin):
 class ApiTokenAdmin(admin.ModelAdmin):
     """Staff see and delete API tokens; keys are made by their users (POST /api/v1/auth/token/), shown once."""
 
-    list_display = ["prefix", "user", "name", "scope", "created_at", "ends_at", "last_used_at"]
+    list_display = ["prefix", "user", "name", "scope", "created_at", "ends", "last_used_at"]
     list_filter = ["scope"]
     search_fields = ["user__username", "prefix", "name"]
     readonly_fields = ["user", "name", "prefix", "scope", "teams", "created_at", "expires_at", "last_used_at"]
@@ -37,6 +38,10 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request) -> bool:
         return False
+
+    @admin.display(description=_("ends at"))
+    def ends(self, token: ApiToken):
+        return token.ends_at()
 
 
 @admin.register(GroupMapping)

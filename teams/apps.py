@@ -1,10 +1,11 @@
 from django.apps import AppConfig
 from django.db.models.signals import m2m_changed, post_delete, post_save, pre_save
+from django.utils.translation import gettext_lazy as _
 
 
 class TeamsConfig(AppConfig):
     name = "teams"
-    verbose_name = "Teams and members"
+    verbose_name = _("Teams and members")
 
     def ready(self) -> None:
         from django.contrib.auth import get_user_model

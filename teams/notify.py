@@ -9,6 +9,15 @@ its owners to see. Nothing here ever raises into the caller or holds it up: the 
 whatever a chat server says.
 
 The usual mails (common.notifications) go out as before; channels add destinations.
+
+Language: a channel is read in one language, chosen per channel when the event is recorded and again
+when the wrapper words of its format are written (channel_language): a person's channel in that
+person's saved language (teams.preferences.speaking_to), a team's channel in the portal's default
+language (settings.LANGUAGE_CODE), which the operators chose for the site. A team's members may each
+prefer another language, and a chat group reads one message: following the site's language keeps a
+team channel's messages in one language that no single member's preference changes. The caller passes
+`subject` and `text` as zero-argument callables (or lazy strings) that build the words with gettext, so
+each channel gets them in its own language; a plain str is sent as it is.
 """
 from __future__ import annotations
 
@@ -20,7 +29,8 @@ import json
 import logging
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from urllib.parse import quote, urlsplit
 
@@ -29,25 +39,28 @@ from django.conf import settings
 from django.core.mail import send_mail
 from django.db.models import Q, Value
 from django.db.models.functions import Coalesce
-from django.utils import timezone
+from django.utils import timezone, translation
+from django.utils.functional import Promise
+from django.utils.translation import gettext as _, gettext_lazy
 
 from common import crypto
 from common.dispatch import enqueue_after_commit
 from teams.models import Delivery, NotificationChannel
+from teams.preferences import speaking_to
 
 log = logging.getLogger(__name__)
 
 # The events a channel may receive: name → what people read in the channel form.
 EVENTS = {
-    "reservation.active": "A reservation went active",
-    "reservation.failed": "A reservation failed",
-    "reservation.expiring": "A reservation ends soon",
-    "reservation.moved": "A reservation moved off a failed node",
-    "reservation.preempted": "Borrowed GPUs are being taken back",
-    "reservation.queued_started": "A queued request started",
-    "reservation.not_started": "A queued request gave up",
-    "alert.firing": "An alert fired",
-    "alert.resolved": "An alert resolved",
+    "reservation.active": gettext_lazy("A reservation went active"),
+    "reservation.failed": gettext_lazy("A reservation failed"),
+    "reservation.expiring": gettext_lazy("A reservation ends soon"),
+    "reservation.moved": gettext_lazy("A reservation moved off a failed node"),
+    "reservation.preempted": gettext_lazy("Borrowed GPUs are being taken back"),
+    "reservation.queued_started": gettext_lazy("A queued request started"),
+    "reservation.not_started": gettext_lazy("A queued request gave up"),
+    "alert.firing": gettext_lazy("An alert fired"),
+    "alert.resolved": gettext_lazy("An alert resolved"),
 }
 TEST_EVENT = "test"
 CLAIM_SECONDS = 120  # how long an attempt holds its delivery before the sweep may try it again
@@ -59,19 +72,43 @@ class DeliveryFailed(Exception):
         self.status = status
 
 
-def notify(*, event: str, subject: str, text: str, link: str = "", data: dict | None = None,
+# What a notification says: a str (sent as it is), a lazy gettext string, or a callable building the words
+# with gettext (called once per channel, in that channel's language).
+Words = str | Promise | Callable[[], str]
+
+
+@contextmanager
+def channel_language(channel: NotificationChannel) -> Iterator[None]:
+    """Within the block, gettext speaks the channel's language: a person's channel its owner's (their saved
+    language and zone), a team's channel the portal's default language (see the module's docstring)."""
+    if channel.user_id is not None:
+        with speaking_to(channel.user):
+            yield
+    else:
+        with translation.override(settings.LANGUAGE_CODE):
+            yield
+
+
+def _said(words: Words) -> str:
+    return words() if callable(words) else str(words)
+
+
+def notify(*, event: str, subject: Words, text: Words, link: str = "", data: dict | None = None,
            team_ids: Iterable[int] = (), user_ids: Iterable[int] = ()) -> int:
     """Record a delivery of `event` to every enabled channel of these teams and people that lists it;
-    each is sent after the commit. Returns how many were recorded."""
+    each is sent after the commit. Returns how many were recorded. `subject` and `text` are put in
+    words once per channel, in its language (channel_language)."""
     team_ids, user_ids = {t for t in team_ids if t}, {u for u in user_ids if u}
     if not team_ids and not user_ids:
         return 0
-    channels = [channel for channel in NotificationChannel.objects.filter(enabled=True).filter(
-        Q(team_id__in=team_ids) | Q(user_id__in=user_ids)) if event in (channel.events or [])]
-    payload = {"subject": subject, "text": text, "link": link, "data": data or {}}
-    made = Delivery.objects.bulk_create([
-        Delivery(channel=channel, event=event, payload=payload, next_attempt_at=timezone.now())
-        for channel in channels])
+    channels = [channel for channel in NotificationChannel.objects.select_related("user").filter(enabled=True)
+                .filter(Q(team_id__in=team_ids) | Q(user_id__in=user_ids)) if event in (channel.events or [])]
+    deliveries = []
+    for channel in channels:
+        with channel_language(channel):
+            payload = {"subject": _said(subject), "text": _said(text), "link": link, "data": data or {}}
+        deliveries.append(Delivery(channel=channel, event=event, payload=payload, next_attempt_at=timezone.now()))
+    made = Delivery.objects.bulk_create(deliveries)
     for delivery in made:
         enqueue_after_commit("teams.tasks.deliver", delivery.pk)
     return len(made)
@@ -79,9 +116,12 @@ def notify(*, event: str, subject: str, text: str, link: str = "", data: dict | 
 
 def send_test(channel: NotificationChannel) -> Delivery:
     """A delivery of the `test` event to one channel, sent after the commit like any other."""
-    delivery = Delivery.objects.create(channel=channel, event=TEST_EVENT, next_attempt_at=timezone.now(), payload={
-        "subject": f"Test of channel {channel.name}", "link": settings.PORTAL_BASE_URL, "data": {},
-        "text": "If you read this, GPU Pool Portal can reach this channel."})
+    with channel_language(channel):
+        payload = {"subject": _("Test of channel %(name)s") % {"name": channel.name},
+                   "link": settings.PORTAL_BASE_URL, "data": {},
+                   "text": _("If you read this, GPU Pool Portal can reach this channel.")}
+    delivery = Delivery.objects.create(channel=channel, event=TEST_EVENT, next_attempt_at=timezone.now(),
+                                       payload=payload)
     enqueue_after_commit("teams.tasks.deliver", delivery.pk)
     return delivery
 
@@ -131,7 +171,8 @@ def _request(delivery: Delivery, url: str, secret: str) -> tuple[str, dict, byte
             headers["X-GpuPool-Signature"] = signature(secret, timestamp, body)
         return url, headers, body
     if kind == Kind.SLACK:
-        link = f"\n<{payload['link']}|Open in GPU Pool Portal>" if payload.get("link") else ""
+        opens = _("Open in GPU Pool Portal")
+        link = f"\n<{payload['link']}|{opens}>" if payload.get("link") else ""
         return url, headers, json.dumps({"text": f"*{payload['subject']}*\n{payload['text']}{link}"}).encode()
     if kind in (Kind.DINGTALK, Kind.WECOM):
         if kind == Kind.DINGTALK and secret:
@@ -172,7 +213,8 @@ def _send(delivery: Delivery) -> int | None:
     url = crypto.decrypt(channel.url_encrypted)
     secret = crypto.decrypt(channel.secret_encrypted) if channel.secret_encrypted else ""
     _refuse_private(url)
-    url, headers, body = _request(delivery, url, secret)
+    with channel_language(channel):  # the words a format adds around the payload (Slack's link)
+        url, headers, body = _request(delivery, url, secret)
     try:
         answer = requests.post(url, data=body, headers=headers, timeout=settings.NOTIFY_TIMEOUT_SECONDS,
                                allow_redirects=False)

@@ -24,6 +24,7 @@ from django.core.cache import cache
 from django.core.exceptions import ImproperlyConfigured, SuspiciousOperation
 from django.http import Http404
 from django.shortcuts import redirect
+from django.utils.translation import gettext as _
 from django.views import View
 from mozilla_django_oidc.auth import OIDCAuthenticationBackend
 from mozilla_django_oidc.utils import import_from_settings
@@ -120,8 +121,8 @@ class PortalOIDCBackend(OIDCAuthenticationBackend):
 
 def _provider_unreachable(request, error: Exception):
     log.warning("single sign-on failed: %s", error)
-    messages.error(request, "The identity provider could not be reached or refused the sign-in; try again, "
-                            "or ask staff.")
+    messages.error(request, _("The identity provider could not be reached or refused the sign-in; try again, "
+                              "or ask staff."))
     return redirect("login")
 
 
@@ -137,7 +138,7 @@ class PortalOIDCRequestView(OIDCAuthenticationRequestView):
 
     def get(self, request):
         if not enabled():
-            raise Http404("Single sign-on is not configured.")
+            raise Http404(_("Single sign-on is not configured."))
         try:
             OIDCAuthenticationRequestView.__init__(self)
         except (requests.RequestException, ImproperlyConfigured, ValueError) as error:
@@ -150,12 +151,12 @@ class PortalOIDCCallbackView(OIDCAuthenticationCallbackView):
 
     def get(self, request):
         if not enabled():
-            raise Http404("Single sign-on is not configured.")
+            raise Http404(_("Single sign-on is not configured."))
         try:
             return super().get(request)
         except (requests.RequestException, ImproperlyConfigured, ValueError) as error:
             return _provider_unreachable(request, error)
 
     def login_failure(self):
-        messages.error(self.request, "Single sign-on did not sign you in (refused, expired or deactivated).")
+        messages.error(self.request, _("Single sign-on did not sign you in (refused, expired or deactivated)."))
         return redirect("login")

@@ -11,6 +11,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+from django.utils.translation import gettext as _, ngettext
 
 from common.errors import Conflict, NotFound, PermissionDenied, ValidationFailed
 from common import crypto
@@ -25,7 +26,7 @@ User = get_user_model()
 
 def _require_manager(actor: AbstractBaseUser, team: Team) -> None:
     if not can_manage_team(actor, team):
-        raise PermissionDenied("Only the team's managers or staff can change its members.", field="team",
+        raise PermissionDenied(_("Only the team's managers or staff can change its members."), field="team",
                                rule="manager_required")
 
 
@@ -39,7 +40,8 @@ def _lock_team(team: Team) -> None:
 
 def _validated_role(role: str) -> str:
     if role not in Membership.Role.values:
-        raise ValidationFailed(f"role must be one of {', '.join(Membership.Role.values)}.", field="role",
+        raise ValidationFailed(_("role must be one of %(roles)s.") % {"roles": ", ".join(Membership.Role.values)},
+                               field="role",
                                rule="invalid_choice")
     return role
 
@@ -47,9 +49,9 @@ def _validated_role(role: str) -> str:
 @transaction.atomic
 def team_create(*, actor: AbstractBaseUser, slug: str, name: str, max_ge: Decimal | None = None) -> Team:
     if not actor.is_staff:
-        raise PermissionDenied("Only staff can create teams.", field="team", rule="staff_required")
+        raise PermissionDenied(_("Only staff can create teams."), field="team", rule="staff_required")
     if Team.objects.filter(slug=slug).exists():
-        raise Conflict(f"A team with slug {slug!r} already exists.", field="slug", rule="unique")
+        raise Conflict(_("A team with slug %(slug)r already exists.") % {"slug": slug}, field="slug", rule="unique")
     team = Team(slug=slug, name=name, max_ge=max_ge)
     team.full_clean()
     try:
@@ -58,7 +60,8 @@ def team_create(*, actor: AbstractBaseUser, slug: str, name: str, max_ge: Decima
         with transaction.atomic():
             team.save()
     except IntegrityError:
-        raise Conflict(f"A team with slug {slug!r} already exists.", field="slug", rule="unique") from None
+        raise Conflict(_("A team with slug %(slug)r already exists.") % {"slug": slug}, field="slug",
+                       rule="unique") from None
     return team
 
 
@@ -70,16 +73,18 @@ def team_update(*, actor: AbstractBaseUser, team: Team, **fields: object) -> Tea
     """Rename a team or change its team-wide GE cap (`max_ge`, None = no cap): staff only. A lower
     cap binds new bookings; what the team holds stays."""
     if not actor.is_staff:
-        raise PermissionDenied("Only staff can change teams.", field="team", rule="staff_required")
+        raise PermissionDenied(_("Only staff can change teams."), field="team", rule="staff_required")
     unknown = sorted(set(fields) - set(_TEAM_FIELDS))
     if unknown:
-        raise ValidationFailed(f"Unknown field {unknown[0]!r}.", field=unknown[0], rule="unknown_field")
+        raise ValidationFailed(_("Unknown field %(field)r.") % {"field": unknown[0]}, field=unknown[0],
+                               rule="unknown_field")
     _lock_team(team)
     for name, value in fields.items():
         setattr(team, name, value)
     team.full_clean(validate_unique=False)
     if "slug" in fields and Team.objects.filter(slug=team.slug).exclude(pk=team.pk).exists():
-        raise Conflict(f"A team with slug {team.slug!r} already exists.", field="slug", rule="unique")
+        raise Conflict(_("A team with slug %(slug)r already exists.") % {"slug": team.slug}, field="slug",
+                       rule="unique")
     team.save()
     return team
 
@@ -92,16 +97,19 @@ def membership_add(*, actor: AbstractBaseUser, team: Team, username: str, role: 
     role = _validated_role(role)
     user = User.objects.filter(username=username, is_active=True).first()
     if user is None:
-        raise ValidationFailed(f"No active user named {username!r}.", field="username", rule="does_not_exist")
+        raise ValidationFailed(_("No active user named %(username)r.") % {"username": username}, field="username",
+                               rule="does_not_exist")
     if Membership.objects.filter(team=team, user=user).exists():
-        raise Conflict(f"{username} is already in {team.slug}.", field="username", rule="unique")
+        raise Conflict(_("%(username)s is already in %(team)s.") % {"username": username, "team": team.slug},
+                       field="username", rule="unique")
     return Membership.objects.create(team=team, user=user, role=role)
 
 
 def _membership(team: Team, username: str) -> Membership:
     membership = Membership.objects.select_for_update().filter(team=team, user__username=username).first()
     if membership is None:
-        raise NotFound(f"{username} is not in {team.slug}.", field="username", rule="not_a_member")
+        raise NotFound(_("%(username)s is not in %(team)s.") % {"username": username, "team": team.slug},
+                       field="username", rule="not_a_member")
     return membership
 
 
@@ -118,7 +126,7 @@ def membership_change_role(*, actor: AbstractBaseUser, team: Team, username: str
     role = _validated_role(role)
     membership = _membership(team, username)
     if role == Membership.Role.MEMBER and _would_leave_no_manager(team, membership) and not actor.is_staff:
-        raise Conflict("A team keeps at least one manager.", field="role", rule="last_manager")
+        raise Conflict(_("A team keeps at least one manager."), field="role", rule="last_manager")
     membership.role = role
     membership.save(update_fields=["role"])
     return membership
@@ -130,7 +138,7 @@ def membership_remove(*, actor: AbstractBaseUser, team: Team, username: str) -> 
     _require_manager(actor, team)  # after the lock: a concurrent demotion of the actor counts
     membership = _membership(team, username)
     if _would_leave_no_manager(team, membership) and not actor.is_staff:
-        raise Conflict("A team keeps at least one manager.", field="username", rule="last_manager")
+        raise Conflict(_("A team keeps at least one manager."), field="username", rule="last_manager")
     membership.delete()
 
 
@@ -141,11 +149,11 @@ def _token_teams(*, user: AbstractBaseUser, team_slugs: list[str], within: froze
     for slug in dict.fromkeys(team_slugs):
         team = Team.objects.filter(slug=slug).first()
         if team is None or not (user.is_staff or role_in(user, team) is not None):
-            raise ValidationFailed(f"You are not a member of a team named {slug!r}.", field="teams",
+            raise ValidationFailed(_("You are not a member of a team named %(slug)r.") % {"slug": slug}, field="teams",
                                    rule="not_your_team")
         teams.append(team)
     if within is not None and (not teams or any(team.pk not in within for team in teams)):
-        raise PermissionDenied("A token limited to some teams can only make tokens limited to those teams.",
+        raise PermissionDenied(_("A token limited to some teams can only make tokens limited to those teams."),
                                field="teams", rule="beyond_token_teams")
     return teams
 
@@ -165,9 +173,11 @@ def api_token_create(*, user: AbstractBaseUser, name: str = "", scope: str = Api
     if expires_at is None:
         expires_at = min(now + timedelta(days=settings.API_TOKEN_DEFAULT_DAYS), longest)
     if expires_at <= now:
-        raise ValidationFailed("The expiry must be in the future.", field="expires_at", rule="in_past")
+        raise ValidationFailed(_("The expiry must be in the future."), field="expires_at", rule="in_past")
     if expires_at > longest:
-        raise ValidationFailed(f"A token lives at most {settings.API_TOKEN_MAX_AGE_DAYS} days.",
+        days = settings.API_TOKEN_MAX_AGE_DAYS
+        raise ValidationFailed(ngettext("A token lives at most %(days)d day.", "A token lives at most %(days)d days.",
+                                        days) % {"days": days},
                                field="expires_at", rule="too_long")
     if made_with is not None:
         expires_at = min(expires_at, datetime.fromtimestamp(made_with.ends_at, tz=dt_timezone.utc))
@@ -191,9 +201,9 @@ def api_token_create(*, user: AbstractBaseUser, name: str = "", scope: str = Api
 def api_token_revoke(*, actor: AbstractBaseUser, prefix: str) -> None:
     """Revoke (delete) one of the actor's own tokens, named by its prefix, as the tokens page and
     `DELETE /api/v1/tokens/{prefix}/` do. Someone else's prefix is answered as unknown."""
-    deleted, _ = ApiToken.objects.filter(user_id=actor.pk, prefix=prefix).delete()
+    deleted, _by_model = ApiToken.objects.filter(user_id=actor.pk, prefix=prefix).delete()
     if not deleted:
-        raise NotFound(f"You have no token {prefix}….", field="prefix", rule="not_found")
+        raise NotFound(_("You have no token %(prefix)s….") % {"prefix": prefix}, field="prefix", rule="not_found")
 
 
 @transaction.atomic
@@ -207,25 +217,28 @@ def api_token_delete(*, actor: AbstractBaseUser, key: str) -> None:
 def _channel_fields(*, kind: str, email: str, url: str, events: list[str]) -> None:
     unknown = [event for event in events if event not in EVENTS]
     if unknown:
-        raise ValidationFailed(f"Unknown events: {', '.join(unknown)}. Known: {', '.join(EVENTS)}.",
+        raise ValidationFailed(_("Unknown events: %(unknown)s. Known: %(known)s.") % {
+                                   "unknown": ", ".join(unknown), "known": ", ".join(EVENTS)},
                                field="events", rule="unknown_event")
     if kind == NotificationChannel.Kind.EMAIL:
         if not email:
-            raise ValidationFailed("An e-mail channel needs an address.", field="email", rule="required")
+            raise ValidationFailed(_("An e-mail channel needs an address."), field="email", rule="required")
         if url:
-            raise ValidationFailed("An e-mail channel takes an address, not a URL.", field="url", rule="not_for_kind")
+            raise ValidationFailed(_("An e-mail channel takes an address, not a URL."), field="url",
+                                   rule="not_for_kind")
         return
     if not url:
-        raise ValidationFailed(f"A {kind} channel needs its webhook URL.", field="url", rule="required")
+        raise ValidationFailed(_("A %(kind)s channel needs its webhook URL.") % {"kind": kind}, field="url",
+                               rule="required")
     if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
-        raise ValidationFailed("The URL must be an http or https address.", field="url", rule="invalid_url")
+        raise ValidationFailed(_("The URL must be an http or https address."), field="url", rule="invalid_url")
 
 
 def _may_manage_channel(actor: AbstractBaseUser, *, team: Team | None, user_id: int | None) -> None:
     if team is not None:
         _require_manager(actor, team)
     elif user_id != actor.pk:
-        raise NotFound("There is no such channel.", field="id", rule="not_found")
+        raise NotFound(_("There is no such channel."), field="id", rule="not_found")
 
 
 @transaction.atomic

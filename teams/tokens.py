@@ -22,6 +22,7 @@ from django.contrib.auth import get_user_model
 from django.core.cache import cache
 from django.db import DEFAULT_DB_ALIAS, transaction
 from django.utils import timezone
+from django.utils.translation import gettext as _
 from rest_framework.authentication import TokenAuthentication
 from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.permissions import SAFE_METHODS
@@ -62,7 +63,7 @@ def _lookup(key: str, digest: str) -> tuple | str:
                         *(f"user__{field}" for field in USER_FIELDS)).first())
     if row is None or not hmac.compare_digest(row[1], digest):
         return _NO_USER
-    pk, _, created_at, expires_at, scope = row[:5]
+    pk, _digest, created_at, expires_at, scope = row[:5]
     user_values = row[5:]
     if not user_values[USER_FIELDS.index("is_active")]:
         return _NO_USER
@@ -147,12 +148,12 @@ class CachedTokenAuthentication(TokenAuthentication):
     def authenticate_credentials(self, key: str):
         found = _user_and_grant(key)
         if found is None:
-            raise AuthenticationFailed("Invalid or expired token, or its user is inactive.")
+            raise AuthenticationFailed(_("Invalid or expired token, or its user is inactive."))
         return found
 
     def authenticate(self, request):
         result = super().authenticate(request)
         if result is not None and result[1].read_only and request.method not in SAFE_METHODS:
-            raise PermissionDenied("This API token is read-only: it cannot change anything.",
+            raise PermissionDenied(_("This API token is read-only: it cannot change anything."),
                                    field="token", rule="token_read_only")
         return result

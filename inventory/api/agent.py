@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser
+from django.utils.translation import gettext_lazy as _
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import extend_schema
 from rest_framework import authentication, exceptions, permissions, serializers
@@ -22,10 +23,10 @@ class HostTokenAuthentication(authentication.BaseAuthentication):
         if not header or header[0].decode(errors="replace") != self.keyword:
             return None
         if len(header) != 2:
-            raise exceptions.AuthenticationFailed("Give the host token as 'Authorization: Host <key>'.")
+            raise exceptions.AuthenticationFailed(_("Give the host token as 'Authorization: Host <key>'."))
         token = services.host_token_for_key(header[1].decode(errors="replace"))
         if token is None:
-            raise exceptions.AuthenticationFailed("Unknown or revoked host token.")
+            raise exceptions.AuthenticationFailed(_("Unknown or revoked host token."))
         return AnonymousUser(), token
 
     def authenticate_header(self, request: Request) -> str:
@@ -50,10 +51,10 @@ class MigDeviceInput(serializers.Serializer):
     """One MIG instance a GPU is carved into, as the host's agent read it from NVML."""
 
     uuid = serializers.RegexField(r"^MIG-[0-9A-Za-z-]{8,60}$", max_length=64,
-                                  help_text="The MIG device UUID (what CUDA_VISIBLE_DEVICES takes)")
+                                  help_text=_("The MIG device UUID (what CUDA_VISIBLE_DEVICES takes)"))
     profile = serializers.RegexField(r"^[1-8]g\.[0-9]{1,4}gb(\+me)?$", max_length=32,
-                                     help_text="GPU instance profile, e.g. 1g.10gb or 1g.10gb+me")
-    start = serializers.IntegerField(min_value=0, max_value=7, help_text="First memory slice (0-7)")
+                                     help_text=_("GPU instance profile, e.g. 1g.10gb or 1g.10gb+me"))
+    start = serializers.IntegerField(min_value=0, max_value=7, help_text=_("First memory slice (0-7)"))
     memory_mib = serializers.IntegerField(min_value=1, max_value=10_000_000)
 
     def to_internal_value(self, data):
@@ -61,7 +62,7 @@ class MigDeviceInput(serializers.Serializer):
             unknown = sorted(set(data) - set(self.fields))
             if unknown:  # a typo would otherwise vanish silently
                 raise serializers.ValidationError(
-                    {name: serializers.ErrorDetail("Unknown field.", code="unknown") for name in unknown})
+                    {name: serializers.ErrorDetail(_("Unknown field."), code="unknown") for name in unknown})
         return super().to_internal_value(data)
 
 
@@ -77,12 +78,12 @@ class ReportedGpuInput(serializers.Serializer):
     # Left out by an agent that does not read MIG: the GPU keeps what it had.
     # A ListField, not many=True: its own refusals (not a list, too long) then name `mig_devices` itself.
     mig_devices = serializers.ListField(child=MigDeviceInput(), required=False, max_length=8,
-                                        help_text="The MIG instances the GPU is carved into now (MIG mode on)")
+                                        help_text=_("The MIG instances the GPU is carved into now (MIG mode on)"))
 
     def validate_mig_devices(self, value: list[dict]) -> list[dict]:
         starts = [device["start"] for device in value]
         if len(set(starts)) != len(starts):
-            raise serializers.ValidationError("Two MIG instances start at the same slice.", code="duplicate_start")
+            raise serializers.ValidationError(_("Two MIG instances start at the same slice."), code="duplicate_start")
         return sorted(value, key=lambda device: device["start"])
 
 
@@ -119,5 +120,5 @@ class HeartbeatView(AgentView):
     def post(self, request: Request) -> Response:
         node = services.host_heartbeat(token=request.auth)
         if node is None:
-            raise exceptions.NotFound("This host has not registered yet: call /api/v1/agent/register/ first.")
+            raise exceptions.NotFound(_("This host has not registered yet: call /api/v1/agent/register/ first."))
         return Response({"node": node.pk, "heartbeat_seconds": settings.AGENT_HEARTBEAT_SECONDS})

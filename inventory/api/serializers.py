@@ -1,3 +1,4 @@
+from django.utils.translation import gettext_lazy as _
 from rest_framework import serializers
 from rest_framework.validators import UniqueValidator
 
@@ -16,17 +17,17 @@ class ClusterSerializer(RefusesUnknownFields, CleanModelSerializer):
     """Kubernetes credentials are write-only: `kubeconfig` is stored encrypted and never shown back;
     `has_credentials` says whether one (or in_cluster) is set."""
 
-    slug = serializers.SlugField(max_length=64, required=False, help_text="Default: made from the name",
+    slug = serializers.SlugField(max_length=64, required=False, help_text=_("Default: made from the name"),
                                  validators=[UniqueValidator(queryset=Cluster.objects.all())])
     kubeconfig = serializers.CharField(write_only=True, required=False, allow_blank=True, trim_whitespace=False,
                                        style={"base_template": "textarea.html"},
-                                       help_text="kubeconfig YAML (credentials inline); stored encrypted, never "
-                                                 "shown back. \"\" removes it.")
+                                       help_text=_("kubeconfig YAML (credentials inline); stored encrypted, never "
+                                                 "shown back. \"\" removes it."))
     has_credentials = serializers.BooleanField(read_only=True)
     prometheus_auth = PrometheusAuthSerializer(write_only=True, required=False,
-                                               help_text="Bearer token, or username and password, for "
+                                               help_text=_("Bearer token, or username and password, for "
                                                          "prometheus_url; stored encrypted, never shown back. {} "
-                                                         "removes it.")
+                                                         "removes it."))
     has_prometheus_auth = serializers.BooleanField(read_only=True)
     telemetry_period_seconds = serializers.FloatField(required=False, min_value=services.MIN_TELEMETRY_PERIOD,
                                                       max_value=services.MAX_TELEMETRY_PERIOD)
@@ -58,9 +59,9 @@ class ClusterSerializer(RefusesUnknownFields, CleanModelSerializer):
 
 class DiscoveryReportSerializer(serializers.Serializer):
     cluster = serializers.CharField()
-    nodes = serializers.IntegerField(help_text="Nodes listed by the API server")
-    gpus = serializers.IntegerField(help_text="GPUs found on them")
-    changes = serializers.ListField(child=serializers.CharField(), help_text="What changed in the inventory")
+    nodes = serializers.IntegerField(help_text=_("Nodes listed by the API server"))
+    gpus = serializers.IntegerField(help_text=_("GPUs found on them"))
+    changes = serializers.ListField(child=serializers.CharField(), help_text=_("What changed in the inventory"))
 
 
 class NodeSerializer(RefusesUnknownFields, CleanModelSerializer):
@@ -99,7 +100,7 @@ class HostTokenSerializer(RefusesUnknownFields, serializers.ModelSerializer):
 
 
 class HostTokenCreatedSerializer(HostTokenSerializer):
-    key = serializers.CharField(read_only=True, help_text="Shown once; store it on the host")
+    key = serializers.CharField(read_only=True, help_text=_("Shown once; store it on the host"))
 
     class Meta(HostTokenSerializer.Meta):
         fields = HostTokenSerializer.Meta.fields + ["key"]
@@ -112,13 +113,13 @@ def _weight(**kwargs) -> serializers.DecimalField:
 
 def _positive(value):
     if value <= 0:
-        raise serializers.ValidationError("weight must be greater than 0.", code="positive")
+        raise serializers.ValidationError(_("weight must be greater than 0."), code="positive")
     return value
 
 
 class GpuModelWeightChangeSerializer(serializers.Serializer):
     actor = serializers.CharField(source="actor.username", default=None, allow_null=True, read_only=True,
-                                  help_text="Who changed it (null once the account is deleted)")
+                                  help_text=_("Who changed it (null once the account is deleted)"))
     at = serializers.DateTimeField(read_only=True)
     old_weight = _weight(read_only=True)
     new_weight = _weight(read_only=True)
@@ -127,18 +128,18 @@ class GpuModelWeightChangeSerializer(serializers.Serializer):
 class GpuModelSerializer(serializers.Serializer):
     """A GPU model (Gpu.model_name) with what one whole card of it counts in GPU-equivalents."""
 
-    name = serializers.CharField(read_only=True, help_text="The model name as the inventory reports it")
-    weight = _weight(read_only=True, help_text="GE one whole GPU of this model counts as; 1.0 unless staff set it")
-    weighted = serializers.BooleanField(read_only=True, help_text="Whether staff set the weight (else 1.0)")
-    gpus = serializers.IntegerField(read_only=True, help_text="GPUs of this model in the inventory")
+    name = serializers.CharField(read_only=True, help_text=_("The model name as the inventory reports it"))
+    weight = _weight(read_only=True, help_text=_("GE one whole GPU of this model counts as; 1.0 unless staff set it"))
+    weighted = serializers.BooleanField(read_only=True, help_text=_("Whether staff set the weight (else 1.0)"))
+    gpus = serializers.IntegerField(read_only=True, help_text=_("GPUs of this model in the inventory"))
     updated_at = serializers.DateTimeField(read_only=True, allow_null=True)
 
 
 class GpuModelDetailSerializer(GpuModelSerializer):
-    history = GpuModelWeightChangeSerializer(many=True, read_only=True, help_text="Weight changes, newest first")
+    history = GpuModelWeightChangeSerializer(many=True, read_only=True, help_text=_("Weight changes, newest first"))
 
 
 class GpuModelWeightInput(RefusesUnknownFields, serializers.Serializer):
     """A new weight for a GPU model; any other field is refused (`unknown_field`)."""
 
-    weight = _weight(validators=[_positive], help_text="Greater than 0, at most 999.999, three decimal places")
+    weight = _weight(validators=[_positive], help_text=_("Greater than 0, at most 999.999, three decimal places"))

@@ -1,4 +1,5 @@
 """Inventory API for staff: clusters, nodes and GPUs (pools are served by allocations' API with occupancy)."""
+from django.utils.translation import gettext as _
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, permissions, status, viewsets
@@ -47,10 +48,10 @@ class ClusterViewSet(viewsets.ModelViewSet):
 
         cluster = self.get_object()
         if cluster.kind != Cluster.Kind.KUBERNETES:
-            raise ValidationFailed("Only Kubernetes clusters are discovered; hosts register through their agent.",
+            raise ValidationFailed(_("Only Kubernetes clusters are discovered; hosts register through their agent."),
                                    field="cluster", rule="not_kubernetes")
         if not cluster.has_credentials:
-            raise ValidationFailed("The cluster has no kubeconfig (or in_cluster) to connect with.",
+            raise ValidationFailed(_("The cluster has no kubeconfig (or in_cluster) to connect with."),
                                    field="kubeconfig", rule="required")
         try:
             report = discover_cluster(cluster)
@@ -140,11 +141,12 @@ class GpuModelViewSet(viewsets.GenericViewSet):
     def _name(name: str) -> str:
         # A NUL byte must not reach PostgreSQL (it refuses NUL in text: a 500).
         if "\x00" in name or len(name) > 128:
-            raise NotFound(f"No GPU model {name[:128]!r}.", field="name", rule="does_not_exist")
+            raise NotFound(_("No GPU model %(name)r.") % {"name": name[:128]}, field="name", rule="does_not_exist")
         return name
 
     def _model(self, name: str) -> selectors.GpuModelInfo:
         info = selectors.gpu_model(self._name(name))
         if info is None:
-            raise NotFound(f"No GPU of model {name[:128]!r} is in the inventory.", field="name", rule="does_not_exist")
+            raise NotFound(_("No GPU of model %(name)r is in the inventory.") % {"name": name[:128]}, field="name",
+                           rule="does_not_exist")
         return info

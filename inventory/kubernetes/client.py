@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import urllib3
 import yaml
 from django.conf import settings
+from django.utils.translation import gettext as _
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
@@ -52,8 +53,10 @@ class ClusterUnavailable(ApplicationError):
 
 
 def as_application_error(cluster_name: str, error: ClusterError) -> ApplicationError:
-    exc = ClusterUnavailable(f"Kubernetes cluster {cluster_name}: {error.message}", field="cluster",
-                             rule=f"cluster_{error.kind}")
+    # The cluster's own words (error.message: what the API server or the connection said) stay as they came.
+    exc = ClusterUnavailable(_("Kubernetes cluster %(cluster)s: %(error)s") % {"cluster": cluster_name,
+                                                                              "error": error.message},
+                             field="cluster", rule=f"cluster_{error.kind}")
     exc.status = 503 if error.kind == "unreachable" else 502
     return exc
 
@@ -62,29 +65,31 @@ def parse_kubeconfig(text: Any) -> dict:
     """The kubeconfig as a dict, checked enough to be usable; ValidationFailed naming `kubeconfig` if not."""
 
     def bad(message: str, rule: str = "invalid") -> ValidationFailed:
-        return ValidationFailed(f"kubeconfig: {message}", field="kubeconfig", rule=rule)
+        """`message`: the whole sentence, "kubeconfig: …" included (translated as one)."""
+        return ValidationFailed(message, field="kubeconfig", rule=rule)
 
     if not isinstance(text, str) or not text.strip():
-        raise bad("must be a non-empty kubeconfig YAML document.", "required")
+        raise bad(_("kubeconfig: must be a non-empty kubeconfig YAML document."), "required")
     if len(text) > 256 * 1024:
-        raise bad("is larger than 256 KiB.", "max_length")
+        raise bad(_("kubeconfig: is larger than 256 KiB."), "max_length")
     try:
         config = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise bad(f"is not valid YAML ({str(exc).splitlines()[0]}).", "invalid_yaml") from exc
+        raise bad(_("kubeconfig: is not valid YAML (%(error)s).") % {"error": str(exc).splitlines()[0]},
+                  "invalid_yaml") from exc
     except RecursionError as exc:  # PyYAML recurses once per nesting level: "[[[[…" 256 KiB deep
-        raise bad("is nested too deeply.", "invalid_yaml") from exc
+        raise bad(_("kubeconfig: is nested too deeply."), "invalid_yaml") from exc
     if not isinstance(config, dict):
-        raise bad("must be a YAML mapping (apiVersion: v1, kind: Config, ...).", "invalid_yaml")
+        raise bad(_("kubeconfig: must be a YAML mapping (apiVersion: v1, kind: Config, ...)."), "invalid_yaml")
 
     def named(section: str) -> dict[str, dict]:
         entries = config.get(section) or []
         if not isinstance(entries, list):
-            raise bad(f"{section} must be a list.")
+            raise bad(_("kubeconfig: %(section)s must be a list.") % {"section": section})
         out = {}
         for entry in entries:
             if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
-                raise bad(f"every entry of {section} needs a name.")
+                raise bad(_("kubeconfig: every entry of %(section)s needs a name.") % {"section": section})
             out[entry["name"]] = entry
         return out
 
@@ -93,35 +98,41 @@ def parse_kubeconfig(text: Any) -> dict:
         # is read, or a .get() or a lookup by an unhashable name fails as a 500.
         value = entry.get(key) or {}
         if not isinstance(value, dict):
-            raise bad(f"{what} must be a mapping.")
+            raise bad(what)
         return value
 
     clusters, users, contexts = named("clusters"), named("users"), named("contexts")
     current = config.get("current-context")
     if not current:
-        raise bad("has no current-context.", "no_current_context")
+        raise bad(_("kubeconfig: has no current-context."), "no_current_context")
     if not isinstance(current, str) or current not in contexts:
-        raise bad(f"current-context {current!r} is not among contexts.", "unknown_context")
-    context = mapping(contexts[current], "context", f"context {current!r}")
+        raise bad(_("kubeconfig: current-context %(context)r is not among contexts.") % {"context": current},
+                  "unknown_context")
+    context = mapping(contexts[current], "context",
+                      _("kubeconfig: context %(context)r must be a mapping.") % {"context": current})
     cluster_name, user_name = context.get("cluster"), context.get("user")
     if not isinstance(cluster_name, str) or cluster_name not in clusters:
-        raise bad(f"context {current!r} names cluster {cluster_name!r}, which is not among clusters.", "unknown_cluster")
+        raise bad(_("kubeconfig: context %(context)r names cluster %(cluster)r, which is not among clusters.")
+                  % {"context": current, "cluster": cluster_name}, "unknown_cluster")
     if not isinstance(user_name, str) or user_name not in users:
-        raise bad(f"context {current!r} names user {user_name!r}, which is not among users.", "unknown_user")
-    cluster = mapping(clusters[cluster_name], "cluster", f"cluster {cluster_name!r}")
+        raise bad(_("kubeconfig: context %(context)r names user %(user)r, which is not among users.")
+                  % {"context": current, "user": user_name}, "unknown_user")
+    cluster = mapping(clusters[cluster_name], "cluster",
+                      _("kubeconfig: cluster %(cluster)r must be a mapping.") % {"cluster": cluster_name})
     server = cluster.get("server")
     if not isinstance(server, str) or not server.startswith(("https://", "http://")):
-        raise bad(f"cluster {cluster_name!r} needs a server URL (https://...).", "no_server")
-    user = mapping(users[user_name], "user", f"user {user_name!r}")
+        raise bad(_("kubeconfig: cluster %(cluster)r needs a server URL (https://...).") % {"cluster": cluster_name},
+                  "no_server")
+    user = mapping(users[user_name], "user", _("kubeconfig: user %(user)r must be a mapping.") % {"user": user_name})
     for key in sorted((_FILE_KEYS & set(cluster)) | (_FILE_KEYS & set(user))):
-        raise bad(f"{key!r} points at a file on the portal's machine; embed it instead ({key}-data, or token).",
-                  "file_reference")
+        raise bad(_("kubeconfig: %(key)r points at a file on the portal's machine; embed it instead "
+                    "(%(key)s-data, or token).") % {"key": key}, "file_reference")
     for key in sorted(_PLUGIN_KEYS & set(user)):
-        raise bad(f"user {user_name!r} uses {key!r}, which would run a program on the portal's machine; "
-                  "use a token or a client certificate.", "auth_plugin")
+        raise bad(_("kubeconfig: user %(user)r uses %(key)r, which would run a program on the portal's machine; "
+                    "use a token or a client certificate.") % {"user": user_name, "key": key}, "auth_plugin")
     if not any(user.get(k) for k in ("token", "client-certificate-data", "username")):
-        raise bad(f"user {user_name!r} has no credentials (token, client-certificate-data or username).",
-                  "no_credentials")
+        raise bad(_("kubeconfig: user %(user)r has no credentials (token, client-certificate-data or username).")
+                  % {"user": user_name}, "no_credentials")
     return config
 
 

@@ -1,5 +1,7 @@
 from urllib.parse import urlsplit
 
+from django.utils.text import format_lazy
+from django.utils.translation import gettext_lazy as _
 from rest_framework import serializers
 
 from common import crypto
@@ -14,7 +16,7 @@ class TeamSerializer(RefusesUnknownFields, serializers.ModelSerializer):
     # A JSON number (not DRF's default string), like the quotas'; null: no team-wide cap.
     max_ge = serializers.DecimalField(
         max_digits=8, decimal_places=2, min_value=0, allow_null=True, required=False, coerce_to_string=False,
-        help_text="Most GPU-equivalents the team may hold across all pools at once (staff set it); null = no cap")
+        help_text=_("Most GPU-equivalents the team may hold across all pools at once (staff set it); null = no cap"))
 
     class Meta:
         model = Team
@@ -42,16 +44,16 @@ class TokenLimitsInput(RefusesUnknownFields, serializers.Serializer):
     """What a new token may do and how long it lives (every field optional)."""
 
     name = serializers.CharField(max_length=64, required=False, default="", allow_blank=True,
-                                 help_text="What the token is for, to tell your tokens apart")
+                                 help_text=_("What the token is for, to tell your tokens apart"))
     scope = serializers.ChoiceField(choices=ApiToken.Scope.choices, default=ApiToken.Scope.WRITE,
-                                    help_text="read: it may only read; write: it may also book, extend and release")
+                                    help_text=_("read: it may only read; write: it may also book, extend and release"))
     teams = serializers.ListField(child=serializers.SlugField(max_length=64), required=False, default=list,
                                   max_length=100,
-                                  help_text="Slugs of the teams it may see and act for; empty: all of yours. "
-                                            "A team-limited token never carries staff powers")
+                                  help_text=_("Slugs of the teams it may see and act for; empty: all of yours. "
+                                              "A team-limited token never carries staff powers"))
     expires_at = serializers.DateTimeField(required=False, allow_null=True, default=None,
-                                           help_text="When it stops working; default API_TOKEN_DEFAULT_DAYS "
-                                                     "from now, at most API_TOKEN_MAX_AGE_DAYS")
+                                           help_text=_("When it stops working; default API_TOKEN_DEFAULT_DAYS "
+                                                       "from now, at most API_TOKEN_MAX_AGE_DAYS"))
 
 
 class TokenInput(TokenLimitsInput):
@@ -60,8 +62,8 @@ class TokenInput(TokenLimitsInput):
 
 
 class TokenOutput(serializers.Serializer):
-    token = serializers.CharField(help_text="The key: shown this once, only its digest is stored")
-    prefix = serializers.CharField(help_text="The key's first characters, which name it in lists")
+    token = serializers.CharField(help_text=_("The key: shown this once, only its digest is stored"))
+    prefix = serializers.CharField(help_text=_("The key's first characters, which name it in lists"))
     name = serializers.CharField()
     scope = serializers.CharField()
     teams = serializers.ListField(child=serializers.CharField())
@@ -73,7 +75,7 @@ class ApiTokenSerializer(serializers.ModelSerializer):
 
     teams = serializers.SlugRelatedField(slug_field="slug", many=True, read_only=True)
     expires_at = serializers.DateTimeField(source="ends_at", read_only=True,
-                                           help_text="When it stops working (its expiry or the maximum age)")
+                                           help_text=_("When it stops working (its expiry or the maximum age)"))
 
     class Meta:
         model = ApiToken
@@ -88,14 +90,14 @@ def token_output(token: ApiToken, key: str) -> dict:
 class MyTeamSerializer(serializers.Serializer):
     slug = serializers.CharField()
     name = serializers.CharField()
-    role = serializers.CharField(help_text="member, manager, or staff (a team staff see without being in it)")
+    role = serializers.CharField(help_text=_("member, manager, or staff (a team staff see without being in it)"))
 
 
 class MeSerializer(serializers.Serializer):
     username = serializers.CharField()
-    is_staff = serializers.BooleanField(help_text="Staff powers on this request (never through a team-limited token)")
-    teams = MyTeamSerializer(many=True, help_text="The teams this request may see and act for")
-    token = ApiTokenSerializer(allow_null=True, help_text="The token the request came with; null for a session")
+    is_staff = serializers.BooleanField(help_text=_("Staff powers on this request (never through a team-limited token)"))
+    teams = MyTeamSerializer(many=True, help_text=_("The teams this request may see and act for"))
+    token = ApiTokenSerializer(allow_null=True, help_text=_("The token the request came with; null for a session"))
 
 
 class GroupMappingSerializer(RefusesUnknownFields, serializers.ModelSerializer):
@@ -103,7 +105,7 @@ class GroupMappingSerializer(RefusesUnknownFields, serializers.ModelSerializer):
 
     # default=None: without it DRF's check of the (group, team) unique constraint made `team` required.
     team = serializers.SlugRelatedField(slug_field="slug", queryset=Team.objects.all(), allow_null=True,
-                                        default=None, help_text="The team's slug; null when it only grants staff")
+                                        default=None, help_text=_("The team's slug; null when it only grants staff"))
 
     class Meta:
         model = GroupMapping
@@ -114,7 +116,7 @@ class GroupMappingSerializer(RefusesUnknownFields, serializers.ModelSerializer):
         staff = attrs.get("staff", getattr(self.instance, "staff", False))
         if team is None and not staff:
             raise serializers.ValidationError({"team": serializers.ErrorDetail(
-                "A mapping gives a team, staff powers, or both.", code="gives_nothing")})
+                _("A mapping gives a team, staff powers, or both."), code="gives_nothing")})
         return attrs
 
 
@@ -123,14 +125,14 @@ class ChannelSerializer(RefusesUnknownFields, serializers.ModelSerializer):
     secret are write-only (a chat webhook's URL is itself a credential): `url_host` tells it apart."""
 
     team = serializers.SlugRelatedField(slug_field="slug", queryset=Team.objects.all(), allow_null=True,
-                                        required=False, help_text="The team's slug; null: a channel of your own")
+                                        required=False, help_text=_("The team's slug; null: a channel of your own"))
     url = serializers.URLField(write_only=True, required=False, allow_blank=True, max_length=2000,
-                               help_text="webhook, slack, dingtalk, wecom, feishu: the incoming webhook URL")
-    secret = serializers.CharField(write_only=True, required=False, allow_blank=True, max_length=256, help_text=(
+                               help_text=_("webhook, slack, dingtalk, wecom, feishu: the incoming webhook URL"))
+    secret = serializers.CharField(write_only=True, required=False, allow_blank=True, max_length=256, help_text=_(
         "webhook: the HMAC-SHA256 key of X-GpuPool-Signature; dingtalk, feishu: the robot's signing secret"))
-    events = serializers.ListField(child=serializers.CharField(max_length=64), max_length=50, help_text=(
-        "Which events it receives: " + ", ".join(EVENTS)))
-    url_host = serializers.SerializerMethodField(help_text="The URL's host, to tell channels apart")
+    events = serializers.ListField(child=serializers.CharField(max_length=64), max_length=50, help_text=format_lazy(
+        _("Which events it receives: {events}"), events=", ".join(EVENTS)))
+    url_host = serializers.SerializerMethodField(help_text=_("The URL's host, to tell channels apart"))
 
     class Meta:
         model = NotificationChannel

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from django.contrib.auth import authenticate
+from django.utils.translation import gettext as _
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -66,7 +67,7 @@ class TokenView(APIView):
         user = authenticate(request._request, username=data.validated_data["username"],
                             password=data.validated_data["password"])
         if user is None or not user.is_active:
-            raise InvalidCredentials("Unable to sign in with the username and password given.",
+            raise InvalidCredentials(_("Unable to sign in with the username and password given."),
                                      field="password", rule="invalid_credentials")
         request.user = user  # who signed in is who made the token (the audit log reads the request's user)
         limits = {k: v for k, v in data.validated_data.items() if k not in ("username", "password")}
