@@ -34,7 +34,8 @@ LANGUAGE = "zh_Hans"
 # benchmarks, the command line, which has its own catalogue in cli/).
 SOURCES = ["templates", "config", "portal", "common", "teams", "inventory", "allocations", "monitoring",
            "audit", "static"]
-IGNORE = ["tests", "migrations", "management", "*.min.js", "placement"]
+IGNORE = ["tests", "migrations", "management", "*.min.js", "placement", "cli", "agent", "benchmarks", "scripts",
+          "docs", "deploy", "var", "staticfiles", "node_modules"]
 # The apps with a catalogue of their own (their Python and their templates/).
 APPS = ["teams", "inventory", "allocations", "monitoring", "audit"]
 MAKEMESSAGES = ["makemessages", "--locale", LANGUAGE, "--no-obsolete", "--add-location=file", "--no-wrap"]
