@@ -119,7 +119,7 @@ class Fleet:
             elif rule.scope == Scope.TEAM and team_id is not None:
                 groups[f"team:{team_id}"].append((value, f"team {self.names(Team).get(team_id)}", None, None, team_id))
         for subject, items in groups.items():
-            _, label, pool_id, node_id, team_id = items[0]
+            _value, label, pool_id, node_id, team_id = items[0]
             pools = {i[2] for i in items}
             out[subject] = Observation(sum(i[0] for i in items) / len(items), label,
                                        pool_id if len(pools) == 1 else None, node_id, team_id)
@@ -180,7 +180,7 @@ class Fleet:
             gpu, latest = gpus.get(share.gpu_id), self.latest.get(share.gpu_id)
             if gpu is None or latest is None or share.allocated_mib <= 0:
                 continue
-            _, pool_id, node_id, cluster, node, index = gpu
+            _gpu_id, pool_id, node_id, cluster, node, index = gpu
             if rule.pool_id is not None and pool_id != rule.pool_id:
                 continue
             used = shares.used_mib(latest.shares, share.reservation_id, share.instance)

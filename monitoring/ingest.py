@@ -246,7 +246,7 @@ def telemetry_ingest(*, token: HostToken, payload, now: float | None = None) -> 
     stream_key, flood_key = _stream_key(token, stream), _flood_key(token, now)
     # One cache round trip: count this request against the host's minute, and read the host's
     # GPU map and the stream's position.
-    totals, cached, _ = hot.exchange(incr={flood_key: size}, incr_timeout=120, get=[_host_key(token), stream_key])
+    totals, cached, _positions = hot.exchange(incr={flood_key: size}, incr_timeout=120, get=[_host_key(token), stream_key])
     _refuse_flood(token, size, totals.get(flood_key, 0))
     return samples_ingest(refs=host_gpus(token, cached=cached), batches=batches, now=now,
                           who=f"{token.cluster.slug}/{token.host_name}", stream_key=stream_key,
@@ -318,7 +318,7 @@ def samples_ingest(*, refs: dict[str, GpuRef], batches: list, now: float, who: s
     # keeps its last good one, and a resent request finishing after the one that replaced it puts
     # neither older values nor a lower position back.
     advance = {stream_key: max_seq} if stream_key is not None and max_seq > last_seq else {}
-    _, _, positions = hot.exchange(newest=per_node, advance=advance, incr=hot.counter_amounts(
+    _totals, _cached, positions = hot.exchange(newest=per_node, advance=advance, incr=hot.counter_amounts(
         {"accepted": result.accepted, **result.rejected, **result.clamped}))
     if positions:
         result.ack = positions[stream_key]

@@ -158,7 +158,7 @@ def dashboard_context(user) -> dict:
     The usage needs the hot values in Redis; while Redis is unreachable the rest of the dashboard still shows."""
     try:
         activity = selectors.pool_activity(pools_visible_to(user))
-        _, teams = selectors.usage(pools_visible_to(user).none(), teams_of(user))
+        _pools, teams = selectors.usage(pools_visible_to(user).none(), teams_of(user))
         usage_unavailable = False
     except ServiceUnavailable:
         activity, teams, usage_unavailable = [], [], True
