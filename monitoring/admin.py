@@ -1,4 +1,6 @@
 from django.contrib import admin
+from django.utils.formats import number_format
+from django.utils.translation import gettext_lazy as _
 
 from monitoring.models import Alert, AlertRule, ClusterTelemetry, Silence
 
@@ -20,9 +22,12 @@ class AlertAdmin(admin.ModelAdmin):
     fields = readonly_fields = [("shown_value" if f.name == "value" else f.name) for f in Alert._meta.fields
                                 if f.name != "id"]
 
-    @admin.display(description="value", ordering="value")
+    @admin.display(description=_("value"), ordering="value")
     def shown_value(self, alert: Alert) -> str:
-        return f"{alert.value:.1f}" if abs(alert.value) < 1000 else f"{alert.value:,.0f}"
+        # In the viewer's language's number format (grouped thousands).
+        if abs(alert.value) < 1000:
+            return number_format(alert.value, 1)
+        return number_format(alert.value, 0, force_grouping=True)
 
     def has_add_permission(self, request) -> bool:
         return False

@@ -27,7 +27,9 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.urls import reverse
-from django.utils import timezone
+from django.utils import timezone, translation
+from django.utils.formats import number_format
+from django.utils.translation import gettext as _
 
 from allocations.models import Allocation
 from allocations.selectors import with_occupancy
@@ -37,6 +39,7 @@ from monitoring import hot, live, shares
 from monitoring.models import Alert, AlertRule, ClusterTelemetry, Metric, Scope, Silence
 from teams.models import Membership, Team
 from teams.notify import notify
+from teams.preferences import speaking_to
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +119,7 @@ class Fleet:
             elif rule.scope == Scope.TEAM and team_id is not None:
                 groups[f"team:{team_id}"].append((value, f"team {self.names(Team).get(team_id)}", None, None, team_id))
         for subject, items in groups.items():
-            _, label, pool_id, node_id, team_id = items[0]
+            _value, label, pool_id, node_id, team_id = items[0]
             pools = {i[2] for i in items}
             out[subject] = Observation(sum(i[0] for i in items) / len(items), label,
                                        pool_id if len(pools) == 1 else None, node_id, team_id)
@@ -177,7 +180,7 @@ class Fleet:
             gpu, latest = gpus.get(share.gpu_id), self.latest.get(share.gpu_id)
             if gpu is None or latest is None or share.allocated_mib <= 0:
                 continue
-            _, pool_id, node_id, cluster, node, index = gpu
+            _gpu_id, pool_id, node_id, cluster, node, index = gpu
             if rule.pool_id is not None and pool_id != rule.pool_id:
                 continue
             used = shares.used_mib(latest.shares, share.reservation_id, share.instance)
@@ -353,10 +356,30 @@ def _announce(alert: Alert, kind: str) -> None:
     staff = (get_user_model().objects.filter(is_staff=True, is_active=True).values_list("pk", flat=True)
              if rule.notify_staff else [])
     state = "resolved" if kind == "resolved" else "firing"
-    notify(event=f"alert.{state}", subject=f"[{state.upper()} {rule.severity}] {rule.name}: {alert.subject_label}",
-           text=f"{rule.get_metric_display()} {rule.comparison} {rule.threshold:g}; value {alert.value:.1f}.",
+    # A channel speaks to a whole team: the portal's default language.
+    notify(event=f"alert.{state}", subject=mail_subject(alert, kind),
+           text=_("%(condition)s; value %(value)s.") % {"condition": condition(rule),
+                                                          "value": number_format(alert.value, 1)},
            link=alert_link(alert), data={"alert": alert.pk, "rule": rule.name, "severity": rule.severity},
            team_ids=teams, user_ids=staff)
+
+
+def _number(value: float) -> str:
+    """A threshold as people write it (95, 0.5), in the current language's number format."""
+    return number_format(int(value) if float(value).is_integer() else value)
+
+
+def condition(rule: AlertRule) -> str:
+    """The rule's condition in the current language: "GPU utilization (%) >= 95"."""
+    return _("%(metric)s %(comparison)s %(threshold)s") % {
+        "metric": rule.get_metric_display(), "comparison": rule.comparison, "threshold": _number(rule.threshold)}
+
+
+def mail_subject(alert: Alert, kind: str) -> str:
+    """Alertmanager's subject shape, which people's mail filters already know: the bracketed state and
+    severity stay these English codes in every language; the rule's name is the reader's."""
+    state = "RESOLVED" if kind == "resolved" else "FIRING"
+    return f"[{state} {alert.rule.severity}] {alert.rule.display_name}: {alert.subject_label}"
 
 
 def recipients(alert: Alert) -> list[str]:
@@ -387,12 +410,27 @@ def alert_link(alert: Alert) -> str:
     return settings.PORTAL_BASE_URL + path
 
 
+def _readers(to: list[str]) -> list[tuple[object | None, list[str]]]:
+    """The addresses grouped by how their readers are spoken to (language and time zone, as each saved it;
+    an address no account has gets the portal's defaults): one mail per group, each in its readers' words."""
+    accounts: dict[str, object] = {}
+    for user in get_user_model().objects.filter(email__in=to, is_active=True).order_by("pk"):
+        accounts.setdefault(user.email, user)
+    groups: dict[tuple[str, str], tuple[object | None, list[str]]] = {}
+    for address in to:
+        user = accounts.get(address)
+        with speaking_to(user):
+            key = (translation.get_language(), timezone.get_current_timezone_name())
+        groups.setdefault(key, (user, []))[1].append(address)
+    return list(groups.values())
+
+
 def _mail(alert: Alert, kind: str, to: list[str], repeat: bool) -> None:
     rule = alert.rule
-    context = {"alert": alert, "rule": rule, "kind": kind, "repeat": repeat, "link": alert_link(alert),
-               "condition": f"{rule.get_metric_display()} {rule.comparison} {rule.threshold:g}",
-               "value": f"{alert.value:.1f}"}
-    state = "RESOLVED" if kind == "resolved" else "FIRING"
-    # Alertmanager's subject shape, which people's mail filters already know.
-    mail_after_commit(to=to, subject=f"[{state} {rule.severity}] {rule.name}: {alert.subject_label}",
-                      template="monitoring/email/alert", context=context, about=f"alert {alert}")
+    for reader, addresses in _readers(to):
+        with speaking_to(reader):
+            context = {"alert": alert, "rule": rule, "kind": kind, "repeat": repeat, "link": alert_link(alert),
+                       "rule_name": rule.display_name, "condition": condition(rule),
+                       "value": number_format(alert.value, 1)}
+            mail_after_commit(to=addresses, subject=mail_subject(alert, kind), template="monitoring/email/alert",
+                              context=context, about=f"alert {alert}")

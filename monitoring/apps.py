@@ -1,9 +1,10 @@
 from django.apps import AppConfig
+from django.utils.translation import gettext_lazy as _
 
 
 class MonitoringConfig(AppConfig):
     name = "monitoring"
-    verbose_name = "Monitoring: telemetry and alerts"
+    verbose_name = _("Monitoring: telemetry and alerts")
 
     def ready(self) -> None:
         from django.db.models.signals import pre_delete

@@ -47,6 +47,7 @@ from django.conf import settings
 from django.core.cache import cache
 from django.db import connection, transaction
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
 from common.errors import ApplicationError, PayloadTooLarge, ValidationFailed
 from inventory.models import Gpu, HostToken
@@ -210,8 +211,8 @@ def _refuse_flood(token: HostToken, samples: int, total: int) -> None:
     hot.count({"flood": samples})
     log.warning("telemetry from %s/%s refused: %d samples this minute (limit %d)", token.cluster.slug,
                 token.host_name, total, settings.TELEMETRY_MAX_SAMPLES_PER_AGENT_MINUTE)
-    raise Flooding(f"More than {settings.TELEMETRY_MAX_SAMPLES_PER_AGENT_MINUTE} samples this minute from "
-                   "this host; slow down.", field="batches", rule="flood")
+    raise Flooding(_("More than %(limit)d samples this minute from this host; slow down.")
+                   % {"limit": settings.TELEMETRY_MAX_SAMPLES_PER_AGENT_MINUTE}, field="batches", rule="flood")
 
 
 def telemetry_ingest(*, token: HostToken, payload, now: float | None = None) -> IngestResult:
@@ -229,22 +230,23 @@ def telemetry_ingest(*, token: HostToken, payload, now: float | None = None) -> 
         stream, batches = payload.get("stream"), payload["batches"]
     else:
         hot.count({"malformed": 1})
-        raise ValidationFailed("Send {\"stream\": ..., \"batches\": [{\"seq\", \"t\", \"gpus\": [...]}]}.",
+        raise ValidationFailed(_('Send {"stream": ..., "batches": [{"seq", "t", "gpus": [...]}]}.'),
                                field="batches", rule="malformed")
     if not isinstance(stream, str) or not 1 <= len(stream) <= 64:
         hot.count({"malformed": 1})
-        raise ValidationFailed("stream must be a string of 1 to 64 characters.", field="stream", rule="malformed")
+        raise ValidationFailed(_("stream must be a string of 1 to 64 characters."), field="stream", rule="malformed")
     size = sum(_batch_size(b) for b in batches)
     if size > settings.TELEMETRY_MAX_SAMPLES_PER_REQUEST:
         hot.count({"oversized_batch": size})
         log.warning("telemetry from %s/%s refused: %d samples in one request (limit %d)", token.cluster.slug,
                     token.host_name, size, settings.TELEMETRY_MAX_SAMPLES_PER_REQUEST)
-        raise PayloadTooLarge(f"{size} samples in one request; at most {settings.TELEMETRY_MAX_SAMPLES_PER_REQUEST}.",
+        raise PayloadTooLarge(_("%(size)d samples in one request; at most %(limit)d.")
+                              % {"size": size, "limit": settings.TELEMETRY_MAX_SAMPLES_PER_REQUEST},
                               field="batches", rule="too_large")
     stream_key, flood_key = _stream_key(token, stream), _flood_key(token, now)
     # One cache round trip: count this request against the host's minute, and read the host's
     # GPU map and the stream's position.
-    totals, cached, _ = hot.exchange(incr={flood_key: size}, incr_timeout=120, get=[_host_key(token), stream_key])
+    totals, cached, _positions = hot.exchange(incr={flood_key: size}, incr_timeout=120, get=[_host_key(token), stream_key])
     _refuse_flood(token, size, totals.get(flood_key, 0))
     return samples_ingest(refs=host_gpus(token, cached=cached), batches=batches, now=now,
                           who=f"{token.cluster.slug}/{token.host_name}", stream_key=stream_key,
@@ -316,7 +318,7 @@ def samples_ingest(*, refs: dict[str, GpuRef], batches: list, now: float, who: s
     # keeps its last good one, and a resent request finishing after the one that replaced it puts
     # neither older values nor a lower position back.
     advance = {stream_key: max_seq} if stream_key is not None and max_seq > last_seq else {}
-    _, _, positions = hot.exchange(newest=per_node, advance=advance, incr=hot.counter_amounts(
+    _totals, _cached, positions = hot.exchange(newest=per_node, advance=advance, incr=hot.counter_amounts(
         {"accepted": result.accepted, **result.rejected, **result.clamped}))
     if positions:
         result.ack = positions[stream_key]
@@ -338,7 +340,7 @@ def _check_seq(seq: int) -> None:
     if not 0 <= seq <= MAX_SEQ:
         hot.count({"malformed": 1})
         rule = "min_value" if seq < 0 else "max_value"
-        raise ValidationFailed(f"seq must be an integer from 0 to {MAX_SEQ}.", field="seq", rule=rule)
+        raise ValidationFailed(_("seq must be an integer from 0 to %(max)d.") % {"max": MAX_SEQ}, field="seq", rule=rule)
 
 
 def _batch_size(batch) -> int:

@@ -12,6 +12,8 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
 from django.db import models
+from django.utils.translation import gettext, gettext_noop
+from django.utils.translation import gettext_lazy as _
 
 from inventory.models import Cluster, GpuPool, Node
 from teams.models import Team
@@ -30,18 +32,18 @@ class Sample(models.Model):
     pk = models.CompositePrimaryKey("gpu_id", "ts")
     gpu_id = models.BigIntegerField()
     pool_id = models.BigIntegerField(null=True)
-    ts = models.BigIntegerField(help_text="epoch seconds (UTC)")
+    ts = models.BigIntegerField(help_text=_("epoch seconds (UTC)"))
     util = models.SmallIntegerField()
     mem_util = models.SmallIntegerField()
-    mem_used = models.IntegerField(help_text="MiB")
-    mem_total = models.IntegerField(help_text="MiB")
-    temp = models.SmallIntegerField(help_text="°C")
-    power = models.FloatField(help_text="W")
+    mem_used = models.IntegerField(help_text=_("MiB"))
+    mem_total = models.IntegerField(help_text=_("MiB"))
+    temp = models.SmallIntegerField(help_text=_("°C"))
+    power = models.FloatField(help_text=_("W"))
     # Health figures, null where the source does not report them (monitoring.ingest.HEALTH_FIELDS).
-    sm_clock = models.SmallIntegerField(null=True, help_text="SM clock, MHz")
-    ecc_corrected = models.IntegerField(null=True, help_text="volatile corrected ECC errors since the driver loaded")
-    ecc_uncorrected = models.IntegerField(null=True, help_text="volatile uncorrected ECC errors since the driver loaded")
-    xid = models.SmallIntegerField(null=True, help_text="the last XID error's code")
+    sm_clock = models.SmallIntegerField(null=True, help_text=_("SM clock, MHz"))
+    ecc_corrected = models.IntegerField(null=True, help_text=_("volatile corrected ECC errors since the driver loaded"))
+    ecc_uncorrected = models.IntegerField(null=True, help_text=_("volatile uncorrected ECC errors since the driver loaded"))
+    xid = models.SmallIntegerField(null=True, help_text=_("the last XID error's code"))
 
 
 class Rollup(models.Model):
@@ -49,7 +51,7 @@ class Rollup(models.Model):
 
     gpu_id = models.BigIntegerField()
     pool_id = models.BigIntegerField(null=True)
-    bucket = models.BigIntegerField(help_text="start of the bucket, epoch seconds (UTC)")
+    bucket = models.BigIntegerField(help_text=_("start of the bucket, epoch seconds (UTC)"))
     n = models.IntegerField()
     util_avg = models.FloatField()
     util_max = models.SmallIntegerField()
@@ -95,24 +97,25 @@ class RollupMark(models.Model):
 # --- alerts -----------------------------------------------------------------------------
 
 class Metric(models.TextChoices):
-    GPU_UTIL = "gpu_util", "GPU utilization (%)"
-    GPU_MEMORY = "gpu_memory", "GPU memory used (%)"
-    GPU_TEMPERATURE = "gpu_temperature", "GPU temperature (°C)"
-    GPU_POWER = "gpu_power", "GPU power (W)"
-    GPU_IDLE_ALLOCATED = "gpu_idle_allocated", "Utilization of an allocated GPU (%)"
-    HOST_SILENT = "host_silent", "Seconds since the host last reported"
-    POOL_ALLOCATION = "pool_allocation", "Pool GPUs allocated (%)"
-    SHARE_MEMORY = "share_memory", "GPU memory a holder uses, % of its share"
-    TELEMETRY_SILENT = "telemetry_silent", "Seconds since a Kubernetes cluster's telemetry was last read"
-    GPU_UNLEASED = "gpu_unleased", "Pods on a Kubernetes GPU without their team's reservation on it"
+    GPU_UTIL = "gpu_util", _("GPU utilization (%)")
+    GPU_MEMORY = "gpu_memory", _("GPU memory used (%)")
+    GPU_TEMPERATURE = "gpu_temperature", _("GPU temperature (°C)")
+    GPU_POWER = "gpu_power", _("GPU power (W)")
+    GPU_IDLE_ALLOCATED = "gpu_idle_allocated", _("Utilization of an allocated GPU (%)")
+    HOST_SILENT = "host_silent", _("Seconds since the host last reported")
+    POOL_ALLOCATION = "pool_allocation", _("Pool GPUs allocated (%)")
+    # xgettext:no-python-format
+    SHARE_MEMORY = "share_memory", _("GPU memory a holder uses, % of its share")
+    TELEMETRY_SILENT = "telemetry_silent", _("Seconds since a Kubernetes cluster's telemetry was last read")
+    GPU_UNLEASED = "gpu_unleased", _("Pods on a Kubernetes GPU without their team's reservation on it")
 
 
 class Scope(models.TextChoices):
-    GPU = "gpu", "GPU"
-    NODE = "node", "Node"
-    POOL = "pool", "Pool"
-    TEAM = "team", "Team"
-    CLUSTER = "cluster", "Cluster"
+    GPU = "gpu", _("GPU")
+    NODE = "node", _("Node")
+    POOL = "pool", _("Pool")
+    TEAM = "team", _("Team")
+    CLUSTER = "cluster", _("Cluster")
 
 
 # Which scopes each metric can be evaluated at. GPU metrics at node, pool or team scope
@@ -141,9 +144,19 @@ class Comparison(models.TextChoices):
 
 
 class Severity(models.TextChoices):
-    INFO = "info", "Info"
-    WARNING = "warning", "Warning"
-    CRITICAL = "critical", "Critical"
+    INFO = "info", _("Info")
+    WARNING = "warning", _("Warning")
+    CRITICAL = "critical", _("Critical")
+
+
+# The names of the rules the portal ships (migrations 0002, 0006, 0007): stored in English, the rows'
+# identity for the API and the admin, and shown to people translated (AlertRule.display_name).
+DEFAULT_RULE_NAMES = {
+    gettext_noop("GPU overloaded"), gettext_noop("GPU memory nearly full"), gettext_noop("GPU too hot"),
+    gettext_noop("Host stopped reporting"), gettext_noop("Pool capacity pressure"),
+    gettext_noop("GPU allocated but idle"), gettext_noop("GPU share memory exceeded"),
+    gettext_noop("Kubernetes telemetry silent"), gettext_noop("Kubernetes GPU busy without a reservation"),
+}
 
 
 class AlertRule(models.Model):
@@ -151,18 +164,18 @@ class AlertRule(models.Model):
     metric = models.CharField(max_length=32, choices=Metric.choices)
     scope = models.CharField(max_length=8, choices=Scope.choices)
     pool = models.ForeignKey(GpuPool, on_delete=models.CASCADE, null=True, blank=True, related_name="alert_rules",
-                             help_text="Only subjects in this pool (empty: every pool)")
+                             help_text=_("Only subjects in this pool (empty: every pool)"))
     comparison = models.CharField(max_length=2, choices=Comparison.choices, default=Comparison.GE)
     threshold = models.FloatField()
-    for_seconds = models.PositiveIntegerField(verbose_name="for (seconds)", default=300,
-                                              help_text="How long the condition must hold before firing")
-    repeat_seconds = models.PositiveIntegerField(verbose_name="repeat after (seconds)", default=4 * 3600,
-                                                 help_text="Mail again while it keeps firing this long (0: never)")
+    for_seconds = models.PositiveIntegerField(verbose_name=_("for (seconds)"), default=300,
+                                              help_text=_("How long the condition must hold before firing"))
+    repeat_seconds = models.PositiveIntegerField(verbose_name=_("repeat after (seconds)"), default=4 * 3600,
+                                                 help_text=_("Mail again while it keeps firing this long (0: never)"))
     severity = models.CharField(max_length=16, choices=Severity.choices, default=Severity.WARNING)
-    notify_team_managers = models.BooleanField(default=True, help_text="Managers of the team concerned")
-    notify_team_members = models.BooleanField(default=False, help_text="Every member of the team concerned")
+    notify_team_managers = models.BooleanField(default=True, help_text=_("Managers of the team concerned"))
+    notify_team_members = models.BooleanField(default=False, help_text=_("Every member of the team concerned"))
     notify_staff = models.BooleanField(default=False)
-    extra_emails = models.TextField(blank=True, help_text="More addresses, comma-separated")
+    extra_emails = models.TextField(blank=True, help_text=_("More addresses, comma-separated"))
     enabled = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -172,15 +185,23 @@ class AlertRule(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    @property
+    def display_name(self) -> str:
+        """The name as people read it: a rule the portal ships (DEFAULT_RULE_NAMES) in the reader's
+        language, one staff named as they named it."""
+        return gettext(self.name) if self.name in DEFAULT_RULE_NAMES else self.name
+
     def clean(self) -> None:
         if self.metric in METRIC_SCOPES and self.scope not in METRIC_SCOPES[self.metric]:
             allowed = ", ".join(sorted(METRIC_SCOPES[self.metric]))
-            raise ValidationError({"scope": f"{self.metric} is measured at scope {allowed}."})
+            raise ValidationError({"scope": _("%(metric)s is measured at scope %(allowed)s.")
+                                   % {"metric": self.metric, "allowed": allowed}})
         for address in self.extra_email_list():
             try:
                 validate_email(address)
             except ValidationError:
-                raise ValidationError({"extra_emails": f"{address!r} is not an email address."}) from None
+                raise ValidationError({"extra_emails": _("%(address)r is not an email address.")
+                                       % {"address": address}}) from None
 
     def extra_email_list(self) -> list[str]:
         return [a.strip() for a in self.extra_emails.split(",") if a.strip()]
@@ -198,26 +219,26 @@ class Alert(models.Model):
     """
 
     class State(models.TextChoices):
-        PENDING = "pending", "Pending"
-        FIRING = "firing", "Firing"
-        RESOLVED = "resolved", "Resolved"
+        PENDING = "pending", _("Pending")
+        FIRING = "firing", _("Firing")
+        RESOLVED = "resolved", _("Resolved")
 
     OPEN_STATES = (State.PENDING, State.FIRING)
 
     rule = models.ForeignKey(AlertRule, on_delete=models.CASCADE, related_name="alerts")
-    subject = models.CharField(max_length=64, help_text="gpu:<id>, node:<id>, pool:<id>, team:<id> or "
-                                                        "share:<reservation id>:gpu:<id>[:mig:<start>]")
+    subject = models.CharField(max_length=64, help_text=_("gpu:<id>, node:<id>, pool:<id>, team:<id> or "
+                                                          "share:<reservation id>:gpu:<id>[:mig:<start>]"))
     subject_label = models.CharField(max_length=255)
     pool = models.ForeignKey(GpuPool, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
     node = models.ForeignKey(Node, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
     team = models.ForeignKey(Team, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
     value = models.FloatField()
-    active_since = models.DateTimeField(help_text="When the condition started to hold")
+    active_since = models.DateTimeField(help_text=_("When the condition started to hold"))
     fired_at = models.DateTimeField(null=True, blank=True)
     resolved_at = models.DateTimeField(null=True, blank=True)
     last_notified_at = models.DateTimeField(null=True, blank=True)
-    notified_firing = models.BooleanField(default=False, help_text="A firing mail went out (so a resolved one will)")
+    notified_firing = models.BooleanField(default=False, help_text=_("A firing mail went out (so a resolved one will)"))
     notifications = models.PositiveIntegerField(default=0)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -235,10 +256,10 @@ class Silence(models.Model):
     """Mutes notifications of matching alerts until `ends_at` (state is still tracked)."""
 
     rule = models.ForeignKey(AlertRule, on_delete=models.CASCADE, null=True, blank=True, related_name="silences",
-                             help_text="Empty: every rule")
-    subject = models.CharField(max_length=64, blank=True, help_text="e.g. gpu:42 or pool:3; empty: every subject")
+                             help_text=_("Empty: every rule"))
+    subject = models.CharField(max_length=64, blank=True, help_text=_("e.g. gpu:42 or pool:3; empty: every subject"))
     pool = models.ForeignKey(GpuPool, on_delete=models.CASCADE, null=True, blank=True, related_name="+",
-                             help_text="Only alerts in this pool")
+                             help_text=_("Only alerts in this pool"))
     comment = models.TextField(blank=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
     starts_at = models.DateTimeField()
@@ -248,11 +269,13 @@ class Silence(models.Model):
         ordering = ["-ends_at"]
 
     def __str__(self) -> str:
-        return f"silence {self.rule or 'all rules'} {self.subject or ''} until {self.ends_at:%Y-%m-%d %H:%M}"
+        return gettext("silence %(rule)s %(subject)s until %(ends)s") % {
+            "rule": self.rule or gettext("all rules"), "subject": self.subject or "",
+            "ends": f"{self.ends_at:%Y-%m-%d %H:%M}"}
 
     def clean(self) -> None:
         if self.ends_at and self.starts_at and self.ends_at <= self.starts_at:
-            raise ValidationError({"ends_at": "A silence must end after it starts."})
+            raise ValidationError({"ends_at": _("A silence must end after it starts.")})
 
     def matches(self, alert: Alert) -> bool:
         return ((self.rule_id is None or self.rule_id == alert.rule_id)
@@ -265,34 +288,34 @@ class ClusterTelemetry(models.Model):
     cluster with a telemetry source, written after every read. What staff see on the cluster's status."""
 
     cluster = models.OneToOneField(Cluster, on_delete=models.CASCADE, related_name="telemetry")
-    source = models.CharField(max_length=16, help_text="The source of the last read")
-    since = models.DateTimeField(help_text="When the portal started reading this cluster (silence counts from here "
-                                           "until a first read succeeds)")
-    next_read_at = models.DateTimeField(help_text="The next read is due then (claimed by a conditional update)")
+    source = models.CharField(max_length=16, help_text=_("The source of the last read"))
+    since = models.DateTimeField(help_text=_("When the portal started reading this cluster (silence counts from here "
+                                             "until a first read succeeds)"))
+    next_read_at = models.DateTimeField(help_text=_("The next read is due then (claimed by a conditional update)"))
     last_attempt_at = models.DateTimeField(null=True, blank=True)
     last_success_at = models.DateTimeField(null=True, blank=True)
-    read_seconds = models.FloatField(verbose_name="read took (seconds)", null=True, blank=True,
-                                     help_text="How long the last successful read took")
-    lag_seconds = models.FloatField(verbose_name="lag (seconds)", null=True, blank=True,
-                                    help_text="Age of the newest samples at the last read (median over GPUs)")
-    sample_period_seconds = models.FloatField(verbose_name="sample period (seconds)", null=True, blank=True,
-                                              help_text="How far apart a GPU's samples really are (median)")
+    read_seconds = models.FloatField(verbose_name=_("read took (seconds)"), null=True, blank=True,
+                                     help_text=_("How long the last successful read took"))
+    lag_seconds = models.FloatField(verbose_name=_("lag (seconds)"), null=True, blank=True,
+                                    help_text=_("Age of the newest samples at the last read (median over GPUs)"))
+    sample_period_seconds = models.FloatField(verbose_name=_("sample period (seconds)"), null=True, blank=True,
+                                              help_text=_("How far apart a GPU's samples really are (median)"))
     series_read = models.PositiveIntegerField(default=0)
-    gpus_read = models.PositiveIntegerField(verbose_name="GPUs read",
-                                            default=0, help_text="GPUs with a sample in the last read")
-    samples_ingested = models.PositiveIntegerField(default=0, help_text="New samples the last read stored")
-    unknown_gpus = models.PositiveIntegerField(verbose_name="unknown GPUs",
-                                               default=0, help_text="GPUs the source reports that the inventory lacks")
-    unknown_examples = models.JSONField(default=list, blank=True, help_text="Some of them: [{uuid, hostname}]")
+    gpus_read = models.PositiveIntegerField(verbose_name=_("GPUs read"),
+                                            default=0, help_text=_("GPUs with a sample in the last read"))
+    samples_ingested = models.PositiveIntegerField(default=0, help_text=_("New samples the last read stored"))
+    unknown_gpus = models.PositiveIntegerField(verbose_name=_("unknown GPUs"),
+                                               default=0, help_text=_("GPUs the source reports that the inventory lacks"))
+    unknown_examples = models.JSONField(default=list, blank=True, help_text=_("Some of them: [{uuid, hostname}]"))
     unleased = models.JSONField(default=list, blank=True,
-                                help_text="Pods on GPUs their team holds no share of: [{gpu, uuid, node, namespace, "
-                                          "pod, container, team}]")
-    error = models.TextField(blank=True, help_text="Why the last read failed (empty: it succeeded)")
+                                help_text=_("Pods on GPUs their team holds no share of: [{gpu, uuid, node, namespace, "
+                                            "pod, container, team}]"))
+    error = models.TextField(blank=True, help_text=_("Why the last read failed (empty: it succeeded)"))
     errors_total = models.PositiveIntegerField(default=0)
 
     class Meta:
-        verbose_name = "cluster telemetry"
-        verbose_name_plural = "cluster telemetry"
+        verbose_name = _("cluster telemetry")
+        verbose_name_plural = _("cluster telemetry")
 
     def __str__(self) -> str:
         return f"telemetry of {self.cluster}"

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.db.models import Q, QuerySet
 from django.utils import timezone
+from django.utils.translation import gettext
 
 from allocations import units
 from allocations.models import Allocation
@@ -369,6 +370,12 @@ class SourceStatus:
         if self.silent:
             return "silent"
         return "error" if self.row.error else "ok"
+
+    @property
+    def state_label(self) -> str:
+        """The state in the reader's language (`state` stays the page's class name and the tests' word)."""
+        return {"waiting for the first read": gettext("waiting for the first read"), "silent": gettext("silent"),
+                "error": gettext("error"), "ok": gettext("ok")}[self.state]
 
 
 def telemetry_sources(cluster_ids=None, now=None) -> list[SourceStatus]:

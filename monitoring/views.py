@@ -7,10 +7,13 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
+from django.utils.translation import gettext as _
+from django.utils.translation import pgettext
 
 from allocations.selectors import pool_gpu_bars, pools_visible_to
 from common.errors import ServiceUnavailable
 from monitoring import hot, selectors
+from monitoring.models import Alert
 from inventory.models import GpuPool, Node
 from teams.models import Team
 from teams.selectors import teams_of
@@ -37,11 +40,42 @@ def _chart_context(gpus: list[tuple[int, str, int]], title: str, ws_path: str, h
         "ws_path": ws_path,
         "rows": [(gpu_id, label, latest.get(gpu_id), node_id, holders.get(gpu_id, []))
                  for gpu_id, label, node_id in gpus],
-        "ranges": [("live", "Live 5 min"), ("1h", "1 h"), ("24h", "24 h"), ("7d", "7 days"), ("30d", "30 days")],
-        "chart_data": {"window": WINDOW, "history_url": history_url,
+        "ranges": [("live", _("Live 5 min")), ("1h", _("1 h")), ("24h", _("24 h")), ("7d", _("7 days")),
+                   ("30d", _("30 days"))],
+        "chart_data": {"window": WINDOW, "history_url": history_url, "words": chart_words(),
                        "gpus": [{"id": gpu_id, "label": label, "node": node_id, "holders": holders.get(gpu_id, [])}
                                 for gpu_id, label, node_id in gpus],
                        "history": series},
+    }
+
+
+def chart_words() -> dict[str, str]:
+    """What static/js/live-charts.js writes, in the viewer's language: it has no catalogue of its own and
+    reads these from the page (chart_data.words). `{name}` placeholders are filled in by the script."""
+    return {
+        "free": _("free"),
+        "none": _("none"),
+        # xgettext:no-python-format
+        "hover_util": _("{value} % utilization"),
+        "no_selection": _("No GPU selected: tick some in the table or click a row of the heatmap."),
+        "full": _("at most 10 lines: untick one first."),
+        "day": _("day"), "days": _("{n} days"), "hour": _("hour"), "hours": _("{n} hours"),
+        "minute": _("minute"), "minutes": _("{n} minutes"), "seconds": _("{n} s"),
+        "live_note": _("Live, once a second: the last {window} s."),
+        "loading": _("Loading the last {range}…"),
+        "load_failed": _("Could not load the last {range}: {error}."),
+        "answered": _("the portal answered {status}"),
+        "range_note": _("The last {range}: averages per {step} ({resolution} history); the live feed keeps "
+                        "the table current."),
+        "resolutions": {"raw": pgettext("history resolution", "raw"),
+                        "minute": pgettext("history resolution", "minute"),
+                        "hour": pgettext("history resolution", "hour")},
+        "memory_in_use": _("memory in use: {used} of {total} MiB"),
+        "share_use": _("uses {used} of {allocated} MiB"),
+        "connected": _("connected"),
+        "disconnected": _("disconnected, retrying…"),
+        "alert": _("alert {state}: {rule} on {subject}"),
+        "states": {state.value: str(state.label) for state in Alert.State},
     }
 
 
@@ -61,7 +95,7 @@ def _holders(bars: list) -> dict[int, list[dict]]:
 def pool_live(request: HttpRequest, slug: str) -> HttpResponse:
     pool = selectors.pool_for_viewer(request.user, slug)
     if pool is None:
-        raise Http404("No such pool, or not one your teams use.")
+        raise Http404(_("No such pool, or not one your teams use."))
     gpus = [(g.pk, f"{g.node.name}:{g.index}", g.node_id)
             for g in pool.gpus.select_related("node").order_by("node__name", "index")]
     bars = pool_gpu_bars(pool, request.user)
@@ -93,7 +127,7 @@ def _with_memory_used(bars: list, rows: list) -> list[tuple]:
 def node_live(request: HttpRequest, node_id: int) -> HttpResponse:
     node = selectors.node_for_viewer(request.user, node_id)
     if node is None:
-        raise Http404("No such node, or not one you may watch.")
+        raise Http404(_("No such node, or not one you may watch."))
     gpus = [(g.pk, f"GPU {g.index}", node.pk) for g in node.gpus.order_by("index")]
     holders = {}
     for pool in GpuPool.objects.filter(gpus__node=node).distinct():
@@ -124,7 +158,7 @@ def dashboard_context(user) -> dict:
     The usage needs the hot values in Redis; while Redis is unreachable the rest of the dashboard still shows."""
     try:
         activity = selectors.pool_activity(pools_visible_to(user))
-        _, teams = selectors.usage(pools_visible_to(user).none(), teams_of(user))
+        _pools, teams = selectors.usage(pools_visible_to(user).none(), teams_of(user))
         usage_unavailable = False
     except ServiceUnavailable:
         activity, teams, usage_unavailable = [], [], True

@@ -6,6 +6,7 @@ import logging
 import django_filters
 from django.conf import settings
 from django.db import OperationalError
+from django.utils.translation import gettext as _
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, permissions, viewsets
 from rest_framework.exceptions import ParseError
@@ -36,8 +37,8 @@ class TelemetryParser(BaseParser):
 
     def parse(self, stream, media_type=None, parser_context=None):
         limit = settings.TELEMETRY_MAX_BODY_BYTES
-        too_large = PayloadTooLarge(f"The request body is larger than {limit} bytes; send fewer batches at once.",
-                                    field="body", rule="too_large")
+        too_large = PayloadTooLarge(_("The request body is larger than %(limit)d bytes; send fewer batches at once.")
+                                    % {"limit": limit}, field="body", rule="too_large")
         declared = parser_context["request"].META.get("CONTENT_LENGTH") or ""
         if declared.isdigit() and int(declared) > limit:
             raise too_large  # without reading it (config.request_body then closes the connection)
@@ -47,7 +48,7 @@ class TelemetryParser(BaseParser):
         try:
             return ingest.decode_body(body)
         except ValueError as error:
-            raise ParseError(f"JSON parse error - {error}") from None
+            raise ParseError(_("JSON parse error - %(error)s") % {"error": error}) from None
 
 
 class TelemetryView(AgentView):
@@ -67,7 +68,7 @@ class TelemetryView(AgentView):
             # Overload (SQLite's write lock held past its timeout, PostgreSQL out of connections):
             # nothing was stored, and the agent keeps the batch and sends it again.
             log.warning("telemetry from %s refused, storage busy: %s", request.auth, error)
-            raise ingest.StorageBusy("Telemetry storage is busy; send this batch again shortly.",
+            raise ingest.StorageBusy(_("Telemetry storage is busy; send this batch again shortly."),
                                      field="batches", rule="busy") from error
         return Response(result.as_dict())
 
@@ -117,8 +118,8 @@ def _history_response(request: Request, scope: dict, gpus: dict[int, str]) -> Re
     """Per-GPU history of `gpus` (id → uuid) for the ?range= asked (default 15m)."""
     range_key = request.query_params.get("range", "15m")
     if range_key not in selectors.RANGES:
-        raise ValidationFailed(f"range must be one of {', '.join(selectors.RANGES)}.", field="range",
-                               rule="invalid_choice")
+        raise ValidationFailed(_("range must be one of %(ranges)s.") % {"ranges": ", ".join(selectors.RANGES)},
+                               field="range", rule="invalid_choice")
     history = selectors.pool_history(list(gpus), range_key)
     return Response({**scope, "range": range_key, "resolution": history.resolution,
                      "step": history.step, "start": history.start, "end": history.end,
@@ -133,7 +134,7 @@ class PoolHistoryView(APIView):
     def get(self, request: Request, slug: str) -> Response:
         pool = selectors.pool_for_viewer(request.user, slug)
         if pool is None:
-            raise NotFound("No such pool, or not one your teams use.", field="pool", rule="not_found")
+            raise NotFound(_("No such pool, or not one your teams use."), field="pool", rule="not_found")
         return _history_response(request, {"pool": pool.slug}, dict(pool.gpus.values_list("id", "uuid")))
 
 
@@ -144,5 +145,5 @@ class NodeHistoryView(APIView):
     def get(self, request: Request, node_id: int) -> Response:
         node = selectors.node_for_viewer(request.user, node_id)
         if node is None:
-            raise NotFound("No such node, or not one you may watch.", field="node", rule="not_found")
+            raise NotFound(_("No such node, or not one you may watch."), field="node", rule="not_found")
         return _history_response(request, {"node": node.pk}, dict(node.gpus.values_list("id", "uuid")))

@@ -11,6 +11,10 @@
   const root = document.getElementById("live");
   if (!root || !window.Plotly) return;
   const data = JSON.parse(document.getElementById("chart-data").textContent);
+  // Every word this script writes, in the viewer's language, from the page (monitoring.views.chart_words):
+  // "{name}" placeholders are filled in here, so a translation may put them in any order.
+  const W = data.words;
+  const fmt = (text, values) => text.replace(/\{(\w+)\}/g, (whole, key) => (key in values ? String(values[key]) : whole));
   const gpus = data.gpus;
   const byId = new Map(gpus.map((g) => [g.id, g]));
   const METRICS = ["util", "mem_used", "temp", "power", "sm_clock"];
@@ -29,7 +33,7 @@
   const buttons = Array.from(root.querySelectorAll(".range-picker button"));
 
   function holderText(g) {
-    if (!g.holders.length) return "free";
+    if (!g.holders.length) return W.free;
     return g.holders.map((h) => (h.reservation ? `${h.team} #${h.reservation}` : h.team) + ` (${h.part})`).join(", ");
   }
 
@@ -92,8 +96,8 @@
       item.append(swatch, `${g.label} (${holderText(g)})`);
       return item;
     }));
-    if (!chosen.length) legend.textContent = "No GPU selected: tick some in the table or click a row of the heatmap.";
-    else if (legend.dataset.full === "true") legend.append(" · at most 10 lines: untick one first.");
+    if (!chosen.length) legend.textContent = W.no_selection;
+    else if (legend.dataset.full === "true") legend.append(` · ${W.full}`);
     delete legend.dataset.full;
     for (const box of document.querySelectorAll("#gpu-table input[data-pick]")) {
       const id = Number(box.dataset.pick);
@@ -146,7 +150,7 @@
       {type: "heatmap", x: cols.map((t) => new Date(t * 1000)), y: labels, z, zmin: 0, zmax: 100,
        colorscale: "Viridis", ygap: dense ? 0 : 1, hoverongaps: false, colorbar: {thickness: 8, len: 1, title: {text: "%"}},
        text: holders.map((h) => new Array(cols.length).fill(h)),
-       hovertemplate: "%{y}<br>%{text}<br>%{x}<br>%{z} % utilization<extra></extra>"},
+       hovertemplate: `%{y}<br>%{text}<br>%{x}<br>${fmt(W.hover_util, {value: "%{z}"})}<extra></extra>`},
     ];
     const height = Math.min(900, Math.max(200, 70 + gpus.length * (dense ? 4 : 24)));
     Plotly.react(heatmap, traces, {
@@ -164,10 +168,10 @@
   }
 
   function stepWords(step) {
-    if (step % 86400 === 0) return step === 86400 ? "day" : `${step / 86400} days`;
-    if (step % 3600 === 0) return step === 3600 ? "hour" : `${step / 3600} hours`;
-    if (step % 60 === 0) return step === 60 ? "minute" : `${step / 60} minutes`;
-    return `${step} s`;
+    if (step % 86400 === 0) return step === 86400 ? W.day : fmt(W.days, {n: step / 86400});
+    if (step % 3600 === 0) return step === 3600 ? W.hour : fmt(W.hours, {n: step / 3600});
+    if (step % 60 === 0) return step === 60 ? W.minute : fmt(W.minutes, {n: step / 60});
+    return fmt(W.seconds, {n: step});
   }
 
   let asked = 0;
@@ -176,17 +180,17 @@
     const mine = ++asked;
     if (range === "live") {
       view = {range: "live", source: live};
-      note.textContent = `Live, once a second: the last ${data.window} s.`;
+      note.textContent = fmt(W.live_note, {window: data.window});
     } else {
-      note.textContent = `Loading the last ${label}…`;
+      note.textContent = fmt(W.loading, {range: label});
       let body;
       try {
         const response = await fetch(`${data.history_url}?range=${encodeURIComponent(range)}`,
                                       {headers: {Accept: "application/json"}, credentials: "same-origin"});
-        if (!response.ok) throw new Error(`the portal answered ${response.status}`);
+        if (!response.ok) throw new Error(fmt(W.answered, {status: response.status}));
         body = await response.json();
       } catch (error) {
-        if (mine === asked) note.textContent = `Could not load the last ${label}: ${error.message}.`;
+        if (mine === asked) note.textContent = fmt(W.load_failed, {range: label, error: error.message});
         return;
       }
       if (mine !== asked) return;  // another range was picked meanwhile
@@ -197,7 +201,8 @@
         source.set(g.gpu, series);
       }
       view = {range, source, start: body.start, end: body.end, step: body.step};
-      note.textContent = `The last ${label}: averages per ${stepWords(body.step)} (${body.resolution} history); the live feed keeps the table current.`;
+      note.textContent = fmt(W.range_note, {range: label, step: stepWords(body.step),
+                                             resolution: W.resolutions[body.resolution] || body.resolution});
     }
     root.dataset.range = range;
     drawHeatmap();
@@ -235,7 +240,7 @@
       const used = document.querySelector(`.gpu-bar[data-gpu="${s.gpu}"] .mem-used`);
       if (used && s.mem_total) {
         used.style.width = `${Math.min(100, (100 * s.mem_used) / s.mem_total).toFixed(1)}%`;
-        used.parentElement.title = `memory in use: ${s.mem_used} of ${s.mem_total} MiB`;
+        used.parentElement.title = fmt(W.memory_in_use, {used: s.mem_used, total: s.mem_total});
       }
       if (s.shares) showShares(s);
       const tr = document.querySelector(`#gpu-table tr[data-gpu="${s.gpu}"]`);
@@ -248,7 +253,7 @@
       const processes = tr.querySelector('[data-f="processes"]');
       if (processes && s.processes) {
         processes.textContent = s.processes.length
-          ? s.processes.map(([pid, mem]) => `${pid} (${mem} MiB)`).join(", ") : "none";
+          ? s.processes.map(([pid, mem]) => `${pid} (${mem} MiB)`).join(", ") : W.none;
       }
       // Health figures come only from sources that report them (absent: "–").
       tr.querySelector('[data-f="sm_clock"]').textContent = s.sm_clock_mhz ?? "–";
@@ -277,7 +282,7 @@
     }
     for (const [reservation, sum] of byReservation) {
       const over = sum.used > sum.allocated;
-      const text = `uses ${sum.used} of ${sum.allocated} MiB`;
+      const text = fmt(W.share_use, {used: sum.used, allocated: sum.allocated});
       for (const seg of bar.querySelectorAll(`.seg[data-reservation="${reservation}"]`)) {
         const line = seg.querySelector('.seg-used');
         if (!line) continue;
@@ -302,14 +307,17 @@
   function connect() {
     const scheme = location.protocol === "https:" ? "wss" : "ws";
     const ws = new WebSocket(`${scheme}://${location.host}${root.dataset.ws}`);
-    ws.onopen = () => { status.textContent = "connected"; delay = 1000; };
+    ws.onopen = () => { status.textContent = W.connected; delay = 1000; };
     ws.onmessage = (event) => {
       const msg = JSON.parse(event.data);
       if (msg.type === "telemetry.samples") onSamples(msg);
-      else if (msg.type === "alert.changed") status.textContent = `alert ${msg.alert.state}: ${msg.alert.rule} on ${msg.alert.subject}`;
+      else if (msg.type === "alert.changed") {
+        status.textContent = fmt(W.alert, {state: W.states[msg.alert.state] || msg.alert.state, rule: msg.alert.rule,
+                                           subject: msg.alert.subject});
+      }
     };
     ws.onclose = () => {
-      status.textContent = "disconnected, retrying…";
+      status.textContent = W.disconnected;
       setTimeout(connect, delay);
       delay = Math.min(delay * 2, 30000);
     };

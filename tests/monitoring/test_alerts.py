@@ -310,3 +310,36 @@ def test_two_evaluations_at_once_mail_an_alert_that_fired_while_silenced_once(sm
     time.sleep(0.3)
     assert [m["Subject"].split("]")[0] for _, m in smtp.messages] == ["[FIRING warning"]
     assert Alert.objects.get().notifications == 1
+
+
+def test_each_recipient_reads_the_alert_mail_in_their_own_language_and_zone(smtp, rule, host, world):
+    from teams.models import Preference
+
+    # The team's manager chose Chinese and Shanghai; the rule's extra address has no account: the defaults.
+    Preference.objects.create(user=world.owner, language="zh-hans", time_zone="Asia/Shanghai")
+    AlertRule.objects.filter(name="GPU overloaded").delete()  # the shipped one (disabled here)
+    rule.name = "GPU overloaded"  # a rule the portal ships: its name is translated too
+    rule.save()
+    t0 = timezone.now().replace(hour=12, minute=0, second=0, microsecond=0)
+    _report(host, 99)
+    alerts_evaluate(now=t0)
+    assert alerts_evaluate(now=t0 + timedelta(seconds=301))["mails"] == 1
+    _wait_for(smtp, 2)
+    time.sleep(0.3)
+
+    assert len(smtp.messages) == 2, smtp.subjects()
+    mails = {tuple(to): message for to, message in smtp.messages}
+    chinese, english = mails[("owner@example.test",)], mails[("ops@example.test",)]
+    # The bracketed state and severity stay Alertmanager's codes (mail filters); the rule's name is the reader's.
+    # (A subject with Chinese in it is folded as an encoded word: Python's parser keeps the fold's space.)
+    assert chinese["Subject"].strip().startswith("[FIRING warning] GPU 过载: ")
+    assert english["Subject"].startswith("[FIRING warning] GPU overloaded: ")
+    text, html = chinese.get_body(("plain",)).get_content(), chinese.get_body(("html",)).get_content()
+    assert text.startswith("告警中 [警告] GPU 过载") and "条件： GPU 利用率（%） >= 95，持续 300 秒" in text
+    assert "值：     99.0" in text and "查看实时数据： https://gpupool.example.test/pools/a100/" in text
+    assert "告警中：GPU 过载</h2>" in html and "在门户中查看实时数据" in html and "Firing" not in html
+    assert "20:00:00 CST" in text  # 12:00 UTC, in the reader's zone
+    text, html = english.get_body(("plain",)).get_content(), english.get_body(("html",)).get_content()
+    assert text.startswith("FIRING [Warning] GPU overloaded") and "Condition: GPU utilization (%) >= 95 for 300 s" in text
+    assert "Value:     99.0" in text and "12:00:00 UTC" in text and "Firing: GPU overloaded</h2>" in html
+    assert "告警" not in text + html

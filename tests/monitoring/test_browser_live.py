@@ -94,3 +94,30 @@ def test_the_pool_page_shows_each_holders_memory_against_its_share_live(world, a
     assert agent.post("/api/v1/agent/telemetry/", json=body).status_code == 200
     page.wait_for_function(f"!document.querySelector('{mine_seg} .seg-used').classList.contains('over')")
     assert holder.inner_text() == "uses 10000 of 20389 MiB"
+
+
+def test_the_pool_charts_speak_the_viewers_language(world, asgi_server, page):
+    from teams.models import Preference
+
+    Preference.objects.create(user=world.member, language="zh-hans")
+    node = Node.objects.get(name="node-a")
+    _, key = services.host_token_create(actor=world.staff, cluster=node.cluster, host_name=node.name)
+    uuids = list(node.gpus.order_by("index").values_list("uuid", flat=True))
+    agent = httpx.Client(base_url=asgi_server, headers={"Authorization": f"Host {key}"})
+    client = Client()
+    client.force_login(world.member)
+    page.context.add_cookies([{"name": "sessionid", "value": client.cookies["sessionid"].value, "url": asgi_server}])
+    page.goto(f"{asgi_server}/pools/a100/")
+    page.wait_for_function("document.getElementById('live-status').textContent === '已连接'")
+    assert page.locator("#range-note").inner_text() == "实时，每秒更新：最近 300 秒。"
+    assert page.evaluate("document.getElementById('chart-power').layout.title.text") == "功耗（W）"
+    t = time.time()
+    body = payload(batch([sample(u, util=40, processes=[]) for u in uuids], t=t))
+    assert agent.post("/api/v1/agent/telemetry/", json=body).status_code == 200
+    page.wait_for_function("document.getElementById('chart-util').data[0].x.length >= 1")
+    assert page.locator('#gpu-table tr[data-gpu] [data-f="processes"]').first.inner_text() == "无"
+    hover = page.evaluate("document.getElementById('chart-heatmap').data[1].hovertemplate")
+    assert "利用率 %{z} %" in hover
+    page.get_by_role("button", name="1 小时").click()
+    page.wait_for_function("document.getElementById('range-note').textContent.startsWith('最近 1 小时：每 ')")
+    assert "历史）；实时数据会持续更新表格。" in page.locator("#range-note").inner_text()

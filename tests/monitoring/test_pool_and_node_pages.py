@@ -98,3 +98,37 @@ def test_a_nodes_history_answers_those_who_may_watch_it_and_names_a_bad_range(wo
     bad = api(world.member).get(f"/api/v1/nodes/{node.pk}/telemetry/?range=2y")
     assert bad.status_code == 400 and bad.json()["errors"][0]["field"] == "range"
     assert bad.json()["errors"][0]["rule"] == "invalid_choice"
+
+
+def _chinese_page(user, path: str) -> str:
+    client = Client(HTTP_ACCEPT_LANGUAGE="zh-hans")
+    client.force_login(user)
+    response = client.get(path)
+    assert response.status_code == 200 and response["Content-Language"] == "zh-hans"
+    return response.content.decode()
+
+
+def _chart_words(html: str) -> dict:
+    import json
+
+    return json.loads(html.split('<script id="chart-data" type="application/json">')[1].split("</script>")[0])["words"]
+
+
+def test_the_pool_and_node_pages_speak_chinese_headings_and_chart_labels(world):
+    node = Node.objects.get(name="node-a")
+    for html in (_chinese_page(world.member, "/pools/a100/"), _chinese_page(world.member, f"/nodes/{node.pk}/")):
+        assert "<h2>遥测</h2>" in html and "<h2>当前 GPU</h2>" in html and "<th>持有者</th>" in html
+        assert 'data-title="GPU 利用率（%）"' in html and 'data-title="功耗（W）"' in html  # units kept
+        assert 'data-title="SM 时钟（MHz）"' in html and '<th class="num">利用率 %</th>' in html
+        assert 'data-range="7d" aria-pressed="false">7 天</button>' in html
+        # What live-charts.js writes (hover, legend, notes), from the page in the viewer's language.
+        words = _chart_words(html)
+        assert words["hover_util"] == "利用率 {value} %" and words["free"] == "空闲"
+        assert words["share_use"] == "已用 {used} / {allocated} MiB" and words["states"]["firing"] == "告警中"
+        assert "Telemetry" not in html and "GPUs now" not in html
+    pool = _chinese_page(world.member, "/pools/a100/")
+    assert "<h2>每个 GPU 当前的持有者</h2>" in pool and ">预约</a> · 节点：" in pool
+    # The English page is unchanged.
+    english = _page(world.member, "/pools/a100/")
+    assert "<h2>Telemetry</h2>" in english and 'data-title="GPU utilization (%)"' in english
+    assert _chart_words(english)["hover_util"] == "{value} % utilization"

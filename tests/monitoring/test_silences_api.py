@@ -30,3 +30,14 @@ def test_a_silence_that_ends_before_it_starts_is_refused_and_members_may_not(wor
     assert api(world.member).post("/api/v1/silences/", {"ends_at": start.isoformat()},
                                   format="json").status_code == 403
     assert api(world.member).get("/api/v1/silences/").status_code == 403
+
+
+def test_a_refused_silence_is_explained_in_chinese_with_the_same_field_and_rule(world, api):
+    start = timezone.now() + timedelta(hours=3)
+    body = {"starts_at": start.isoformat(), "ends_at": (start - timedelta(hours=1)).isoformat()}
+    english = api(world.staff).post("/api/v1/silences/", body, format="json").json()["errors"][0]
+    chinese = api(world.staff).post("/api/v1/silences/", body, format="json",
+                                    HTTP_ACCEPT_LANGUAGE="zh-hans").json()["errors"][0]
+    assert english["message"] == "A silence must end after it starts."
+    assert chinese["message"] == "静默的结束时间必须晚于开始时间。"
+    assert english["field"] == "ends_at" and (chinese["field"], chinese["rule"]) == (english["field"], english["rule"])
