@@ -163,3 +163,16 @@ def test_the_expiry_warning_goes_to_a_chinese_reader_in_chinese(world, api, djan
     subjects = {message.to[0]: message.subject for message in mail.outbox}
     assert subjects[world.member.email].startswith(f"[GPU Pool] 预约 #{rid} 将在 ")
     assert subjects[world.owner.email].startswith(f"[GPU Pool] Reservation #{rid} ends in ")
+
+
+def test_the_reservation_page_shows_its_reason_and_history_in_the_readers_language(world, api, client):
+    start, end = window(3, 2)
+    rid = _post(api(world.member), {"pool": "a100", "team": "ml", "gpus": 2, "starts_at": start.isoformat(),
+                                    "ends_at": end.isoformat()}).json()["id"]
+    assert api(world.member).post(f"{URL}{rid}/release/", format="json").status_code == 200
+    client.force_login(world.member)
+    chinese = client.get(f"/reservations/{rid}/", **ZH).content.decode()
+    english = client.get(f"/reservations/{rid}/", **EN).content.decode()
+    assert "已由 member 在开始前取消。" in chinese and "已放置 2 个 GPU（2.00 GE）" in chinese
+    assert "Cancelled before its start by member." in english and "2 GPUs placed (2.00 GE)" in english
+    assert "Cancelled before its start" not in chinese
