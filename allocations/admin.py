@@ -2,6 +2,7 @@ from datetime import timedelta
 
 from django.contrib import admin
 from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
 
 from allocations.models import Allocation, PriorityClass, Quota, Reservation, ReservationEvent
 from allocations.selectors import quotas_with_held_ge
@@ -25,7 +26,7 @@ class QuotaAdmin(admin.ModelAdmin):
     def get_queryset(self, request):
         return quotas_with_held_ge(super().get_queryset(request))
 
-    @admin.display(description="held now (GE)", ordering="held_ge")
+    @admin.display(description=_("held now (GE)"), ordering="held_ge")
     def in_use(self, quota: Quota) -> str:
         held = getattr(quota, "held_ge", 0.0) or 0.0
         limit = float(quota.max_ge)
@@ -50,10 +51,10 @@ class EventInline(admin.TabularInline):
 class WindowFilter(admin.SimpleListFilter):
     """Reservations by where their window lies from now: the questions staff ask of a fleet's bookings."""
 
-    title = "window"
+    title = _("window")
     parameter_name = "window"
-    CHOICES = (("now", "Holding now"), ("next24h", "Starts in the next 24 h"), ("next7d", "Starts in the next 7 days"),
-               ("past7d", "Ended in the last 7 days"))
+    CHOICES = (("now", _("Holding now")), ("next24h", _("Starts in the next 24 h")),
+               ("next7d", _("Starts in the next 7 days")), ("past7d", _("Ended in the last 7 days")))
 
     def lookups(self, request, model_admin):
         return self.CHOICES

@@ -19,6 +19,8 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 
+from django.utils.translation import gettext as _
+
 from allocations import booking, queue, quotas, shapes
 from allocations.models import Quota
 from common.errors import ApplicationError, instant
@@ -38,7 +40,7 @@ def earliest_window(*, pool: GpuPool, request: shapes.Amounts, quota: quotas.Quo
     latest = min(horizon, latest) if latest else horizon
     snapshot = booking.pool_snapshot(pool.pk, earliest, latest + duration)
     shape = shapes.shape_for(pool, request, snapshot)
-    start, _, _ = queue.earliest_fit(
+    start, _grants, _why = queue.earliest_fit(
         gpus=snapshot.gpus, grants=[*snapshot.grants, *promised], shape=shape, duration=duration, earliest=earliest,
         latest=latest, policy=pool.placement_policy, team=queue.team_holding(quota, earliest, latest + duration))
     return start
@@ -86,7 +88,7 @@ def offers(*, team: Team, pool: GpuPool, request: shapes.Amounts, quota: quotas.
     start = earliest_window(pool=pool, request=request, quota=quota, team=team, earliest=now, duration=duration,
                             now=now, promised=promised)
     if start is not None and start != starts_at:
-        found.append({"kind": "earliest_window", "message": f"The same from {instant(start)}.",
+        found.append({"kind": "earliest_window", "message": _("The same from %(start)s.") % {"start": instant(start)},
                       "request": _body(team, pool, request, start, start + duration)})
     snapshot = booking.pool_snapshot(pool.pk, starts_at, ends_at)
     shape = shapes.shape_for(pool, request, snapshot)
@@ -97,7 +99,8 @@ def offers(*, team: Team, pool: GpuPool, request: shapes.Amounts, quota: quotas.
     for amount in range(most, 0, -1):
         smaller = _with_amount(shape, amount)
         if _fits(around, smaller, pool, holding):
-            found.append({"kind": "smaller", "message": f"{smaller.in_words()} for the same window.",
+            found.append({"kind": "smaller",
+                          "message": _("%(asked)s for the same window.") % {"asked": smaller.in_words()},
                           "request": _body(team, pool, request, starts_at, ends_at,
                                            **{_amount_field(shape): amount})})
             break
@@ -136,6 +139,8 @@ def _other_pools(*, team: Team, pool: GpuPool, request: shapes.Amounts, shape: b
             continue
         around = queue.with_promised(there, promised)
         if _fits(around, other_shape, other.pool, queue.team_holding(limits, starts_at, ends_at)):
-            found.append({"kind": "other_pool", "message": f"{other_shape.in_words()} in pool {other.pool.name}.",
+            found.append({"kind": "other_pool",
+                          "message": _("%(asked)s in pool %(pool)s.") % {"asked": other_shape.in_words(),
+                                                                        "pool": other.pool.name},
                           "request": _body(team, other.pool, converted, starts_at, ends_at)})
     return found

@@ -1,9 +1,10 @@
 from django.apps import AppConfig
+from django.utils.translation import gettext_lazy
 
 
 class AllocationsConfig(AppConfig):
     name = "allocations"
-    verbose_name = "Allocations: quotas and reservations"
+    verbose_name = gettext_lazy("Allocations: quotas and reservations")
 
     def ready(self) -> None:
         from django.db.models.signals import post_delete, post_save
@@ -42,8 +43,11 @@ def _refuse_moving_a_booked_gpu(sender, *, gpu_id: int, pool_id: int | None, fie
         # Placement's lock: no booking lands on the GPU between this check and the move.
         GpuPool.objects.select_for_update().filter(pk=pool_id).first()
     if Allocation.objects.filter(gpu_id=gpu_id).booked_during(timezone.now(), LATEST_INSTANT).exists():
-        raise Conflict(f"The GPU is booked now or later; it cannot change {' or '.join(fields)} until those "
-                       "bookings end or are released.", field=fields[0], rule="gpu_booked")
+        from django.utils.translation import gettext
+
+        raise Conflict(gettext("The GPU is booked now or later; it cannot change %(fields)s until those bookings end "
+                               "or are released.") % {"fields": " or ".join(fields)}, field=fields[0],
+                       rule="gpu_booked")
 
 
 def _recheck_token_channels(sender, *, instance, created: bool = False, **_) -> None:

@@ -22,7 +22,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from django.utils.translation import gettext_noop
+
 from allocations import units
+from allocations.messages import Msg
 from allocations.placement import mig
 from allocations.placement import (
     DEFAULT_POLICY,
@@ -86,12 +89,65 @@ class Grant:
 
 
 class BookingRefused(Exception):
-    """No set of GPUs satisfies the request; `code` is machine-readable, the message is for people."""
+    """No set of GPUs satisfies the request; `code` is machine-readable, `msg` is for people (`message`:
+    in the active language)."""
 
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
+    def __init__(self, code: str, msg: Msg) -> None:
+        super().__init__(msg.english())
         self.code = code
-        self.message = message
+        self.msg = msg
+
+    @property
+    def message(self) -> str:
+        return str(self.msg)
+
+
+# The placement engine (allocations.placement, no Django) explains a refusal in English with a code and
+# its numbers (placement.reasons): here, at its boundary, each becomes a message people read in their
+# language. Where the numbers give back the engine's sentence exactly, the message is that sentence;
+# else the engine's English is kept and other languages read a summary for its code.
+_ENGINE_EXACT = {
+    ("insufficient_capacity", frozenset({"requested", "free"})): lambda d: Msg.plural(
+        gettext_noop("%(requested)d GPU requested but only %(free)d are free for the whole window."),
+        gettext_noop("%(requested)d GPUs requested but only %(free)d are free for the whole window."),
+        "requested", requested=d["requested"], free=d["free"]),
+    ("insufficient_capacity", frozenset({"requested_milli", "free_milli"})): lambda d: Msg(
+        gettext_noop("%(requested_milli)d milli-GPU requested but only %(free_milli)d are free for the whole "
+                     "window."), requested_milli=d["requested_milli"], free_milli=d["free_milli"]),
+    ("fragmented", frozenset({"requested", "free", "most_on_one_node"})): lambda d: Msg(
+        gettext_noop("%(free)d GPUs are free in total but no node has %(requested)d free (the most on one node "
+                     "is %(most)d)."), free=d["free"], requested=d["requested"], most=d["most_on_one_node"]),
+    ("fragmented", frozenset({"requested_milli", "free_milli", "most_on_one_gpu"})): lambda d: Msg(
+        gettext_noop("%(free_milli)d milli-GPU are free in total but no single GPU has %(requested_milli)d free "
+                     "(the most on one GPU is %(most)d)."), free_milli=d["free_milli"],
+        requested_milli=d["requested_milli"], most=d["most_on_one_gpu"]),
+}
+_ENGINE_SUMMARY = {
+    "invalid_request": gettext_noop("The request is not valid for this pool."),
+    "over_quota": gettext_noop("The request needs more quota than the team has left."),
+    "no_matching_nodes": gettext_noop("No healthy, schedulable node can take it."),
+    "no_gpu_model": gettext_noop("No GPU of the models it allows is in the pool."),
+    "too_large": gettext_noop("More GPUs requested on one node than the largest node has."),
+    "insufficient_capacity": gettext_noop("Not enough of the pool is free for the whole window."),
+    "fragmented": gettext_noop("Enough is free in total, but not together on one GPU or node."),
+    "cpu_memory": gettext_noop("No node with room for it also has the CPU cores and memory it needs free."),
+    "no_mig_profile": gettext_noop("No MIG-capable GPU in the pool offers that MIG profile."),
+    "mig_fragmented": gettext_noop("MIG slices are free, but no GPU has a free legal start for that profile."),
+}
+
+
+def engine_msg(code: str, message: str, details=None) -> Msg:
+    """The engine's refusal (code, English message, details) as a message people read in their language."""
+    details = dict(details or {})
+    exact = _ENGINE_EXACT.get((code, frozenset(details)))
+    if exact is not None:
+        try:
+            msg = exact(details)
+            if msg.english() == message:
+                return msg
+        except (KeyError, TypeError, ValueError):
+            pass
+    return Msg.summary(_ENGINE_SUMMARY.get(code, gettext_noop("The request could not be placed.")), message)
 
 
 @dataclass(frozen=True)
@@ -208,10 +264,9 @@ def choose_whole_gpus(snapshot: PoolSnapshot, count: int, *, policy: str = DEFAU
     state = snapshot.state()
     free = snapshot.whole_gpus_free(state)
     if len(free) < count:
-        raise BookingRefused(
-            "insufficient_capacity",
-            f"{count} GPUs requested but only {len(free)} are free for the whole window.",
-        )
+        raise BookingRefused("insufficient_capacity", Msg(
+            gettext_noop("%(requested)d GPUs requested but only %(free)d are free for the whole window."),
+            requested=count, free=len(free)))
     usable_per_node: dict[int, int] = defaultdict(int)
     for gpu in snapshot.gpus:
         usable_per_node[gpu.node_id] += gpu.usable
@@ -219,7 +274,8 @@ def choose_whole_gpus(snapshot: PoolSnapshot, count: int, *, policy: str = DEFAU
         decision = place(state, PlacementRequest(gpus=count, start=snapshot.start, end=snapshot.end),
                          policy_name(policy))
         if not decision.ok:
-            raise BookingRefused(decision.code, decision.message)
+            first = decision.reasons[0]
+            raise BookingRefused(decision.code, engine_msg(first.code, first.message, first.details))
         return [assignment.gpu_id for assignment in decision.gpus]
     return _whole_nodes(free, count)
 
@@ -259,20 +315,27 @@ class Shape:
     memory_pct: int = 0
     cores_pct: int = 0
 
-    def in_words(self) -> str:
-        """The request in its own unit, for messages: "4 × 3g.40gb", "3 of 4 shares", ..."""
+    def in_words(self) -> Msg:
+        """The request in its own unit, for messages: "4 × 3g.40gb", "3 of 4 shares", ... (str() of it:
+        in the active language)."""
         if self.mode in REPLICA_MODES:
-            return f"{self.shares} of {self.replicas} shares of a GPU"
+            return Msg(gettext_noop("%(shares)d of %(replicas)d shares of a GPU"), shares=self.shares,
+                       replicas=self.replicas)
         if self.mode == SharingMode.MIG:
-            return f"{self.mig_count} × {self.mig_profile}"
+            return Msg(gettext_noop("%(count)d × %(profile)s"), count=self.mig_count, profile=self.mig_profile)
         if self.mode == SharingMode.VGPU:
-            memory = f"{self.memory_mib} MiB" if self.memory_mib else f"{self.memory_pct} % of the memory"
-            return f"{memory} and {self.cores_pct} % of the cores on each of {_gpus(self.gpus)}"
-        return _gpus(self.gpus)
+            return Msg(gettext_noop("%(memory)s and %(cores)d %% of the cores on each of %(gpus)s"),
+                       memory=self.memory_words(), cores=self.cores_pct, gpus=gpus_words(self.gpus))
+        return gpus_words(self.gpus)
+
+    def memory_words(self) -> Msg:
+        if self.memory_mib:
+            return Msg(gettext_noop("%(mib)d MiB"), mib=self.memory_mib)
+        return Msg(gettext_noop("%(pct)d %% of the memory"), pct=self.memory_pct)
 
 
-def _gpus(count: int) -> str:
-    return f"{count} GPU" if count == 1 else f"{count} GPUs"
+def gpus_words(count: int) -> Msg:
+    return Msg.plural(gettext_noop("%(count)d GPU"), gettext_noop("%(count)d GPUs"), "count", count=count)
 
 
 def shape_of(reservation, pool) -> Shape:
@@ -367,10 +430,11 @@ def _choose_shares(snapshot: PoolSnapshot, shape: Shape, policy: str) -> list[Ne
     most = max((len(slots) for slots in free_slots.values()), default=0)
     if most < wanted:
         if total >= wanted:
-            raise BookingRefused("fragmented", f"fragmented: {total} shares are free for that window, but no GPU "
-                                               f"has {wanted} (the most on one GPU is {most}).")
-        raise BookingRefused("insufficient_capacity", f"{wanted} shares requested but only {total} are free for "
-                                                      "that window.")
+            raise BookingRefused("fragmented", Msg(gettext_noop(
+                "fragmented: %(total)d shares are free for that window, but no GPU has %(wanted)d (the most on one "
+                "GPU is %(most)d)."), total=total, wanted=wanted, most=most))
+        raise BookingRefused("insufficient_capacity", Msg(gettext_noop(
+            "%(wanted)d shares requested but only %(total)d are free for that window."), wanted=wanted, total=total))
     width = units.share_slot_width(replicas)
     rest = units.MILLI_PER_GPU - replicas * width
     unusable = [Holding(node_id=gpu.node_id, gpu_id=gpu.id, start=snapshot.start, end=snapshot.end, milli=rest)
@@ -476,8 +540,9 @@ def _choose_mig(snapshot: PoolSnapshot, shape: Shape) -> list[NewGrant]:
     free, free_on_gpu = _free_mig_instances(snapshot, shape)
     total = sum(len(instances) for instances in free.values())
     if total < shape.mig_count:
-        raise BookingRefused("insufficient_capacity", f"{shape.mig_count} × {shape.mig_profile} requested but only "
-                                                      f"{total} are free for that window.")
+        raise BookingRefused("insufficient_capacity", Msg(gettext_noop(
+            "%(count)d × %(profile)s requested but only %(total)d are free for that window."),
+            count=shape.mig_count, profile=shape.mig_profile, total=total))
     nodes = sorted(free.values(), key=lambda instances: (len(instances) < shape.mig_count, len(instances),
                                                           instances[0][0].node_name))
     if len(nodes[0]) < shape.mig_count:  # no node has them all: the fullest nodes first
@@ -545,12 +610,19 @@ def _choose_vgpu(snapshot: PoolSnapshot, shape: Shape, policy: str) -> list[NewG
     if max((len(ids) for ids in per_node.values()), default=0) < shape.gpus:
         most_memory = max((memory for memory, _ in free.values()), default=0)
         most_cores = max((cores for _, cores in free.values()), default=0)
-        where = "no GPU" if shape.gpus == 1 else f"no node has {shape.gpus} GPUs that each"
-        raise BookingRefused(
-            "fragmented" if len(fits) >= shape.gpus else "insufficient_capacity",
-            f"{where} {'has' if shape.gpus == 1 else 'have'} {shape.in_words().split(' on each')[0]} free for that "
-            f"window ({len(fits)} GPU(s) could take one; the most memory free on one GPU is {most_memory} MiB, "
-            f"the most cores {most_cores} %).")
+        share = Msg(gettext_noop("%(memory)s and %(cores)d %% of the cores"), memory=shape.memory_words(),
+                    cores=shape.cores_pct)
+        numbers = dict(share=share, fits=len(fits), most_memory=most_memory, most_cores=most_cores)
+        if shape.gpus == 1:
+            msg = Msg(gettext_noop("no GPU has %(share)s free for that window (%(fits)d GPU(s) could take one; the "
+                                   "most memory free on one GPU is %(most_memory)d MiB, the most cores "
+                                   "%(most_cores)d %%)."), **numbers)
+        else:
+            msg = Msg(gettext_noop("no node has %(gpus)d GPUs that each have %(share)s free for that window "
+                                   "(%(fits)d GPU(s) could take one; the most memory free on one GPU is "
+                                   "%(most_memory)d MiB, the most cores %(most_cores)d %%)."), gpus=shape.gpus,
+                      **numbers)
+        raise BookingRefused("fragmented" if len(fits) >= shape.gpus else "insufficient_capacity", msg)
     state = snapshot.state()
     chosen: list[int] = []
     candidates = sorted(per_node.items(), key=lambda item: (len(item[1]) < shape.gpus, by_id[item[1][0]].node_name))

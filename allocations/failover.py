@@ -17,8 +17,10 @@ from datetime import datetime
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
+from django.utils.translation import gettext_noop
 
 from allocations import booking, notices, queue
+from allocations.messages import Msg, in_english
 from allocations.apply import jobs
 from allocations.models import Allocation, ApplyJob, Reservation
 from allocations.transitions import move, record
@@ -48,7 +50,7 @@ def node_failover(*, node_id: int, reason: str = "", now: datetime | None = None
     node = Node.objects.filter(pk=node_id).first()
     if node is None or node.healthy:
         return {"node": node_id, "moved": [], "failed": []}
-    why = reason or f"node {node.name} is unhealthy"
+    why = Msg.verbatim(reason) if reason else Msg(gettext_noop("node %(node)s is unhealthy"), node=node.name)
     moved, failed = [], []
     ids = sorted(set(_held(now).filter(gpu__node_id=node_id).values_list("reservation_id", flat=True)))
     for reservation_id in ids:
@@ -58,12 +60,12 @@ def node_failover(*, node_id: int, reason: str = "", now: datetime | None = None
         elif outcome == "failed":
             failed.append(reservation_id)
     if ids:
-        log.warning("failover of %s (%s): moved %s, failed %s", node.name, why, moved, failed)
+        log.warning("failover of %s (%s): moved %s, failed %s", node.name, in_english(why), moved, failed)
     return {"node": node.name, "moved": moved, "failed": failed}
 
 
 @transaction.atomic
-def reservation_move_off_node(*, reservation_id: int, node: Node, reason: str, now: datetime) -> str:
+def reservation_move_off_node(*, reservation_id: int, node: Node, reason: Msg | str, now: datetime) -> str:
     """Place the rest of the reservation's window again, off `node`. Returns moved, failed or skipped."""
     pool_id = Reservation.objects.filter(pk=reservation_id).values_list("pool_id", flat=True).first()
     if pool_id is None:
@@ -82,10 +84,12 @@ def reservation_move_off_node(*, reservation_id: int, node: Node, reason: str, n
         grants = booking.choose(booking.pool_snapshot(pool.pk, start, reservation.ends_at),
                                 booking.shape_of(reservation, pool), policy=pool.placement_policy)
     except booking.BookingRefused as refused:
-        message = (f"Its GPUs were on {node.name}, which failed ({reason}), and no healthy GPUs of pool "
-                   f"{pool.slug} are free for the rest of the window: {refused.message}")
+        message = Msg(gettext_noop("Its GPUs were on %(node)s, which failed (%(reason)s), and no healthy GPUs of "
+                                   "pool %(pool)s are free for the rest of the window: %(why)s"),
+                      node=node.name, reason=reason, pool=pool.slug, why=refused.msg)
         move(reservation, State.FAILED, reason=message, now=now)
-        notices.notify_owners(reservation, f"Reservation #{reservation.pk} failed: node {node.name} is down", message,
+        notices.notify_owners(reservation, Msg(gettext_noop("Reservation #%(id)s failed: node %(node)s is down"),
+                                               id=reservation.pk, node=node.name), message,
                               event="reservation.failed")
         jobs.reconcile_enqueue(cluster=node.cluster, now=now)
         queue.kick(pool.pk)
@@ -93,7 +97,8 @@ def reservation_move_off_node(*, reservation_id: int, node: Node, reason: str, n
     booking.grants_write(reservation_id=reservation.pk, grants=grants, start=start, end=reservation.ends_at)
     new_nodes = sorted(set(Node.objects.filter(gpus__id__in=[g.gpu_id for g in grants])
                            .values_list("name", flat=True)))
-    message = f"Moved from {node.name} to {', '.join(new_nodes)}: {reason}."
+    message = Msg(gettext_noop("Moved from %(node)s to %(nodes)s: %(reason)s."), node=node.name,
+                  nodes=", ".join(new_nodes), reason=reason)
     if reservation.state == State.SCHEDULED:
         record(reservation, from_state=State.SCHEDULED, to_state=State.SCHEDULED, actor=None, reason=message)
     else:
@@ -103,8 +108,8 @@ def reservation_move_off_node(*, reservation_id: int, node: Node, reason: str, n
         move(reservation, State.APPLYING, reason=message)
         jobs.jobs_create(reservation=reservation, action=ApplyJob.Action.APPLY, now=now)
         jobs.reconcile_enqueue(cluster=node.cluster, now=now)  # removes what the dead node's cluster still has
-    notices.notify_owners(reservation, f"Reservation #{reservation.pk} moved off {node.name}", message,
-                          event="reservation.moved")
+    notices.notify_owners(reservation, Msg(gettext_noop("Reservation #%(id)s moved off %(node)s"), id=reservation.pk,
+                                           node=node.name), message, event="reservation.moved")
     queue.kick(pool.pk)  # the move may take room the queue's plan was counting on: promises are told anew
     return "moved"
 

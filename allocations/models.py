@@ -12,8 +12,10 @@ from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import F, Q
+from django.utils.translation import gettext_lazy as _
 
 from allocations import units
+from allocations.messages import StoredTextField
 from inventory.models import Gpu, GpuPool
 from teams.models import Team
 
@@ -24,11 +26,11 @@ class PriorityClass(models.Model):
 
     name = models.SlugField(max_length=32, unique=True)
     value = models.IntegerField(validators=[MinValueValidator(-1000), MaxValueValidator(1000)],
-                                help_text="Higher goes first; -1000 to 1000")
+                                help_text=_("Higher goes first; -1000 to 1000"))
     description = models.CharField(max_length=200, blank=True)
 
     class Meta:
-        verbose_name_plural = "priority classes"
+        verbose_name_plural = _("priority classes")
         ordering = ["-value", "name"]
 
     def __str__(self) -> str:
@@ -41,20 +43,20 @@ class Quota(models.Model):
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="quotas")
     pool = models.ForeignKey(GpuPool, on_delete=models.CASCADE, related_name="quotas")
-    max_ge = models.DecimalField(verbose_name="max GE",
+    max_ge = models.DecimalField(verbose_name=_("max GE"),
                                  max_digits=8, decimal_places=2, validators=[MinValueValidator(0)],
-                                 help_text="Most GPU-equivalents the team may hold in this pool at any moment")
+                                 help_text=_("Most GPU-equivalents the team may hold in this pool at any moment"))
     ge_hours_per_month = models.DecimalField(
-        verbose_name="GE-hours per month", max_digits=10, decimal_places=1, null=True, blank=True,
+        verbose_name=_("GE-hours per month"), max_digits=10, decimal_places=1, null=True, blank=True,
         validators=[MinValueValidator(0)],
-        help_text="GE-hours the team may book per calendar month (UTC); empty = no limit")
+        help_text=_("GE-hours the team may book per calendar month (UTC); empty = no limit"))
     max_borrow_ge = models.DecimalField(
-        verbose_name="max borrowed GE", max_digits=8, decimal_places=2, null=True, blank=True,
+        verbose_name=_("max borrowed GE"), max_digits=8, decimal_places=2, null=True, blank=True,
         validators=[MinValueValidator(0)],
-        help_text="Most GE the team may borrow beyond max_ge in a pool that lends idle GPUs; empty: no cap")
+        help_text=_("Most GE the team may borrow beyond max_ge in a pool that lends idle GPUs; empty: no cap"))
     priority_class = models.ForeignKey(PriorityClass, on_delete=models.PROTECT, null=True, blank=True,
                                        related_name="quotas",
-                                       help_text="The highest priority its requests may ask; empty: priority 0")
+                                       help_text=_("The highest priority its requests may ask; empty: priority 0"))
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -67,14 +69,14 @@ class Quota(models.Model):
 
 class Reservation(models.Model):
     class State(models.TextChoices):
-        PENDING = "pending", "Pending"
-        SCHEDULED = "scheduled", "Scheduled"
-        APPLYING = "applying", "Applying"
-        ACTIVE = "active", "Active"
-        RELEASING = "releasing", "Releasing"
-        RELEASED = "released", "Released"
-        EXPIRED = "expired", "Expired"
-        FAILED = "failed", "Failed"
+        PENDING = "pending", _("Pending")
+        SCHEDULED = "scheduled", _("Scheduled")
+        APPLYING = "applying", _("Applying")
+        ACTIVE = "active", _("Active")
+        RELEASING = "releasing", _("Releasing")
+        RELEASED = "released", _("Released")
+        EXPIRED = "expired", _("Expired")
+        FAILED = "failed", _("Failed")
 
     # States in which the reservation still holds (or will hold) its GPUs.
     LIVE_STATES = (State.SCHEDULED, State.APPLYING, State.ACTIVE)
@@ -83,7 +85,7 @@ class Reservation(models.Model):
     team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="reservations")
     pool = models.ForeignKey(GpuPool, on_delete=models.PROTECT, related_name="reservations")
     requested_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, verbose_name="requester", on_delete=models.SET_NULL, null=True,
+        settings.AUTH_USER_MODEL, verbose_name=_("requester"), on_delete=models.SET_NULL, null=True,
         related_name="reservations"
     )
     # What was asked, in the pool's unit (the sharing mode at booking time): `gpus` is the number of
@@ -91,30 +93,36 @@ class Reservation(models.Model):
     # `shares` k of the pool's replicas (time_slicing, mps); `mig_profile` x `mig_count` instances;
     # `gpu_memory_mib` and `gpu_cores_pct` on each GPU (vgpu). `ge` is what its grants were charged.
     mode = models.CharField(max_length=16, default="exclusive", db_default="exclusive")
-    gpus = models.PositiveSmallIntegerField(verbose_name="GPUs")
+    gpus = models.PositiveSmallIntegerField(verbose_name=_("GPUs"))
     shares = models.PositiveSmallIntegerField(null=True, blank=True)
-    mig_profile = models.CharField(verbose_name="MIG profile", max_length=32, blank=True, default="", db_default="")
-    mig_count = models.PositiveSmallIntegerField(verbose_name="MIG instances", null=True, blank=True)
-    gpu_memory_mib = models.PositiveIntegerField(verbose_name="GPU memory (MiB)", null=True, blank=True)
-    gpu_cores_pct = models.PositiveSmallIntegerField(verbose_name="GPU cores (%)", null=True, blank=True)
-    ge = models.FloatField(verbose_name="GE",
+    mig_profile = models.CharField(verbose_name=_("MIG profile"), max_length=32, blank=True, default="", db_default="")
+    mig_count = models.PositiveSmallIntegerField(verbose_name=_("MIG instances"), null=True, blank=True)
+    gpu_memory_mib = models.PositiveIntegerField(verbose_name=_("GPU memory (MiB)"), null=True, blank=True)
+    gpu_cores_pct = models.PositiveSmallIntegerField(verbose_name=_("GPU cores (%)"), null=True, blank=True)
+    ge = models.FloatField(verbose_name=_("GE"),
                            default=0, db_default=0,
-                           help_text="GPU-equivalents its grants were charged (weights applied)")
-    priority = models.IntegerField(default=0, db_default=0, help_text="Its priority class's value when it was asked")
-    borrowed_ge = models.FloatField(verbose_name="borrowed GE", default=0, db_default=0,
-                                    help_text="GE it holds beyond its team's quota (borrowed: may be reclaimed)")
+                           help_text=_("GPU-equivalents its grants were charged (weights applied)"))
+    priority = models.IntegerField(default=0, db_default=0, help_text=_("Its priority class's value when it was asked"))
+    borrowed_ge = models.FloatField(verbose_name=_("borrowed GE"), default=0, db_default=0,
+                                    help_text=_("GE it holds beyond its team's quota (borrowed: may be reclaimed)"))
     requeue = models.BooleanField(default=False, db_default=False,
-                                  help_text="If reclaimed, wait in the queue again for the rest of its time")
-    preempt_at = models.DateTimeField(null=True, blank=True, help_text="Reclaimed: its GPUs are taken back then")
-    preempt_reason = models.TextField(blank=True, default="", db_default="")
+                                  help_text=_("If reclaimed, wait in the queue again for the rest of its time"))
+    preempt_at = models.DateTimeField(null=True, blank=True, help_text=_("Reclaimed: its GPUs are taken back then"))
+    preempt_reason = StoredTextField(verbose_name=_("reclaim reason"), blank=True, default="", db_default="",
+                                     message_field="preempt_message")
+    preempt_message = models.JSONField(null=True, blank=True, editable=False,
+                                       help_text=_("preempt_reason's message and arguments (allocations.messages)"))
     priority_class = models.CharField(max_length=32, blank=True, default="", db_default="")
     starts_at = models.DateTimeField()
     ends_at = models.DateTimeField()
     state = models.CharField(max_length=16, choices=State.choices, default=State.SCHEDULED)
-    reason = models.TextField(blank=True, help_text="Why it is in its state (shown to the user)")
-    ended_at = models.DateTimeField(null=True, blank=True, help_text="When it was released, expired or failed")
+    reason = StoredTextField(verbose_name=_("reason"), blank=True, message_field="reason_message",
+                             help_text=_("Why it is in its state (shown to the user)"))
+    reason_message = models.JSONField(null=True, blank=True, editable=False,
+                                      help_text=_("reason's message and arguments (allocations.messages)"))
+    ended_at = models.DateTimeField(null=True, blank=True, help_text=_("When it was released, expired or failed"))
     expiry_warned_at = models.DateTimeField(null=True, blank=True,
-                                            help_text="When its holders were mailed that its window ends soon")
+                                            help_text=_("When its holders were mailed that its window ends soon"))
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -187,23 +195,23 @@ class Allocation(models.Model):
     objects = AllocationQuerySet.as_manager()
 
     reservation = models.ForeignKey(Reservation, on_delete=models.CASCADE, related_name="allocations")
-    gpu = models.ForeignKey(Gpu, verbose_name="GPU", on_delete=models.PROTECT, related_name="allocations")
+    gpu = models.ForeignKey(Gpu, verbose_name=_("GPU"), on_delete=models.PROTECT, related_name="allocations")
     starts_at = models.DateTimeField()
     ends_at = models.DateTimeField()
     mode = models.CharField(max_length=16, default="exclusive", db_default="exclusive",
-                            help_text="The pool's sharing mode when the grant was made")
-    ge = models.FloatField(verbose_name="GE", default=1.0, db_default=1.0, help_text="GPU-equivalents charged for it")
+                            help_text=_("The pool's sharing mode when the grant was made"))
+    ge = models.FloatField(verbose_name=_("GE"), default=1.0, db_default=1.0, help_text=_("GPU-equivalents charged for it"))
     share_from = models.PositiveSmallIntegerField(default=0, db_default=0)
     share_to = models.PositiveSmallIntegerField(default=units.MILLI_PER_GPU, db_default=units.MILLI_PER_GPU)
-    milli = models.PositiveSmallIntegerField(verbose_name="worth (thousandths of a GPU)",
+    milli = models.PositiveSmallIntegerField(verbose_name=_("worth (thousandths of a GPU)"),
                                              default=units.MILLI_PER_GPU, db_default=units.MILLI_PER_GPU,
-                                             help_text="What the grant is worth, in thousandths of a GPU")
-    mig_profile = models.CharField(verbose_name="MIG profile", max_length=32, blank=True, default="", db_default="")
-    mig_start = models.PositiveSmallIntegerField(verbose_name="MIG start slice", null=True, blank=True)
-    memory_mib = models.PositiveIntegerField(verbose_name="memory cap (MiB)",
-                                             null=True, blank=True, help_text="GPU memory cap of a share")
-    cores_pct = models.PositiveSmallIntegerField(verbose_name="cores cap (%)",
-                                                 null=True, blank=True, help_text="Compute cap of a share, %")
+                                             help_text=_("What the grant is worth, in thousandths of a GPU"))
+    mig_profile = models.CharField(verbose_name=_("MIG profile"), max_length=32, blank=True, default="", db_default="")
+    mig_start = models.PositiveSmallIntegerField(verbose_name=_("MIG start slice"), null=True, blank=True)
+    memory_mib = models.PositiveIntegerField(verbose_name=_("memory cap (MiB)"),
+                                             null=True, blank=True, help_text=_("GPU memory cap of a share"))
+    cores_pct = models.PositiveSmallIntegerField(verbose_name=_("cores cap (%)"),
+                                                 null=True, blank=True, help_text=_("Compute cap of a share, %"))
 
     class Meta:
         ordering = ["reservation_id", "gpu__node_id", "gpu__index"]
@@ -234,7 +242,9 @@ class ReservationEvent(models.Model):
     to_state = models.CharField(max_length=16)
     actor = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
     at = models.DateTimeField(auto_now_add=True)
-    reason = models.TextField(blank=True)
+    reason = StoredTextField(verbose_name=_("reason"), blank=True, message_field="reason_message")
+    reason_message = models.JSONField(null=True, blank=True, editable=False,
+                                      help_text=_("reason's message and arguments (allocations.messages)"))
 
     class Meta:
         ordering = ["at", "id"]
@@ -257,26 +267,32 @@ class QueueEntry(models.Model):
 
     reservation = models.OneToOneField(Reservation, on_delete=models.CASCADE, primary_key=True,
                                        related_name="queue_entry")
-    shape = models.JSONField(help_text="What it asks for, as allocations.booking.Shape's fields")
+    shape = models.JSONField(help_text=_("What it asks for, as allocations.booking.Shape's fields"))
     duration = models.DurationField()
     not_before = models.DateTimeField(null=True, blank=True)
-    not_after = models.DateTimeField(null=True, blank=True, help_text="Start no later than this, else fail")
+    not_after = models.DateTimeField(null=True, blank=True, help_text=_("Start no later than this, else fail"))
     queued_at = models.DateTimeField()
     priority = models.SmallIntegerField(default=0)
     position = models.PositiveIntegerField(null=True, blank=True)
-    reason = models.CharField(max_length=32, blank=True, help_text="Why it waits, as a code")
-    reason_text = models.TextField(blank=True, help_text="Why it waits, in words")
+    reason = models.CharField(max_length=32, blank=True, help_text=_("Why it waits, as a code"))
+    reason_text = StoredTextField(blank=True, message_field="reason_text_message",
+                                  help_text=_("Why it waits, in words"))
+    reason_text_message = models.JSONField(null=True, blank=True, editable=False,
+                                           help_text=_("reason_text's message and arguments (allocations.messages)"))
     start_by = models.DateTimeField(null=True, blank=True)
     likely_start = models.DateTimeField(null=True, blank=True)
     previous_start_by = models.DateTimeField(null=True, blank=True)
     previous_likely_start = models.DateTimeField(null=True, blank=True)
     first_start_by = models.DateTimeField(null=True, blank=True)
     first_likely_start = models.DateTimeField(null=True, blank=True)
-    moved_why = models.TextField(blank=True, help_text="Why start_by last moved later")
-    planned_at = models.DateTimeField(null=True, blank=True, help_text="The last scheduling pass that planned it")
+    moved_why = StoredTextField(blank=True, message_field="moved_why_message",
+                                help_text=_("Why start_by last moved later"))
+    moved_why_message = models.JSONField(null=True, blank=True, editable=False,
+                                         help_text=_("moved_why's message and arguments (allocations.messages)"))
+    planned_at = models.DateTimeField(null=True, blank=True, help_text=_("The last scheduling pass that planned it"))
 
     class Meta:
-        verbose_name_plural = "queue entries"
+        verbose_name_plural = _("queue entries")
 
     def __str__(self) -> str:
         return f"queue entry of reservation #{self.reservation_id}"
@@ -296,16 +312,16 @@ class ApplyJob(models.Model):
     """
 
     class Action(models.TextChoices):
-        APPLY = "apply", "Apply"
-        UNDO = "undo", "Undo"
-        RECONCILE = "reconcile", "Reconcile"
+        APPLY = "apply", _("Apply")
+        UNDO = "undo", _("Undo")
+        RECONCILE = "reconcile", _("Reconcile")
 
     class Status(models.TextChoices):
-        QUEUED = "queued", "Queued"
-        RUNNING = "running", "Running"
-        RETRYING = "retrying", "Waiting to retry"
-        SUCCEEDED = "succeeded", "Succeeded"
-        FAILED = "failed", "Failed"
+        QUEUED = "queued", _("Queued")
+        RUNNING = "running", _("Running")
+        RETRYING = "retrying", _("Waiting to retry")
+        SUCCEEDED = "succeeded", _("Succeeded")
+        FAILED = "failed", _("Failed")
 
     OPEN_STATUSES = (Status.QUEUED, Status.RUNNING, Status.RETRYING)
 
@@ -313,22 +329,22 @@ class ApplyJob(models.Model):
                                     related_name="apply_jobs")
     cluster = models.ForeignKey("inventory.Cluster", on_delete=models.CASCADE, related_name="apply_jobs")
     action = models.CharField(max_length=16, choices=Action.choices)
-    backend = models.CharField(max_length=16, help_text="kubernetes or agent")
-    target = models.CharField(max_length=255, blank=True, help_text="What it acts on, in words")
+    backend = models.CharField(max_length=16, help_text=_("kubernetes or agent"))
+    target = models.CharField(max_length=255, blank=True, help_text=_("What it acts on, in words"))
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
     attempts = models.PositiveIntegerField(default=0)
     final_state = models.CharField(max_length=16, blank=True,
-                                   help_text="undo: the state the reservation ends in (released or expired)")
+                                   help_text=_("undo: the state the reservation ends in (released or expired)"))
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     next_attempt_at = models.DateTimeField(null=True, blank=True)
     lease_until = models.DateTimeField(
         null=True, blank=True,
-        help_text="running: the claim's lease, renewed while the attempt runs; lapsed, the sweep takes the job back")
+        help_text=_("running: the claim's lease, renewed while the attempt runs; lapsed, the sweep takes the job back"))
     deadline = models.DateTimeField()
     error = models.TextField(blank=True)
-    changes = models.JSONField(default=list, blank=True, help_text="What the backend changed (or repaired)")
+    changes = models.JSONField(default=list, blank=True, help_text=_("What the backend changed (or repaired)"))
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -343,10 +359,10 @@ class HostLeaseReport(models.Model):
     """What a bare-metal host's agent last said it enforces: the lease keys it holds."""
 
     node = models.OneToOneField("inventory.Node", on_delete=models.CASCADE, related_name="lease_report")
-    held = models.JSONField(default=list, help_text="Lease keys '<reservation id>:<GPU UUID>' the agent holds")
-    failed = models.JSONField(default=dict, blank=True, help_text="Leases the agent could not apply: {key: why}")
+    held = models.JSONField(default=list, help_text=_("Lease keys '<reservation id>:<GPU UUID>' the agent holds"))
+    failed = models.JSONField(default=dict, blank=True, help_text=_("Leases the agent could not apply: {key: why}"))
     unleased_in_use = models.JSONField(default=list, blank=True,
-                                       help_text="UUIDs of GPUs running processes that no lease covers")
+                                       help_text=_("UUIDs of GPUs running processes that no lease covers"))
     reported_at = models.DateTimeField()
 
     def __str__(self) -> str:

@@ -38,8 +38,10 @@ from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
 from django.utils import timezone
+from django.utils.translation import gettext_noop
 
 from allocations import booking, notices, quotas, selectors
+from allocations.messages import Msg, json_param, msg_of, stored, stored_reason
 from allocations.models import QueueEntry, Quota, Reservation
 from allocations.placement.queueing import ORDERINGS, QueuedItem, order_queue
 from allocations.transitions import move, record
@@ -54,21 +56,22 @@ State = Reservation.State
 
 # Why a request waits, by the code the plan gives (the engine's where it has one), in words.
 REASONS = {
-    "not_enough": "Not enough of the pool is free for it now.",
-    "fragmented": "Enough is free in total, but not together on one GPU or node.",
-    "over_quota": "Its team would go over its quota in the pool.",
-    "held_for_queue": "What is free now is promised to requests ahead of it in the queue.",
-    "behind": "Requests ahead of it start first: this pool's queue keeps strict order.",
-    "not_before": "It asked not to start before its not_before time.",
-    "no_model": "No usable GPU in the pool can take it now (unhealthy or drained).",
-    "no_start": "No start fits within the booking horizon, even if every booking ends on time.",
+    "not_enough": gettext_noop("Not enough of the pool is free for it now."),
+    "fragmented": gettext_noop("Enough is free in total, but not together on one GPU or node."),
+    "over_quota": gettext_noop("Its team would go over its quota in the pool."),
+    "held_for_queue": gettext_noop("What is free now is promised to requests ahead of it in the queue."),
+    "behind": gettext_noop("Requests ahead of it start first: this pool's queue keeps strict order."),
+    "not_before": gettext_noop("It asked not to start before its not_before time."),
+    "no_model": gettext_noop("No usable GPU in the pool can take it now (unhealthy or drained)."),
+    "no_start": gettext_noop("No start fits within the booking horizon, even if every booking ends on time."),
 }
 _ENGINE_CODES = {"insufficient_capacity": "not_enough", "no_gpu_model": "no_model", "too_large": "not_enough",
                  "mig_fragmented": "fragmented", "cpu_memory": "not_enough"}
 
 
-def reason_words(code: str) -> str:
-    return REASONS.get(code, "It does not fit now.")
+def reason_words(code: str) -> Msg:
+    """Why a request waits, for its code (str() of it: in the active language)."""
+    return Msg(REASONS.get(code, gettext_noop("It does not fit now.")))
 
 
 # --- durations ---------------------------------------------------------------------------------
@@ -499,13 +502,13 @@ def queue_pass(*, pool_id: int, now: datetime | None = None, quiet: Sequence[int
         if reservation is None:
             state.waiting.remove(item)  # cancelled meanwhile
         elif item.team_id not in state.teams:
-            _fail(reservation, f"Team {reservation.team.name} no longer has a quota in pool {state.pool.name}.",
-                  now=now)
+            _fail(reservation, Msg(gettext_noop("Team %(team)s no longer has a quota in pool %(pool)s."),
+                                   team=reservation.team.name, pool=state.pool.name), now=now)
             state.waiting.remove(item)
             counts["failed"] += 1
         elif entry.not_after is not None and entry.not_after < now:
-            _fail(reservation, f"It could not start by its latest start, {instant(entry.not_after)}.",
-                  now=now)
+            _fail(reservation, Msg(gettext_noop("It could not start by its latest start, %(latest)s."),
+                                   latest=instant(entry.not_after)), now=now)
             state.waiting.remove(item)
             counts["failed"] += 1
     promised = state.promise()
@@ -535,8 +538,8 @@ def queue_pass(*, pool_id: int, now: datetime | None = None, quiet: Sequence[int
     for position, planned in enumerate(promised, start=1):
         reservation = locked[planned.waiting.reservation_id]
         if planned.start is None and planned.waiting.not_after is not None:
-            _fail(reservation, "It cannot start by its not_after time, even if every booking ends on time.",
-                  now=now)
+            _fail(reservation, Msg(gettext_noop(
+                "It cannot start by its not_after time, even if every booking ends on time.")), now=now)
             counts["failed"] += 1
             continue
         _write_entry(state.entries[reservation.pk], reservation, planned, likely.get(reservation.pk),
@@ -545,8 +548,9 @@ def queue_pass(*, pool_id: int, now: datetime | None = None, quiet: Sequence[int
     return counts
 
 
-def _start(reservation: Reservation, planned: Planned, state: PoolQueue, *, now: datetime, notify: bool) -> str:
-    """Book a waiting request from now for its duration on the plan's grants; '' or why it cannot."""
+def _start(reservation: Reservation, planned: Planned, state: PoolQueue, *, now: datetime,
+           notify: bool) -> Msg | None:
+    """Book a waiting request from now for its duration on the plan's grants; None or why it cannot."""
     end = now + planned.waiting.duration
     ge = sum(g.ge for g in planned.grants)
     team = state.teams[reservation.team_id]
@@ -555,7 +559,7 @@ def _start(reservation: Reservation, planned: Planned, state: PoolQueue, *, now:
     try:
         quotas.check_month_budget(quota, ge=ge, asked=planned.waiting.shape.in_words(), start=now, end=end)
     except Conflict as refused:
-        return refused.message
+        return msg_of(refused)
     booking.grants_write(reservation_id=reservation.pk, grants=planned.grants, start=now, end=end)
     gpus = len({g.gpu_id for g in planned.grants})
     memory = planned.grants[0].memory_mib if reservation.mode == SharingMode.VGPU else reservation.gpu_memory_mib
@@ -567,22 +571,25 @@ def _start(reservation: Reservation, planned: Planned, state: PoolQueue, *, now:
     reservation.starts_at, reservation.ends_at, reservation.gpus, reservation.ge = now, end, gpus, ge
     waited = now - state.entries[reservation.pk].queued_at
     move(reservation, State.SCHEDULED, now=now,
-         reason=f"{planned.waiting.shape.in_words()} placed ({ge:.2f} GE) after waiting {span(waited)}.")
-    QueueEntry.objects.filter(pk=reservation.pk).update(position=None, reason="", reason_text="", planned_at=now)
+         reason=Msg(gettext_noop("%(asked)s placed (%(ge)s GE) after waiting %(span)s."),
+                    asked=planned.waiting.shape.in_words(), ge=f"{ge:.2f}", span=span(waited)))
+    QueueEntry.objects.filter(pk=reservation.pk).update(position=None, reason="", reason_text="",
+                                                        reason_text_message=None, planned_at=now)
     enqueue_after_commit("allocations.tasks.activate_reservation", reservation.pk)
     if notify:
-        notices.notify_owners(reservation, f"Reservation #{reservation.pk} started",
-                              f"It waited {span(waited)} in the queue of pool {state.pool.name} and now holds "
-                              f"{planned.waiting.shape.in_words()} until {instant(end)}.",
+        notices.notify_owners(reservation, Msg(gettext_noop("Reservation #%(id)s started"), id=reservation.pk),
+                              Msg(gettext_noop("It waited %(span)s in the queue of pool %(pool)s and now holds "
+                                               "%(asked)s until %(end)s."), span=span(waited), pool=state.pool.name,
+                                  asked=planned.waiting.shape.in_words(), end=instant(end)),
                               event="reservation.queued_started")
-    return ""
+    return None
 
 
-def _fail(reservation: Reservation, why: str, *, now: datetime) -> None:
+def _fail(reservation: Reservation, why: Msg, *, now: datetime) -> None:
     move(reservation, State.FAILED, reason=why, now=now)
     QueueEntry.objects.filter(pk=reservation.pk).update(position=None, planned_at=now)
-    notices.notify_owners(reservation, f"Reservation #{reservation.pk} did not start", why,
-                          event="reservation.not_started")
+    notices.notify_owners(reservation, Msg(gettext_noop("Reservation #%(id)s did not start"), id=reservation.pk),
+                          why, event="reservation.not_started")
 
 
 def _write_entry(entry: QueueEntry, reservation: Reservation, planned: Planned, likely: datetime | None, *,
@@ -590,39 +597,48 @@ def _write_entry(entry: QueueEntry, reservation: Reservation, planned: Planned, 
     start_by = planned.start
     if likely is not None and start_by is not None:
         likely = min(max(likely, now), start_by)
-    moved_why = entry.moved_why
+    moved_why = stored_reason(entry, "moved_why")
     if entry.start_by is not None and start_by is not None and start_by > entry.start_by + timedelta(seconds=1):
         ahead_before = entry.position or position
-        moved_why = (f"Requests ordered ahead of it joined the queue (position {ahead_before} → {position})."
+        moved_why = (Msg(gettext_noop("Requests ordered ahead of it joined the queue (position %(before)s → "
+                                      "%(after)s)."), before=ahead_before, after=position)
                      if position > ahead_before else
-                     "The plan changed under it: requests ahead started sooner than planned, on GPUs it was "
-                     "planned on, or the pool lost capacity (a node or GPU failed or was drained).")
+                     Msg(gettext_noop("The plan changed under it: requests ahead started sooner than planned, on GPUs "
+                                      "it was planned on, or the pool lost capacity (a node or GPU failed or was "
+                                      "drained).")))
         record(reservation, from_state=State.PENDING, to_state=State.PENDING, actor=None,
-               reason=f"Promised start moved from {instant(entry.start_by)} to {instant(start_by)}: {moved_why}",
+               reason=Msg(gettext_noop("Promised start moved from %(old)s to %(new)s: %(why)s"),
+                          old=instant(entry.start_by), new=instant(start_by), why=moved_why),
                at=now)
+    moved_text, moved_message = stored(moved_why)
+    why_text, why_message = stored(reason_words(planned.reason))
     QueueEntry.objects.filter(pk=entry.pk).update(
-        position=position, reason=planned.reason, reason_text=reason_words(planned.reason),
+        position=position, reason=planned.reason, reason_text=why_text, reason_text_message=why_message,
         previous_start_by=entry.start_by, previous_likely_start=entry.likely_start,
         start_by=start_by, likely_start=likely,
         first_start_by=entry.first_start_by or start_by, first_likely_start=entry.first_likely_start or likely,
-        moved_why=moved_why, planned_at=now)
+        moved_why=moved_text, moved_why_message=moved_message, planned_at=now)
     # The reservation's window follows the plan, so lists sorted by start show it where it would run.
     start = start_by or now
-    sql.execute("UPDATE allocations_reservation SET starts_at = %s, ends_at = %s, reason = %s WHERE id = %s",
-                [sql.db_datetime(start), sql.db_datetime(start + entry.duration), reason_words(planned.reason),
+    sql.execute("UPDATE allocations_reservation SET starts_at = %s, ends_at = %s, reason = %s, reason_message = %s "
+                "WHERE id = %s",
+                [sql.db_datetime(start), sql.db_datetime(start + entry.duration), why_text, json_param(why_message),
                  reservation.pk])
 
 
-def span(delta: timedelta) -> str:
-    """A length of time as people read it: "45 min", "3 h 20 min", "2 d 4 h" (to the nearest minute)."""
+def span(delta: timedelta) -> Msg:
+    """A length of time as people read it: "45 min", "3 h 20 min", "2 d 4 h" (to the nearest minute; str() of
+    it: in the active language)."""
     minutes = round(abs(delta.total_seconds()) / 60)
     if minutes < 1:
-        return "under a minute"
+        return Msg(gettext_noop("under a minute"))
     if minutes < 60:
-        return f"{minutes} min"
+        return Msg(gettext_noop("%(minutes)d min"), minutes=minutes)
     if minutes < 48 * 60:
-        return f"{minutes // 60} h {minutes % 60:02d} min" if minutes % 60 else f"{minutes // 60} h"
-    return f"{minutes // 1440} d {(minutes % 1440) // 60} h"
+        if minutes % 60:
+            return Msg(gettext_noop("%(hours)d h %(minutes)02d min"), hours=minutes // 60, minutes=minutes % 60)
+        return Msg(gettext_noop("%(hours)d h"), hours=minutes // 60)
+    return Msg(gettext_noop("%(days)d d %(hours)d h"), days=minutes // 1440, hours=(minutes % 1440) // 60)
 
 
 # --- taking borrowed GPUs back -------------------------------------------------------------------
@@ -686,15 +702,22 @@ def _give_notice(victims: list[Reservation], item: Waiting, state: PoolQueue, *,
                  now: datetime) -> None:
     waiting_team = state.teams[item.team_id].quota.team_words
     for victim in victims:
-        why = (f"Its {victim.borrowed_ge:.2f} GE borrowed beyond team {victim.team.name}'s quota in pool "
-               f"{state.pool.name} are needed by team {waiting_team}, which asks within its quota. They are taken "
-               f"back at {instant(at)}" + (" and it waits in the queue again for the rest of its time."
-                                                     if victim.requeue else "."))
-        Reservation.objects.filter(pk=victim.pk).update(preempt_at=at, preempt_reason=why)
-        record(victim, from_state=victim.state, to_state=victim.state, actor=None, reason=f"Reclaim notice: {why}",
-               at=now)
-        notices.notify_owners(victim, f"Reservation #{victim.pk}: borrowed GPUs taken back at {at:%H:%M} UTC", why,
-                              event="reservation.preempted")
+        words = dict(ge=f"{victim.borrowed_ge:.2f}", team=victim.team.name, pool=state.pool.name,
+                     waiting_team=waiting_team, at=instant(at))
+        if victim.requeue:
+            why = Msg(gettext_noop("Its %(ge)s GE borrowed beyond team %(team)s's quota in pool %(pool)s are needed by "
+                                   "team %(waiting_team)s, which asks within its quota. They are taken back at %(at)s "
+                                   "and it waits in the queue again for the rest of its time."), **words)
+        else:
+            why = Msg(gettext_noop("Its %(ge)s GE borrowed beyond team %(team)s's quota in pool %(pool)s are needed by "
+                                   "team %(waiting_team)s, which asks within its quota. They are taken back at "
+                                   "%(at)s."), **words)
+        Reservation.objects.filter(pk=victim.pk).update(preempt_at=at, preempt_reason=why.english(),
+                                                        preempt_message=why.data())
+        record(victim, from_state=victim.state, to_state=victim.state, actor=None,
+               reason=Msg(gettext_noop("Reclaim notice: %(why)s"), why=why), at=now)
+        notices.notify_owners(victim, Msg(gettext_noop("Reservation #%(id)s: borrowed GPUs taken back at %(at)s UTC"),
+                                          id=victim.pk, at=f"{at:%H:%M}"), why, event="reservation.preempted")
 
 
 # --- what creates and extensions must leave alone ---------------------------------------------------

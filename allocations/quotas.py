@@ -8,7 +8,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from django.utils.translation import gettext_noop
+
 from allocations import quota_math, selectors, units
+from allocations.messages import Msg, month_words, refusal
 from allocations.models import Quota
 from common.errors import Conflict, instant
 
@@ -84,7 +87,7 @@ def beyond(quota: QuotaLimits, *, ge: float, start: datetime, end: datetime, in_
     return max(0.0, units.peak(in_pool, start, end).amount + ge - quota.max_ge)
 
 
-def held_error(quota: QuotaLimits, *, ge: float, asked: str, field: str, start: datetime, end: datetime,
+def held_error(quota: QuotaLimits, *, ge: float, asked: Msg | str, field: str, start: datetime, end: datetime,
                in_pool: Sequence[Window], everywhere: Sequence[Window] = (),
                may_borrow: bool = False) -> Conflict | None:
     """The refusal when the team would hold more GE than its quota in the pool at some instant of
@@ -97,25 +100,34 @@ def held_error(quota: QuotaLimits, *, ge: float, asked: str, field: str, start: 
     peak, peak_at = units.peak(in_pool, start, end)
     over = peak + ge - quota.max_ge
     if over > 1e-9 and not (may_borrow and over <= quota.borrow + 1e-9):
-        when = f" at {instant(peak_at)}" if peak else ""
-        return Conflict(
-            f"Over quota: team {team} would hold {_ge(peak + ge)} GE in pool {pool}{when} (quota {_ge(quota.max_ge)}, "
-            f"{_ge(peak + ge - quota.max_ge)} over): {asked} is {_ge(ge)} GE and it holds {_ge(peak)}.",
-            field=field, rule="quota_exceeded",
-        )
+        numbers = dict(team=team, total=_ge(peak + ge), pool=pool, quota=_ge(quota.max_ge),
+                       over=_ge(peak + ge - quota.max_ge), asked=asked, ge=_ge(ge), held=_ge(peak))
+        if peak:
+            msg = Msg(gettext_noop("Over quota: team %(team)s would hold %(total)s GE in pool %(pool)s at %(at)s "
+                                   "(quota %(quota)s, %(over)s over): %(asked)s is %(ge)s GE and it holds "
+                                   "%(held)s."), at=instant(peak_at), **numbers)
+        else:
+            msg = Msg(gettext_noop("Over quota: team %(team)s would hold %(total)s GE in pool %(pool)s (quota "
+                                   "%(quota)s, %(over)s over): %(asked)s is %(ge)s GE and it holds %(held)s."),
+                      **numbers)
+        return refusal(Conflict, msg, field=field, rule="quota_exceeded")
     if quota.team_max_ge is not None:
         peak, peak_at = units.peak(everywhere, start, end)
         if peak + ge > quota.team_max_ge + 1e-9:
-            when = f" at {instant(peak_at)}" if peak else ""
-            return Conflict(
-                f"Over the team-wide cap: team {team} would hold {_ge(peak + ge)} GE across all pools{when} (cap "
-                f"{_ge(quota.team_max_ge)}, {_ge(peak + ge - quota.team_max_ge)} over): {asked} is {_ge(ge)} GE.",
-                field=field, rule="team_cap_exceeded",
-            )
+            numbers = dict(team=team, total=_ge(peak + ge), cap=_ge(quota.team_max_ge),
+                           over=_ge(peak + ge - quota.team_max_ge), asked=asked, ge=_ge(ge))
+            if peak:
+                msg = Msg(gettext_noop("Over the team-wide cap: team %(team)s would hold %(total)s GE across all "
+                                       "pools at %(at)s (cap %(cap)s, %(over)s over): %(asked)s is %(ge)s GE."),
+                          at=instant(peak_at), **numbers)
+            else:
+                msg = Msg(gettext_noop("Over the team-wide cap: team %(team)s would hold %(total)s GE across all "
+                                       "pools (cap %(cap)s, %(over)s over): %(asked)s is %(ge)s GE."), **numbers)
+            return refusal(Conflict, msg, field=field, rule="team_cap_exceeded")
     return None
 
 
-def check(quota: QuotaLimits, *, ge: float, asked: str, field: str, start: datetime, end: datetime,
+def check(quota: QuotaLimits, *, ge: float, asked: Msg | str, field: str, start: datetime, end: datetime,
           exclude_reservation: int | None = None, may_borrow: bool = False) -> float:
     """Refuse (Conflict) what held_error refuses, reading what the team holds, and more GE-hours in a
     calendar month than the pool's monthly budget. Returns the GE it borrows beyond the quota (0: none)."""
@@ -130,7 +142,7 @@ def check(quota: QuotaLimits, *, ge: float, asked: str, field: str, start: datet
     return beyond(quota, ge=ge, start=start, end=end, in_pool=in_pool)
 
 
-def check_month_budget(quota: QuotaLimits, *, ge: float, asked: str, start: datetime, end: datetime) -> None:
+def check_month_budget(quota: QuotaLimits, *, ge: float, asked: Msg | str, start: datetime, end: datetime) -> None:
     """Refuse booking more GE-hours in a calendar month (UTC) than the team's monthly budget in the pool."""
     if quota.ge_hours_per_month is None:
         return
@@ -141,9 +153,9 @@ def check_month_budget(quota: QuotaLimits, *, ge: float, asked: str, start: date
         wanted = ge * quota_math.overlap_hours((start, end), month)
         if used + wanted > quota.ge_hours_per_month + 1e-6:
             over = used + wanted - quota.ge_hours_per_month
-            raise Conflict(
-                f"Over the monthly GE-hours of team {quota.team_words} in pool {quota.pool_words} for "
-                f"{month[0]:%B %Y} (UTC): {used:.1f} booked + {wanted:.1f} asked ({asked}) > "
-                f"{quota.ge_hours_per_month:g} ({over:.1f} over).",
-                field="ends_at", rule="ge_hours_exceeded",
-            )
+            raise refusal(Conflict, Msg(gettext_noop(
+                "Over the monthly GE-hours of team %(team)s in pool %(pool)s for %(month)s (UTC): %(used)s booked + "
+                "%(wanted)s asked (%(asked)s) > %(budget)s (%(over)s over)."), team=quota.team_words,
+                pool=quota.pool_words, month=month_words(month[0]), used=f"{used:.1f}", wanted=f"{wanted:.1f}",
+                asked=asked, budget=f"{quota.ge_hours_per_month:g}", over=f"{over:.1f}"),
+                field="ends_at", rule="ge_hours_exceeded")

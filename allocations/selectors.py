@@ -15,6 +15,8 @@ from django.db.models import (Count, DateTimeField, DurationField, F, FloatField
                               Value)
 from django.db.models.functions import Coalesce, Greatest, Least
 from django.utils import timezone
+from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
 
 from allocations import booking, quota_math, shapes, units
 from allocations.models import Allocation, AllocationQuerySet, QueueEntry, Quota, Reservation
@@ -68,6 +70,7 @@ class ReservationRow(NamedTuple):
     ends_at: datetime
     state: str
     reason: str
+    reason_message: dict | None
     ended_at: datetime | None
     created_at: datetime
     updated_at: datetime
@@ -90,6 +93,7 @@ _RESERVATION_COLUMNS = {
     "borrowed_ge": ("borrowed_ge", "r.borrowed_ge"), "priority_class": ("priority_class", "r.priority_class"),
     "preempt_at": ("preempt_at", "r.preempt_at"), "starts_at": ("starts_at", "r.starts_at"),
     "ends_at": ("ends_at", "r.ends_at"), "state": ("state", "r.state"), "reason": ("reason", "r.reason"),
+    "reason_message": ("reason_message", "r.reason_message"),
     "ended_at": ("ended_at", "r.ended_at"), "created_at": ("created_at", "r.created_at"),
     "updated_at": ("updated_at", "r.updated_at"), "team_id": ("team_id", "r.team_id"),
     "team_slug": ("team__slug", "t.slug"), "pool_id": ("pool_id", "r.pool_id"), "pool_slug": ("pool__slug", "p.slug"),
@@ -110,11 +114,11 @@ def reservation_from_row(row: ReservationRow | Sequence) -> Reservation:
         DEFAULT_DB_ALIAS,
         ["id", "team_id", "pool_id", "requested_by_id", "mode", "gpus", "shares", "mig_profile", "mig_count",
          "gpu_memory_mib", "gpu_cores_pct", "ge", "borrowed_ge", "preempt_at", "priority_class", "starts_at",
-         "ends_at", "state", "reason", "ended_at", "created_at", "updated_at"],
+         "ends_at", "state", "reason", "reason_message", "ended_at", "created_at", "updated_at"],
         [r.id, r.team_id, r.pool_id, r.requested_by_id, r.mode, r.gpus, r.shares, r.mig_profile, r.mig_count,
          r.gpu_memory_mib, r.gpu_cores_pct, r.ge, r.borrowed_ge, sql.aware(r.preempt_at), r.priority_class,
          sql.aware(r.starts_at), sql.aware(r.ends_at),
-         r.state, r.reason, sql.aware(r.ended_at), sql.aware(r.created_at), sql.aware(r.updated_at)],
+         r.state, r.reason, sql.json_value(r.reason_message), sql.aware(r.ended_at), sql.aware(r.created_at), sql.aware(r.updated_at)],
     )
     reservation.team = Team.from_db(DEFAULT_DB_ALIAS, ["id", "slug"], [r.team_id, r.team_slug])
     reservation.pool = GpuPool.from_db(DEFAULT_DB_ALIAS, ["id", "slug"], [r.pool_id, r.pool_slug])
@@ -273,9 +277,9 @@ def pool_queue(pool: GpuPool, user: User) -> list[QueueRow]:
         reservation.queue_info = reservation.queue_entry
         shape = reservation.queue_entry.shape
         rows.append(QueueRow(position=reservation.queue_entry.position,
-                             team=reservation.team.name if visible else "another team",
+                             team=reservation.team.name if visible else _("another team"),
                              reservation=reservation if visible else None, entry=reservation.queue_entry,
-                             asked=booking.Shape(**{**shape, "mig_layout": ()}).in_words()))
+                             asked=str(booking.Shape(**{**shape, "mig_layout": ()}).in_words())))
     return rows
 
 
@@ -459,15 +463,17 @@ def availability(pool: GpuPool, start: datetime, end: datetime, slot: timedelta,
     With a team's `quota` (quotas.QuotaLimits), each slot also says how many of the unit the team may
     still book there (what it already holds in the slot counted against its quota and team-wide cap)."""
     if end <= start:
-        raise ValidationFailed("end must be after start.", field="end", rule="after_start")
+        raise ValidationFailed(_("end must be after start."), field="end", rule="after_start")
     if end > LATEST_INSTANT:
-        raise ValidationFailed(f"end must be before {LATEST_INSTANT:%Y-%m-%d}.", field="end", rule="max_value")
+        raise ValidationFailed(_("end must be before %(latest)s.") % {"latest": LATEST_INSTANT.date().isoformat()},
+                               field="end", rule="max_value")
     if slot <= timedelta(0):
-        raise ValidationFailed("slot must be positive.", field="slot", rule="min_value")
+        raise ValidationFailed(_("slot must be positive."), field="slot", rule="min_value")
     count = -(-(end - start) // slot)
     if count > MAX_AVAILABILITY_SLOTS:
         raise ValidationFailed(
-            f"{count} slots asked; at most {MAX_AVAILABILITY_SLOTS} (widen slot or shorten the range).",
+            _("%(count)d slots asked; at most %(most)d (widen slot or shorten the range).")
+            % {"count": count, "most": MAX_AVAILABILITY_SLOTS},
             field="slot", rule="max_slots",
         )
     # queue and quotas read through this module: imported here, not at the top
@@ -805,8 +811,18 @@ class GpuBar:
         return [seg for seg in self.rows[0][1] if not seg.free] if self.rows else []
 
 
+def gpu_label(node: str, index: int) -> str:
+    """How a GPU is named to people: "<node>:<index>"."""
+    return f"{node}:{index}"
+
+
 def _mib_words(mib: int) -> str:
     return f"{mib // 1024} GiB" if mib and mib % 1024 == 0 else f"{mib} MiB"
+
+
+def _shares_words(count: int, replicas: int) -> str:
+    return ngettext("%(count)d of %(replicas)d share", "%(count)d of %(replicas)d shares", replicas) % {
+        "count": count, "replicas": replicas}
 
 
 def pool_gpu_bars(pool: GpuPool, viewer: User, now: datetime | None = None) -> list[GpuBar]:
@@ -845,13 +861,14 @@ def pool_gpu_bars(pool: GpuPool, viewer: User, now: datetime | None = None) -> l
             for g in vgpu:
                 m = 1000 * (g[9] or 0) // max(gpu.memory_mib, 1)
                 memory_row.append(segment(m_at, m_at + m, _mib_words(g[9] or 0), g, g[9]))
-                cores_row.append(segment(c_at, c_at + 10 * (g[10] or 0), f"{g[10] or 0} % cores", g))
+                cores_row.append(segment(c_at, c_at + 10 * (g[10] or 0), _("%(pct)d %% cores") % {"pct": g[10] or 0},
+                                         g))
                 m_at, c_at = m_at + m, c_at + 10 * (g[10] or 0)
             free_mib = max(0, gpu.memory_mib - sum(g[9] or 0 for g in vgpu))
             if m_at < 1000:
-                memory_row.append(segment(m_at, 1000, f"{_mib_words(free_mib)} free"))
+                memory_row.append(segment(m_at, 1000, _("%(memory)s free") % {"memory": _mib_words(free_mib)}))
             if c_at < 1000:
-                cores_row.append(segment(c_at, 1000, f"{100 - c_at // 10} % cores free"))
+                cores_row.append(segment(c_at, 1000, _("%(pct)d %% cores free") % {"pct": 100 - c_at // 10}))
             rows_of = (("memory", tuple(memory_row)), ("cores", tuple(cores_row)))
         else:
             parts: list[tuple[int, int, str, tuple | None, int | None, float]] = []
@@ -868,16 +885,16 @@ def pool_gpu_bars(pool: GpuPool, viewer: User, now: datetime | None = None) -> l
                 elif mode == SharingMode.MIG:
                     parts.append((lo, hi, g[7], g, g[9], g[11]))
                 else:
-                    parts.append((lo, hi, "whole GPU", g, None, g[11]))
+                    parts.append((lo, hi, _("whole GPU"), g, None, g[11]))
             # Name the share segments once merged: "k of N shares".
             width = units.share_slot_width(replicas) if replicas else units.MILLI_PER_GPU
-            parts = [(lo, hi, part or f"{(hi - lo) // width} of {replicas} share{'s' if replicas > 1 else ''}", g,
-                      memory, ge) for lo, hi, part, g, memory, ge in parts]
+            parts = [(lo, hi, part or _shares_words((hi - lo) // width, replicas), g, memory, ge)
+                     for lo, hi, part, g, memory, ge in parts]
             free = _free_parts(pool.sharing_mode, replicas, gpu.model_name, config, layouts,
                                [(lo, hi) for lo, hi, *_ in parts])
             merged = sorted([*parts, *((lo, hi, part, None, None, None) for lo, hi, part in free)], key=lambda p: p[0])
             rows_of = (("", tuple(segment(lo, hi, part, g, memory, ge) for lo, hi, part, g, memory, ge in merged)),)
-        bars.append(GpuBar(gpu_id=gpu.pk, label=f"{gpu.node.name}:{gpu.index}", uuid=gpu.uuid, model=gpu.model_name,
+        bars.append(GpuBar(gpu_id=gpu.pk, label=gpu_label(gpu.node.name, gpu.index), uuid=gpu.uuid, model=gpu.model_name,
                            memory_mib=gpu.memory_mib, usable=gpu.healthy and gpu.node.healthy and gpu.node.schedulable,
                            rows=rows_of))
     return bars
@@ -901,10 +918,12 @@ def _free_parts(mode: str, replicas: int, model: str, config: dict, layouts: dic
             else:
                 free.append((lo, hi, ""))
         width = units.share_slot_width(replicas)
-        return [(lo, hi, f"{(hi - lo) // width} share{'s' if hi - lo > width else ''} free") for lo, hi, _ in free]
+        return [(lo, hi, ngettext("%(count)d share free", "%(count)d shares free", (hi - lo) // width)
+                 % {"count": (hi - lo) // width}) for lo, hi, _unused in free]
     if mode == SharingMode.MIG:
         if model not in layouts:
             layouts[model] = booking.layout_offered(model, mig_layout_names(config))
-        return [(*booking.mig_part(profile, start), f"{profile.name} free") for profile, start in layouts[model]
+        return [(*booking.mig_part(profile, start), _("%(profile)s free") % {"profile": profile.name})
+                for profile, start in layouts[model]
                 if clear(*booking.mig_part(profile, start))]
-    return [(0, 1000, "free")] if clear(0, 1000) else []
+    return [(0, 1000, _("free"))] if clear(0, 1000) else []

@@ -17,8 +17,11 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_noop, ngettext
 
 from allocations import alternatives, booking, notices, queue, quotas, selectors, shapes
+from allocations.messages import Msg, stored_reason
 from allocations.apply import jobs
 from allocations.models import ApplyJob, PriorityClass, Quota, QueueEntry, Reservation
 from allocations.transitions import ending_state
@@ -43,17 +46,19 @@ def _validated_window(starts_at: datetime | None, ends_at: datetime, now: dateti
     if starts_at is None or now - settings.RESERVATION_START_GRACE <= starts_at < now:
         starts_at = now
     if ends_at <= starts_at:
-        raise ValidationFailed(f"The end must come after the start ({instant(starts_at)}).", field="ends_at",
-                               rule="after_starts_at")
+        raise ValidationFailed(_("The end must come after the start (%(start)s).") % {"start": instant(starts_at)},
+                               field="ends_at", rule="after_starts_at")
     if ends_at <= now:
-        raise ValidationFailed(f"The end ({instant(ends_at)}) has already passed: give an end in the future.",
-                               field="ends_at", rule="in_past")
+        raise ValidationFailed(_("The end (%(end)s) has already passed: give an end in the future.")
+                               % {"end": instant(ends_at)}, field="ends_at", rule="in_past")
     if starts_at < now:
-        raise ValidationFailed(f"The start ({instant(starts_at)}) has already passed: leave it empty to start now.",
-                               field="starts_at", rule="in_past")
+        raise ValidationFailed(_("The start (%(start)s) has already passed: leave it empty to start now.")
+                               % {"start": instant(starts_at)}, field="starts_at", rule="in_past")
     if starts_at - now > settings.RESERVATION_MAX_LEAD:
-        raise ValidationFailed(f"A reservation may start at most {settings.RESERVATION_MAX_LEAD.days} days ahead, "
-                               f"by {instant(now + settings.RESERVATION_MAX_LEAD)}.",
+        days = settings.RESERVATION_MAX_LEAD.days
+        raise ValidationFailed(ngettext("A reservation may start at most %(days)d day ahead, by %(latest)s.",
+                                        "A reservation may start at most %(days)d days ahead, by %(latest)s.", days)
+                               % {"days": days, "latest": instant(now + settings.RESERVATION_MAX_LEAD)},
                                field="starts_at", rule="max_lead")
     _check_duration(starts_at, ends_at)
     return starts_at
@@ -62,8 +67,11 @@ def _validated_window(starts_at: datetime | None, ends_at: datetime, now: dateti
 def _check_duration(starts_at: datetime, ends_at: datetime) -> None:
     """A reservation's window, as created or extended, is at most RESERVATION_MAX_DURATION long."""
     if ends_at - starts_at > settings.RESERVATION_MAX_DURATION:
-        raise ValidationFailed(f"A reservation lasts at most {settings.RESERVATION_MAX_DURATION.days} days: this "
-                               f"one must end by {instant(starts_at + settings.RESERVATION_MAX_DURATION)}.",
+        days = settings.RESERVATION_MAX_DURATION.days
+        raise ValidationFailed(ngettext("A reservation lasts at most %(days)d day: this one must end by %(latest)s.",
+                                        "A reservation lasts at most %(days)d days: this one must end by "
+                                        "%(latest)s.", days)
+                               % {"days": days, "latest": instant(starts_at + settings.RESERVATION_MAX_DURATION)},
                                field="ends_at", rule="max_duration")
 
 
@@ -108,38 +116,43 @@ def _validated_timing(request: ReservationRequest, now: datetime) -> _Timing:
     if request.duration is None:
         for name in ("not_before", "not_after"):
             if getattr(request, name) is not None:
-                raise ValidationFailed(f"{name} goes with duration (a request that starts as soon as it fits).",
-                                       field=name, rule="needs_duration")
+                raise ValidationFailed(_("%(field)s goes with duration (a request that starts as soon as it fits).")
+                                       % {"field": name}, field=name, rule="needs_duration")
         if request.starts_at == EARLIEST:
-            raise ValidationFailed('starts_at "earliest" needs a duration.', field="duration", rule="required")
+            raise ValidationFailed(_('starts_at "earliest" needs a duration.'), field="duration", rule="required")
         if request.ends_at is None:
-            raise ValidationFailed("Give ends_at (a fixed window) or duration (as soon as it fits).",
+            raise ValidationFailed(_("Give ends_at (a fixed window) or duration (as soon as it fits)."),
                                    field="ends_at", rule="required")
         starts_at = _validated_window(request.starts_at, request.ends_at, now)
         return _Timing("window", starts_at, request.ends_at, request.ends_at - starts_at)
     if request.ends_at is not None:
-        raise ValidationFailed("Give ends_at or duration, not both.", field="duration", rule="exclusive_with")
+        raise ValidationFailed(_("Give ends_at or duration, not both."), field="duration", rule="exclusive_with")
     if request.starts_at is not None and request.starts_at != EARLIEST:
-        raise ValidationFailed('A request with a duration starts as soon as it fits: leave starts_at out (or give '
-                               '"earliest"), or give starts_at with ends_at.', field="starts_at",
+        raise ValidationFailed(_('A request with a duration starts as soon as it fits: leave starts_at out (or give '
+                                 '"earliest"), or give starts_at with ends_at.'), field="starts_at",
                                rule="exclusive_with")
     duration = request.duration
     longest = min(settings.QUEUE_MAX_DURATION, settings.RESERVATION_MAX_DURATION)
     if duration <= timedelta(0):
-        raise ValidationFailed("Say for how long: the duration must be longer than zero.", field="duration",
+        raise ValidationFailed(_("Say for how long: the duration must be longer than zero."), field="duration",
                                rule="min_value")
     if duration > longest:
-        raise ValidationFailed(f"A request may last at most {longest.days} days.", field="duration", rule="max_value")
+        raise ValidationFailed(ngettext("A request may last at most %(days)d day.",
+                                        "A request may last at most %(days)d days.", longest.days)
+                               % {"days": longest.days}, field="duration", rule="max_value")
     not_before, not_after = request.not_before, request.not_after
     if not_after is not None and not_after <= now:
-        raise ValidationFailed(f"The latest start ({instant(not_after)}) has already passed.", field="not_after",
-                               rule="in_past")
+        raise ValidationFailed(_("The latest start (%(latest)s) has already passed.") % {"latest": instant(not_after)},
+                               field="not_after", rule="in_past")
     if not_before is not None and not_after is not None and not_after < not_before:
-        raise ValidationFailed(f"The latest start ({instant(not_after)}) is before the earliest start "
-                               f"({instant(not_before)}).", field="not_after", rule="after_not_before")
+        raise ValidationFailed(_("The latest start (%(latest)s) is before the earliest start (%(earliest)s).")
+                               % {"latest": instant(not_after), "earliest": instant(not_before)},
+                               field="not_after", rule="after_not_before")
     if not_before is not None and not_before - now > settings.RESERVATION_MAX_LEAD:
-        raise ValidationFailed(f"The earliest start may be at most {settings.RESERVATION_MAX_LEAD.days} days ahead.",
-                               field="not_before", rule="max_lead")
+        days = settings.RESERVATION_MAX_LEAD.days
+        raise ValidationFailed(ngettext("The earliest start may be at most %(days)d day ahead.",
+                                        "The earliest start may be at most %(days)d days ahead.", days)
+                               % {"days": days}, field="not_before", rule="max_lead")
     start = max(now, not_before or now)
     kind = "earliest" if request.starts_at == EARLIEST else "asap"
     return _Timing(kind, start, start + duration, duration, not_before, not_after)
@@ -176,7 +189,8 @@ def _lock_pool_for(request: ReservationRequest, actor: AbstractBaseUser) -> _Ask
             "SELECT (SELECT id FROM inventory_gpupool WHERE slug = %s), (SELECT id FROM teams_team WHERE slug = %s)",
             [request.pool, request.team],
         )
-        missing = [FieldError(field=name, rule="does_not_exist", message=f"There is no {name} {slug!r}.")
+        words = {"pool": _("There is no pool '%(slug)s'."), "team": _("There is no team '%(slug)s'.")}
+        missing = [FieldError(field=name, rule="does_not_exist", message=words[name] % {"slug": slug})
                    for name, slug, found in (("pool", request.pool, pool_id), ("team", request.team, team_id))
                    if found is None]
         raise ValidationFailed(missing[0].message, errors=missing)
@@ -233,14 +247,17 @@ def _insert_reservation(*, asked: _Asked, actor: AbstractBaseUser, shape: bookin
     booking.grants_write(reservation_id=reservation_id, grants=grants, start=starts_at, end=ends_at)
     reservation = selectors.reservation_from_row(selectors.ReservationRow(
         id=reservation_id, **row, priority_class=asked.priority_class, preempt_at=None, starts_at=starts_at,
-        ends_at=ends_at, state=State.SCHEDULED, reason="",
+        ends_at=ends_at, state=State.SCHEDULED, reason="", reason_message=None,
         ended_at=None, created_at=now, updated_at=now, team_id=asked.team.pk, team_slug=asked.team.slug,
         pool_id=asked.pool.pk, pool_slug=asked.pool.slug, requested_by_id=actor.pk,
         requested_by_username=actor.get_username()))
     reservation.team, reservation.pool, reservation.requested_by = asked.team, asked.pool, actor
-    borrowed = f", {borrowed_ge:.2f} GE of it borrowed beyond the quota" if borrowed_ge else ""
-    _record(reservation, from_state="", to_state=State.SCHEDULED, actor=actor,
-            reason=f"{shape.in_words()} placed ({ge:.2f} GE{borrowed})", at=now)
+    if borrowed_ge:
+        reason = Msg(gettext_noop("%(asked)s placed (%(ge)s GE, %(borrowed)s GE of it borrowed beyond the quota)"),
+                     asked=shape.in_words(), ge=f"{ge:.2f}", borrowed=f"{borrowed_ge:.2f}")
+    else:
+        reason = Msg(gettext_noop("%(asked)s placed (%(ge)s GE)"), asked=shape.in_words(), ge=f"{ge:.2f}")
+    _record(reservation, from_state="", to_state=State.SCHEDULED, actor=actor, reason=reason, at=now)
     return reservation
 
 
@@ -276,15 +293,15 @@ def reservation_create(*, actor: AbstractBaseUser, request: ReservationRequest,
             asked = _lock_pool_for(request, actor)
             pool, team = asked.pool, asked.team
             if not (actor.is_staff or asked.role is not None):
-                raise PermissionDenied(f"You are not a member of team {team.name}.", field="team",
-                                       rule="not_a_member")
+                raise PermissionDenied(_("You are not a member of team %(team)s.") % {"team": team.name},
+                                       field="team", rule="not_a_member")
             if asked.quota is None:
-                raise PermissionDenied(f"Team {team.name} has no quota in pool {pool.name}.", field="pool",
-                                       rule="no_quota")
+                raise PermissionDenied(_("Team %(team)s has no quota in pool %(pool)s.")
+                                       % {"team": team.name, "pool": pool.name}, field="pool", rule="no_quota")
             asked = _with_priority(asked, request.priority_class)
             if request.queue and timing.kind == "asap" and not pool.queueing:
-                raise ValidationFailed(f"Pool {pool.name} does not queue requests: ask with queue false, or for a "
-                                       "fixed window.", field="queue", rule="queueing_off")
+                raise ValidationFailed(_("Pool %(pool)s does not queue requests: ask with queue false, or for a "
+                                         "fixed window.") % {"pool": pool.name}, field="queue", rule="queueing_off")
             promised = queue.promised_grants(pool.pk, now)
             if timing.kind == "window":
                 booked = _book_or_offer(asked, actor, request, timing.starts_at, timing.ends_at, now, promised)
@@ -298,7 +315,7 @@ def reservation_create(*, actor: AbstractBaseUser, request: ReservationRequest,
     except IntegrityError as exc:
         # Only the database's guards can fire here (the exclusion constraint, the vgpu trigger), and
         # only if the lock above was bypassed.
-        raise Conflict("Those GPUs were just taken; try again.", field="gpus", rule="gpus_busy") from exc
+        raise Conflict(_("Those GPUs were just taken; try again."), field="gpus", rule="gpus_busy") from exc
     # The answer's GPUs from what was just written: no query to read them back.
     reservation, snapshot, grants, shape = booked.reservation, booked.snapshot, booked.grants, booked.shape
     by_id = {gpu.id: gpu for gpu in snapshot.gpus}
@@ -319,13 +336,16 @@ def _with_priority(asked: _Asked, name: str | None) -> _Asked:
         return asked
     chosen = PriorityClass.objects.filter(name=name).first()
     if chosen is None:
-        known = ", ".join(PriorityClass.objects.values_list("name", flat=True)) or "none"
-        raise ValidationFailed(f"There is no priority class {name!r} (there are: {known}).", field="priority_class",
-                               rule="does_not_exist")
+        known = ", ".join(PriorityClass.objects.values_list("name", flat=True)) or _("none")
+        raise ValidationFailed(_("There is no priority class '%(name)s' (there are: %(known)s).")
+                               % {"name": name, "known": known}, field="priority_class", rule="does_not_exist")
     if chosen.value > asked.priority:
-        allowed = f"{asked.priority_class} ({asked.priority})" if asked.priority_class else f"priority {asked.priority}"
-        raise ValidationFailed(f"Team {asked.team.name}'s quota in pool {asked.pool.name} allows at most {allowed}; "
-                               f"{chosen.name} is {chosen.value}.", field="priority_class", rule="above_quota_class")
+        allowed = (f"{asked.priority_class} ({asked.priority})" if asked.priority_class
+                   else _("priority %(value)d") % {"value": asked.priority})
+        raise ValidationFailed(_("Team %(team)s's quota in pool %(pool)s allows at most %(allowed)s; %(class)s is "
+                                 "%(value)s.") % {"team": asked.team.name, "pool": asked.pool.name, "allowed": allowed,
+                                                  "class": chosen.name, "value": chosen.value},
+                               field="priority_class", rule="above_quota_class")
     return dataclasses.replace(asked, priority_class=chosen.name, priority=chosen.value)
 
 
@@ -340,9 +360,9 @@ def _book(asked: _Asked, actor: AbstractBaseUser, request: ReservationRequest, s
         grants = booking.choose(queue.with_promised(snapshot, promised), shape, policy=pool.placement_policy)
     except booking.BookingRefused as refused:
         if promised and _fits(snapshot, shape, pool):
-            raise Conflict(f"{shape.in_words()} would be free for that window, but it is promised to requests "
-                           f"waiting in the queue of pool {pool.name}.", field=field,
-                           rule="promised_to_queue") from None
+            raise Conflict(_("%(asked)s would be free for that window, but it is promised to requests waiting in "
+                             "the queue of pool %(pool)s.") % {"asked": shape.in_words(), "pool": pool.name},
+                           field=field, rule="promised_to_queue") from None
         raise Conflict(refused.message, field=field, rule=refused.code) from None
     borrowed = quotas.check(asked.quota, ge=sum(grant.ge for grant in grants), asked=shape.in_words(), field=field,
                             start=starts_at, end=ends_at, may_borrow=starts_at <= now)
@@ -383,8 +403,9 @@ def _earliest_start(asked: _Asked, request: ReservationRequest, timing: _Timing,
                                          earliest=timing.starts_at, duration=timing.duration, now=now,
                                          promised=promised, latest=timing.not_after)
     if found is None:
-        raise Conflict("No window of that length fits in the booking horizon"
-                       + (" before not_after." if timing.not_after else "."), field="starts_at", rule="no_window")
+        raise Conflict(_("No window of that length fits in the booking horizon before not_after.")
+                       if timing.not_after else _("No window of that length fits in the booking horizon."),
+                       field="starts_at", rule="no_window")
     return found
 
 
@@ -395,8 +416,8 @@ def _book_asap(asked: _Asked, actor: AbstractBaseUser, request: ReservationReque
     may_wait = pool.queueing and request.queue is not False
     strict_and_waiting = not pool.backfill and queue.has_waiting(pool.pk)
     if strict_and_waiting and not may_wait:
-        raise Conflict(f"Requests are waiting in pool {pool.name}, whose queue keeps strict order; queue is false.",
-                       field="queue", rule="would_wait")
+        raise Conflict(_("Requests are waiting in pool %(pool)s, whose queue keeps strict order; queue is false.")
+                       % {"pool": pool.name}, field="queue", rule="would_wait")
     if timing.starts_at <= now and not strict_and_waiting:
         if not may_wait:  # now or never: refused as a fixed window is, with its alternatives
             return _book_or_offer(asked, actor, request, now, now + timing.duration, now, promised)
@@ -406,7 +427,7 @@ def _book_asap(asked: _Asked, actor: AbstractBaseUser, request: ReservationReque
             if refused.errors[0].rule not in _ROOM_RULES:
                 raise
     elif not may_wait:
-        raise Conflict("It cannot start now (not_before is later) and queue is false.", field="queue",
+        raise Conflict(_("It cannot start now (not_before is later) and queue is false."), field="queue",
                        rule="would_wait")
     return _enqueue(asked, actor, request, timing, now)
 
@@ -423,8 +444,8 @@ def _enqueue(asked: _Asked, actor: AbstractBaseUser, request: ReservationRequest
     try:
         alone = booking.choose(dataclasses.replace(empty, grants=()), shape, policy=pool.placement_policy)
     except booking.BookingRefused as refused:
-        raise Conflict(f"It could never start in pool {pool.name}, even empty: {refused.message}", field=field,
-                       rule="never_fits") from None
+        raise Conflict(_("It could never start in pool %(pool)s, even empty: %(why)s")
+                       % {"pool": pool.name, "why": refused.message}, field=field, rule="never_fits") from None
     ge = sum(grant.ge for grant in alone)
     error = quotas.held_error(asked.quota, ge=ge, asked=shape.in_words(), field=field, start=timing.starts_at,
                               end=timing.ends_at, in_pool=())
@@ -442,7 +463,8 @@ def _enqueue(asked: _Asked, actor: AbstractBaseUser, request: ReservationRequest
                               priority=asked.priority)
     reservation = Reservation.objects.select_related("team", "pool", "requested_by").get(pk=reservation_id)
     _record(reservation, from_state="", to_state=State.PENDING, actor=actor,
-            reason=f"{shape.in_words()} for {queue.span(timing.duration)} asked; waiting for room in pool {pool.name}.")
+            reason=Msg(gettext_noop("%(asked)s for %(span)s asked; waiting for room in pool %(pool)s."),
+                       asked=shape.in_words(), span=queue.span(timing.duration), pool=pool.name))
     queue.queue_pass(pool_id=pool.pk, now=now, quiet=[reservation_id], lock=False)
     reservation.refresh_from_db()
     return selectors.with_allocated_gpus([reservation])[0]
@@ -465,7 +487,8 @@ def _locked_reservation(reservation_id: int, actor: AbstractBaseUser) -> Reserva
     if row is not None and not token_allows_team(actor, selectors.ReservationRow._make(columns).team_id):
         actor_role = None
     if row is None or not (actor.is_staff or actor_role is not None):
-        raise NotFound(f"Reservation {reservation_id} does not exist.", field="id", rule="does_not_exist")
+        raise NotFound(_("Reservation %(id)s does not exist.") % {"id": reservation_id}, field="id",
+                       rule="does_not_exist")
     return selectors.reservation_from_row(columns)
 
 
@@ -479,27 +502,32 @@ def reservation_release(*, actor: AbstractBaseUser, reservation_id: int, now: da
     who = getattr(actor, "username", "system")
     if reservation.state == State.PENDING:
         # It holds nothing yet: out of the queue, and the requests behind it move up.
-        _move(reservation, State.RELEASED, actor=actor, reason=f"Withdrawn from the queue by {who}.", now=now)
+        _move(reservation, State.RELEASED, actor=actor, now=now,
+              reason=Msg(gettext_noop("Withdrawn from the queue by %(who)s."), who=who))
         QueueEntry.objects.filter(pk=reservation.pk).update(position=None)
         queue.kick(reservation.pool_id)
         return reservation
     if reservation.state not in Reservation.LIVE_STATES:
-        raise Conflict(f"A {reservation.state} reservation cannot be released.", field="state", rule="not_live")
+        raise Conflict(_("A %(state)s reservation cannot be released.") % {"state": str(reservation.get_state_display()).lower()},
+                       field="state", rule="not_live")
     queue.kick(reservation.pool_id)  # its GPUs are free from now: someone waiting may fit
     if ending_state(ends_at=reservation.ends_at, released_at=now) == State.EXPIRED:
         # The window is already over and the sweep has not got to it yet: do what the sweep would,
         # so it ends as expired (its GPUs were held to the end, not given back early).
-        _undo(reservation, final_state=State.EXPIRED, actor=actor, reason="Window ended.", now=now)
+        _undo(reservation, final_state=State.EXPIRED, actor=actor, reason=Msg(gettext_noop("Window ended.")),
+              now=now)
         return reservation
     if reservation.starts_at > now:
         # Never used: every allocation shrinks to an empty window at its start.
         sql.execute("UPDATE allocations_allocation SET ends_at = starts_at WHERE reservation_id = %s",
                     [reservation.pk])
-        _move(reservation, State.RELEASED, actor=actor, reason=f"Cancelled before its start by {who}.", now=now)
+        _move(reservation, State.RELEASED, actor=actor, now=now,
+              reason=Msg(gettext_noop("Cancelled before its start by %(who)s."), who=who))
         return reservation
     sql.execute("UPDATE allocations_allocation SET ends_at = %s WHERE reservation_id = %s AND ends_at > %s",
                 [sql.db_datetime(now), reservation.pk, sql.db_datetime(now)])
-    _undo(reservation, final_state=State.RELEASED, actor=actor, reason=f"Released early by {who}.", now=now)
+    _undo(reservation, final_state=State.RELEASED, actor=actor, now=now,
+          reason=Msg(gettext_noop("Released early by %(who)s."), who=who))
     return reservation
 
 
@@ -513,7 +541,8 @@ def _quota_limits(reservation: Reservation) -> quotas.QuotaLimits:
     # order_by(): Quota's default ordering would join teams and pools for first().
     quota = Quota.objects.filter(team_id=reservation.team_id, pool_id=reservation.pool_id).order_by().first()
     if quota is None:
-        raise PermissionDenied(f"Team {team.name} has no quota in pool {pool.name}.", field="pool", rule="no_quota")
+        raise PermissionDenied(_("Team %(team)s has no quota in pool %(pool)s.") % {"team": team.name, "pool": pool.name},
+                               field="pool", rule="no_quota")
     return quotas.QuotaLimits.of(team_id=reservation.team_id, team_slug=team.slug, pool_id=reservation.pool_id,
                                  pool_slug=pool.slug, team_name=team.name, pool_name=pool.name,
                                  max_ge=quota.max_ge, ge_hours_per_month=quota.ge_hours_per_month,
@@ -527,16 +556,18 @@ def reservation_extend(*, actor: AbstractBaseUser, reservation_id: int, ends_at:
     now = now or timezone.now()
     pool_id = Reservation.objects.filter(pk=reservation_id).values_list("pool_id", flat=True).first()
     if pool_id is None:
-        raise NotFound(f"Reservation {reservation_id} does not exist.", field="id", rule="does_not_exist")
+        raise NotFound(_("Reservation %(id)s does not exist.") % {"id": reservation_id}, field="id",
+                       rule="does_not_exist")
     # Same lock order as reservation_create (pool, then reservation): no deadlock between the two.
     GpuPool.objects.select_for_update().get(pk=pool_id)
     reservation = _locked_reservation(reservation_id, actor)
     if reservation.state not in Reservation.LIVE_STATES:
-        raise Conflict(f"A {reservation.state} reservation cannot be extended.", field="state", rule="not_live")
+        raise Conflict(_("A %(state)s reservation cannot be extended.") % {"state": str(reservation.get_state_display()).lower()},
+                       field="state", rule="not_live")
     old_end = reservation.ends_at
     if ends_at <= old_end:
-        raise ValidationFailed(f"The new end must come after the current end, {instant(old_end)}.", field="ends_at",
-                               rule="after_current_end")
+        raise ValidationFailed(_("The new end must come after the current end, %(end)s.") % {"end": instant(old_end)},
+                               field="ends_at", rule="after_current_end")
     _check_duration(reservation.starts_at, ends_at)
     # The grants it holds up to its end: not those a failover moved it off (their rows end earlier).
     held = [booking.NewGrant(gpu_id=a.gpu_id, ge=a.ge, mode=a.mode, share_from=a.share_from, share_to=a.share_to,
@@ -548,10 +579,16 @@ def reservation_extend(*, actor: AbstractBaseUser, reservation_id: int, ends_at:
     broken = (Gpu.objects.filter(pk__in=gpu_ids).unusable().select_related("node")
               .order_by("node__name", "index").first())
     if broken is not None:
-        why = "is unhealthy" if not broken.healthy else (
-            "is on an unhealthy node" if not broken.node.healthy else "is on a node drained for new bookings")
-        raise Conflict(f"GPU {broken.node.name}:{broken.index} ({broken.uuid}) {why}; the reservation "
-                       "cannot be extended on it. Book again for the extra time.", field="ends_at",
+        if not broken.healthy:
+            text = _("GPU %(gpu)s (%(uuid)s) is unhealthy; the reservation cannot be extended on it. Book again "
+                     "for the extra time.")
+        elif not broken.node.healthy:
+            text = _("GPU %(gpu)s (%(uuid)s) is on an unhealthy node; the reservation cannot be extended on it. "
+                     "Book again for the extra time.")
+        else:
+            text = _("GPU %(gpu)s (%(uuid)s) is on a node drained for new bookings; the reservation cannot be "
+                     "extended on it. Book again for the extra time.")
+        raise Conflict(text % {"gpu": selectors.gpu_label(broken.node.name, broken.index), "uuid": broken.uuid}, field="ends_at",
                        rule="gpus_unusable")
     # The extra time is booked like any other window: the same GPUs must be free for all of it.
     extra = queue.with_promised(booking.pool_snapshot(pool_id, old_end, ends_at, without_reservation=reservation.pk),
@@ -559,19 +596,20 @@ def reservation_extend(*, actor: AbstractBaseUser, reservation_id: int, ends_at:
     clash = booking.first_clash(extra, held)
     if clash is not None:
         uuid = next(gpu.uuid for gpu in extra.gpus if gpu.id == clash.gpu_id)
-        holder = ("promised to a request waiting in the queue" if clash.reservation_id in waiting_ids(pool_id)
-                  else "booked by another reservation")
-        raise Conflict(
-            f"GPU {uuid} is {holder} from {instant(clash.starts_at)}: the latest possible end is "
-            f"{instant(clash.starts_at)}.", field="ends_at", rule="gpus_busy",
-        )
-    quotas.check(_quota_limits(reservation), ge=sum(grant.ge for grant in held), asked="the extension",
+        if clash.reservation_id in waiting_ids(pool_id):
+            text = _("GPU %(uuid)s is promised to a request waiting in the queue from %(at)s: the latest possible "
+                     "end is %(at)s.")
+        else:
+            text = _("GPU %(uuid)s is booked by another reservation from %(at)s: the latest possible end is %(at)s.")
+        raise Conflict(text % {"uuid": uuid, "at": instant(clash.starts_at)}, field="ends_at", rule="gpus_busy")
+    quotas.check(_quota_limits(reservation), ge=sum(grant.ge for grant in held),
+                 asked=Msg(gettext_noop("the extension")),
                  field="ends_at", start=old_end, end=ends_at, exclude_reservation=reservation.pk)
     reservation.allocations.filter(ends_at=old_end).update(ends_at=ends_at)
     reservation.ends_at = ends_at
     reservation.save(update_fields=["ends_at", "updated_at"])
     _record(reservation, from_state=reservation.state, to_state=reservation.state, actor=actor,
-            reason=f"Extended from {instant(old_end)} to {instant(ends_at)}.")
+            reason=Msg(gettext_noop("Extended from %(old)s to %(new)s."), old=instant(old_end), new=instant(ends_at)))
     return reservation
 
 
@@ -587,17 +625,19 @@ def reservation_activate(*, reservation_id: int, now: datetime | None = None) ->
     ).first()
     if reservation is None:
         return False
-    _move(reservation, State.APPLYING, reason="Window started; applying on the cluster.")
+    _move(reservation, State.APPLYING, reason=Msg(gettext_noop("Window started; applying on the cluster.")))
     if not jobs.jobs_create(reservation=reservation, action=ApplyJob.Action.APPLY, now=now):
-        _move(reservation, State.FAILED, reason="None of its GPUs belongs to a cluster any more.", now=now)
+        _move(reservation, State.FAILED, reason=Msg(gettext_noop("None of its GPUs belongs to a cluster any more.")),
+              now=now)
     return True
 
 
-def _undo(reservation: Reservation, *, final_state: str, reason: str, actor: AbstractBaseUser | None = None,
+def _undo(reservation: Reservation, *, final_state: str, reason: Msg, actor: AbstractBaseUser | None = None,
           now: datetime) -> None:
     """applying/active → releasing, with an undo job per cluster; scheduled (never applied) → final at once."""
     if reservation.state == State.SCHEDULED:
-        _move(reservation, final_state, actor=actor, reason=f"{reason} It had not been applied yet.", now=now)
+        _move(reservation, final_state, actor=actor, now=now,
+              reason=Msg(gettext_noop("%(reason)s It had not been applied yet."), reason=reason))
         return
     _move(reservation, State.RELEASING, actor=actor, reason=reason)
     if not jobs.jobs_create(reservation=reservation, action=ApplyJob.Action.UNDO, final_state=final_state, now=now):
@@ -616,7 +656,7 @@ def reservation_undo_again(*, reservation_id: int, now: datetime | None = None) 
                          .values_list("at", flat=True).first() or now)
     final = ending_state(ends_at=reservation.ends_at, released_at=went_releasing_at)
     if not jobs.jobs_create(reservation=reservation, action=ApplyJob.Action.UNDO, final_state=final, now=now):
-        _move(reservation, final, reason=reservation.reason, now=now)
+        _move(reservation, final, reason=stored_reason(reservation), now=now)
     return True
 
 
@@ -633,10 +673,10 @@ def reservation_expire(*, reservation_id: int, now: datetime | None = None) -> b
     if reservation.state == State.SCHEDULED:
         # Its window passed with no worker to apply it (workers down, or the broker away so long):
         # the team never had the GPUs, and the reservation says so rather than looking used up.
-        _move(reservation, State.FAILED, now=now,
-              reason="Its window ended before it could be applied: no worker started it in time.")
+        _move(reservation, State.FAILED, now=now, reason=Msg(gettext_noop(
+            "Its window ended before it could be applied: no worker started it in time.")))
         return True
-    _undo(reservation, final_state=State.EXPIRED, reason="Window ended.", now=now)
+    _undo(reservation, final_state=State.EXPIRED, reason=Msg(gettext_noop("Window ended.")), now=now)
     queue.kick(reservation.pool_id)
     return True
 
@@ -656,7 +696,8 @@ def reservation_preempt(*, reservation_id: int, now: datetime | None = None) -> 
     sql.execute("UPDATE allocations_allocation SET ends_at = %s WHERE reservation_id = %s AND ends_at > %s",
                 [sql.db_datetime(now), reservation.pk, sql.db_datetime(now)])
     _undo(reservation, final_state=State.RELEASED, now=now,
-          reason=f"Borrowed GPUs taken back after the notice: {reservation.preempt_reason}")
+          reason=Msg(gettext_noop("Borrowed GPUs taken back after the notice: %(why)s"),
+                     why=stored_reason(reservation, "preempt_reason")))
     if reservation.requeue and remaining > timedelta(0):
         _requeue(reservation, remaining, now=now)
     queue.kick(reservation.pool_id)
@@ -675,8 +716,8 @@ def _requeue(old: Reservation, remaining: timedelta, *, now: datetime) -> Reserv
     QueueEntry.objects.create(reservation=again, shape=queue.shape_data(shape), duration=remaining,
                               queued_at=entry.queued_at if entry else old.created_at, priority=old.priority)
     _record(again, from_state="", to_state=State.PENDING, actor=None,
-            reason=f"Requeued for the rest of reservation #{old.pk} ({queue.span(remaining)}), whose borrowed GPUs "
-                   "were taken back.", at=now)
+            reason=Msg(gettext_noop("Requeued for the rest of reservation #%(id)s (%(span)s), whose borrowed GPUs "
+                                    "were taken back."), id=old.pk, span=queue.span(remaining)), at=now)
     return again
 
 
@@ -693,10 +734,11 @@ def reservation_warn_expiry(*, reservation_id: int, now: datetime | None = None)
     reservation = Reservation.objects.select_related("team", "pool", "requested_by").get(pk=reservation_id)
     left = reservation.ends_at - now
     notices.notify_owners(
-        reservation, f"Reservation #{reservation.pk} ends in {queue.span(left)}",
-        f"Its window ends at {reservation.ends_at:%Y-%m-%d %H:%M} UTC; its GPUs go back to the pool then. To keep "
-        "them longer, extend it on its page (or POST .../extend/ with a later ends_at) while they stay free of "
-        "other bookings.", event="reservation.expiring")
+        reservation, Msg(gettext_noop("Reservation #%(id)s ends in %(span)s"), id=reservation.pk, span=queue.span(left)),
+        Msg(gettext_noop("Its window ends at %(end)s UTC; its GPUs go back to the pool then. To keep them longer, "
+                         "extend it on its page (or POST .../extend/ with a later ends_at) while they stay free of "
+                         "other bookings."), end=f"{reservation.ends_at:%Y-%m-%d %H:%M}"),
+        event="reservation.expiring")
     return True
 
 
@@ -729,14 +771,14 @@ def quota_set(*, actor: AbstractBaseUser, team: Team, pool: GpuPool, max_ge: int
               max_borrow_ge=None) -> Quota:
     """Create or change a team's quota in a pool. It binds the next reservation; held ones stay."""
     if not actor.is_staff:
-        raise PermissionDenied("Only staff can change quotas.", field="quota", rule="staff_required")
+        raise PermissionDenied(_("Only staff can change quotas."), field="quota", rule="staff_required")
     # Check the values before get_or_create writes them: a new quota is INSERTed there, so a value
     # beyond the column's range (ge_hours_per_month is an integer on PostgreSQL) failed in the
     # database as a 500 instead of a 400 naming the field. Uniqueness is get_or_create's to settle;
     # team and pool are rows the caller already read.
     Quota(team=team, pool=pool, max_ge=max_ge, ge_hours_per_month=ge_hours_per_month).full_clean(
         exclude=["team", "pool"], validate_unique=False, validate_constraints=False)
-    quota, _ = Quota.objects.select_for_update().get_or_create(
+    quota, _created = Quota.objects.select_for_update().get_or_create(
         team=team, pool=pool, defaults={"max_ge": max_ge, "ge_hours_per_month": ge_hours_per_month,
                                         "priority_class": priority_class, "max_borrow_ge": max_borrow_ge}
     )

@@ -7,6 +7,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from django.utils.translation import gettext as _
+
 from allocations import booking
 from allocations.placement import mig
 from common.errors import FieldError, ValidationFailed
@@ -70,21 +72,25 @@ def shape_for(pool: GpuPool, request: Amounts, snapshot: booking.PoolSnapshot) -
     wrong = [name for name in given if name not in takes]
     if wrong:
         errors = [FieldError(field=name, rule="not_for_mode",
-                             message=f"{name} does not apply to pool {pool.name}, which shares GPUs by {mode}; it "
-                                     f"takes {' and '.join(takes)}.") for name in wrong]
+                             message=_("%(field)s does not apply to pool %(pool)s, which shares GPUs by %(mode)s; it "
+                                       "takes %(fields)s.") % {"field": name, "pool": pool.name, "mode": mode,
+                                                               "fields": " and ".join(takes)})
+                  for name in wrong]
         raise ValidationFailed(errors[0].message, errors=errors)
     usable = [gpu for gpu in snapshot.gpus if gpu.usable] or list(snapshot.gpus)
 
     def required(name: str) -> ValidationFailed:
-        return ValidationFailed(f"Pool {pool.name} shares GPUs by {mode}: give {name}.", field=name, rule="required")
+        return ValidationFailed(_("Pool %(pool)s shares GPUs by %(mode)s: give %(field)s.")
+                                % {"pool": pool.name, "mode": mode, "field": name}, field=name, rule="required")
 
     if mode in REPLICA_MODES:
         if request.shares is None:
             raise required("shares")
         replicas = int(config.get("replicas") or 0)
         if request.shares > replicas:
-            raise ValidationFailed(f"Pool {pool.name} offers each GPU as {replicas} shares; {request.shares} "
-                                   "requested.", field="shares", rule="max_value")
+            raise ValidationFailed(_("Pool %(pool)s offers each GPU as %(replicas)d shares; %(shares)d requested.")
+                                   % {"pool": pool.name, "replicas": replicas, "shares": request.shares},
+                                   field="shares", rule="max_value")
         return booking.Shape(mode=mode, shares=request.shares, replicas=replicas)
     if mode == SharingMode.MIG:
         if not request.mig_profile:
@@ -94,15 +100,17 @@ def shape_for(pool: GpuPool, request: Amounts, snapshot: booking.PoolSnapshot) -
         if request.mig_profile not in offered:
             known = set().union(*(mig.profiles_for(gpu.model) for gpu in usable)) if usable else set()
             rule = "not_in_layout" if request.mig_profile in known else "unknown_profile"
-            what = ("is not in the layout of" if rule == "not_in_layout" else "is not a MIG profile of the GPUs of")
-            raise ValidationFailed(
-                f"{request.mig_profile!r} {what} pool {pool.name} (it offers {', '.join(sorted(offered)) or 'none'}).",
-                field="mig_profile", rule=rule)
+            text = (_("'%(profile)s' is not in the layout of pool %(pool)s (it offers %(offered)s).")
+                    if rule == "not_in_layout" else
+                    _("'%(profile)s' is not a MIG profile of the GPUs of pool %(pool)s (it offers %(offered)s)."))
+            raise ValidationFailed(text % {"profile": request.mig_profile, "pool": pool.name,
+                                           "offered": ", ".join(sorted(offered)) or _("none")},
+                                   field="mig_profile", rule=rule)
         return booking.Shape(mode=mode, mig_profile=request.mig_profile, mig_count=request.count or 1,
                              mig_layout=layout)
     if mode == SharingMode.VGPU:
         if request.gpu_memory_mib is not None and request.gpu_memory_pct is not None:
-            raise ValidationFailed("Give gpu_memory_mib or gpu_memory_pct, not both.", field="gpu_memory_pct",
+            raise ValidationFailed(_("Give gpu_memory_mib or gpu_memory_pct, not both."), field="gpu_memory_pct",
                                    rule="exclusive_with")
         memory_mib = request.gpu_memory_mib
         memory_pct = request.gpu_memory_pct
@@ -112,8 +120,9 @@ def shape_for(pool: GpuPool, request: Amounts, snapshot: booking.PoolSnapshot) -
                 raise required("gpu_memory_mib or gpu_memory_pct")
         largest = max((gpu.memory_mib for gpu in usable), default=0)
         if memory_mib is not None and memory_mib > largest:
-            raise ValidationFailed(f"{memory_mib} MiB is more than the memory of any GPU of pool {pool.name} "
-                                   f"({largest} MiB).", field="gpu_memory_mib", rule="exceeds_gpu_memory")
+            raise ValidationFailed(_("%(mib)d MiB is more than the memory of any GPU of pool %(pool)s (%(largest)d MiB).")
+                                   % {"mib": memory_mib, "pool": pool.name, "largest": largest},
+                                   field="gpu_memory_mib", rule="exceeds_gpu_memory")
         cores = request.gpu_cores_pct or config.get("default_cores_pct")
         if cores is None:
             # A share of the memory gets the same share of the cores, so it counts as it is used.
@@ -124,6 +133,7 @@ def shape_for(pool: GpuPool, request: Amounts, snapshot: booking.PoolSnapshot) -
     if request.gpus is None:
         raise required("gpus")
     if request.gpus > len(snapshot.gpus):
-        raise ValidationFailed(f"Pool {pool.name} has {len(snapshot.gpus)} GPUs; {request.gpus} requested.",
+        raise ValidationFailed(_("Pool %(pool)s has %(count)d GPUs; %(gpus)d requested.")
+                               % {"pool": pool.name, "count": len(snapshot.gpus), "gpus": request.gpus},
                                field="gpus", rule="exceeds_pool_size")
     return booking.Shape(mode=SharingMode.EXCLUSIVE, gpus=request.gpus)

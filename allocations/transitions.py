@@ -12,6 +12,7 @@ from datetime import datetime
 from django.contrib.auth.models import AbstractBaseUser
 from django.utils import timezone
 
+from allocations.messages import Msg, json_param, stored
 from allocations.models import Reservation
 from audit.models import AuditEntry
 from audit.services import audit_record
@@ -49,32 +50,37 @@ class TransitionNotAllowed(RuntimeError):
 
 
 def record(reservation: Reservation, *, from_state: str, to_state: str, actor: AbstractBaseUser | None,
-           reason: str = "", at: datetime | None = None) -> None:
+           reason: Msg | str = "", at: datetime | None = None) -> None:
     """The ReservationEvent (the reservation's own history, shown on its page) and its audit entry (the
-    one log of every change, where staff look), which points back at the event."""
+    one log of every change, where staff look), which points back at the event. `reason` is stored in
+    English with its message, read in each reader's language (allocations.messages)."""
     actor_id = actor.pk if actor is not None and actor.is_authenticated else None
+    text, message = stored(reason)
     (event_id,) = sql.fetch_one(
-        "INSERT INTO allocations_reservationevent (reservation_id, from_state, to_state, actor_id, at, reason) "
-        "VALUES (%s, %s, %s, %s, %s, %s) RETURNING id",
-        [reservation.pk, from_state, to_state, actor_id, sql.db_datetime(at or timezone.now()), reason],
+        "INSERT INTO allocations_reservationevent (reservation_id, from_state, to_state, actor_id, at, reason, "
+        "reason_message) VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id",
+        [reservation.pk, from_state, to_state, actor_id, sql.db_datetime(at or timezone.now()), text,
+         json_param(message)],
     )
     audit_record(model=Reservation, object_id=reservation.pk, object_repr=f"reservation {reservation.pk}",
                  action=AuditEntry.Action.CREATE if not from_state else AuditEntry.Action.UPDATE,
                  changes={"state": [from_state or None, to_state]}, actor=actor,
-                 additional_data={"reservation_event": event_id, "reason": reason})
+                 additional_data={"reservation_event": event_id, "reason": text})
 
 
-def move(reservation: Reservation, to_state: str, *, actor: AbstractBaseUser | None = None, reason: str = "",
-         now: datetime | None = None) -> None:
+def move(reservation: Reservation, to_state: str, *, actor: AbstractBaseUser | None = None,
+         reason: Msg | str = "", now: datetime | None = None) -> None:
     """Change state (the row must be locked by the caller) and record who, when and why."""
     from_state = reservation.state
     if to_state not in ALLOWED[from_state]:
         raise TransitionNotAllowed(f"reservation {reservation.pk}: {from_state} → {to_state} is not allowed")
+    text, message = stored(reason)
     reservation.state = to_state
-    reservation.reason = reason  # the reason always describes the current state
+    # The reason always describes the current state.
+    reservation.__dict__["reason"], reservation.__dict__["reason_message"] = text, message
     reservation.updated_at = timezone.now()
-    columns = ["state = %s", "reason = %s", "updated_at = %s"]
-    params = [to_state, reason, sql.db_datetime(reservation.updated_at)]
+    columns = ["state = %s", "reason = %s", "reason_message = %s", "updated_at = %s"]
+    params = [to_state, text, json_param(message), sql.db_datetime(reservation.updated_at)]
     if to_state in Reservation.FINAL_STATES:
         reservation.ended_at = now or timezone.now()
         columns.append("ended_at = %s")

@@ -37,6 +37,7 @@ from django.http import HttpRequest, JsonResponse
 from django.urls import re_path
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
+from django.utils.translation import gettext as _
 
 from allocations.apply import selectors
 from allocations.apply.backends.kubernetes_manifests import (
@@ -288,9 +289,9 @@ def _validate(uid, pod, team_slug, asked, grants, hostnames) -> JsonResponse:
     if why is None:
         return _answer(uid)
     reservations = ", ".join(f"#{r}" for r in sorted({g.reservation_id for g in grants})) or "none"
-    return _answer(uid, allowed=False, message=(
-        f"GPU Pool Portal: {why} on this cluster now (active reservations: {reservations}). "
-        "Reserve more in the portal, or ask for less."))
+    return _answer(uid, allowed=False, message=_(
+        "GPU Pool Portal: %(why)s on this cluster now (active reservations: %(reservations)s). Reserve more in the "
+        "portal, or ask for less.") % {"why": why, "reservations": reservations})
 
 
 @csrf_exempt

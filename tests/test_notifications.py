@@ -44,3 +44,16 @@ def test_a_mail_server_that_refuses_does_not_undo_the_write(settings):
         Team.objects.create(slug="kept", name="Kept")
         assert notify() is True
     assert Team.objects.filter(slug="kept").exists()
+
+
+def test_the_notice_template_speaks_the_recipients_language(db):
+    from django.template.loader import render_to_string
+    from django.utils import translation
+
+    context = {**CONTEXT, "portal_url": "http://x"}
+    with translation.override("zh-hans"):
+        html = render_to_string("allocations/email/reservation_notice.html", context)
+        text = render_to_string("allocations/email/reservation_notice.txt", context)
+    assert "打开预约" in html and "你收到此邮件是因为你预约了它或管理其团队" in text
+    english = render_to_string("allocations/email/reservation_notice.html", context)
+    assert "Open the reservation" in english and "打开预约" not in english

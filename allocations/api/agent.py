@@ -4,6 +4,7 @@ from __future__ import annotations
 import re
 
 from django.conf import settings
+from django.utils.translation import gettext_lazy as _
 from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions, serializers
 from rest_framework.request import Request
@@ -23,24 +24,24 @@ class LeasesInput(serializers.Serializer):
     held = serializers.ListField(
         child=serializers.RegexField(LEASE_KEY, max_length=80),
         max_length=MAX_LEASES,
-        help_text="Lease keys the agent enforces now: '<reservation id>:<GPU UUID>', or for a MIG instance "
+        help_text=_("Lease keys the agent enforces now: '<reservation id>:<GPU UUID>', or for a MIG instance "
                   "'<reservation id>:<MIG device UUID>' ('<reservation id>:<GPU UUID>/<start slice>' where the "
-                  "GPU reported no device for it)",
+                  "GPU reported no device for it)"),
     )
     failed = serializers.DictField(child=serializers.CharField(max_length=500), default=dict,
-                                   help_text="Leases the agent could not apply: {key: why}")
+                                   help_text=_("Leases the agent could not apply: {key: why}"))
     unleased_in_use = serializers.ListField(child=serializers.RegexField(r"^(GPU|MIG)-[0-9A-Za-z-]{8,60}$"),
                                             max_length=MAX_LEASES, default=list,
-                                            help_text="GPUs running processes that no lease covers")
+                                            help_text=_("GPUs running processes that no lease covers"))
 
     def validate_failed(self, value: dict) -> dict:
         # Bounded like `held`: unbounded, one report of 5,000 keys x 500 characters was stored whole.
         if len(value) > MAX_LEASES:
-            raise serializers.ValidationError(f"Ensure this field has no more than {MAX_LEASES} elements.",
-                                              code="max_length")
+            raise serializers.ValidationError(_("Ensure this field has no more than %(max)d elements.")
+                                              % {"max": MAX_LEASES}, code="max_length")
         bad = [key for key in value if not re.match(LEASE_KEY, key)]
         if bad:
-            raise serializers.ValidationError(f"not lease keys: {', '.join(bad[:5])}")
+            raise serializers.ValidationError(_("not lease keys: %(keys)s") % {"keys": ", ".join(bad[:5])})
         return value
 
 
@@ -53,6 +54,6 @@ class LeasesView(AgentView):
         data.is_valid(raise_exception=True)
         node = request.auth.registered_node()
         if node is None:
-            raise exceptions.NotFound("This host has not registered yet: call /api/v1/agent/register/ first.")
+            raise exceptions.NotFound(_("This host has not registered yet: call /api/v1/agent/register/ first."))
         host_lease_report(node=node, **data.validated_data)
         return Response({"leases": host_leases(node), "poll_seconds": settings.AGENT_HEARTBEAT_SECONDS})

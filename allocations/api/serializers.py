@@ -6,6 +6,9 @@ from datetime import timedelta
 from zoneinfo import ZoneInfo
 
 from django.conf import settings
+from django.utils.text import format_lazy
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -26,7 +29,8 @@ from teams.models import Team
 class PoolSerializer(RefusesUnknownFields, CleanModelSerializer):
     placement_policy = serializers.ChoiceField(
         choices=sorted(POLICY_NAMES), default=DEFAULT_POLICY,
-        help_text=f"How reservations are placed; {DEFAULT_POLICY} (the default) packs to keep large requests placeable",
+        help_text=format_lazy(gettext_lazy("How reservations are placed; {policy} (the default) packs to keep large "
+                                           "requests placeable"), policy=DEFAULT_POLICY),
     )
     gpus_total = serializers.IntegerField(read_only=True, default=0)
     gpus_healthy = serializers.IntegerField(read_only=True, default=0)
@@ -61,7 +65,8 @@ def amount_field(name: str, help_text: str) -> serializers.Field:
 
 def _before_latest(value):
     if value >= LATEST_INSTANT:
-        raise serializers.ValidationError(f"Must be before {LATEST_INSTANT:%Y-%m-%d}.", code="max_value")
+        raise serializers.ValidationError(_("Must be before %(latest)s.") % {"latest": LATEST_INSTANT.date().isoformat()},
+                                          code="max_value")
     return value
 
 
@@ -73,28 +78,28 @@ class AvailabilityQuery(serializers.Serializer):
     start = serializers.DateTimeField(required=False, validators=[_before_latest])
     end = serializers.DateTimeField(required=False, validators=[_before_latest])
     slot = serializers.IntegerField(required=False, min_value=60, max_value=7 * 86400, default=3600,
-                                    help_text="Slot length in seconds")
-    gpus = amount_field("gpus", "exclusive: whole GPUs wanted together (default 1); vgpu: GPUs of one node that must "
-                                "each have the memory and cores free (default 1)")
-    shares = amount_field("shares", "time_slicing, mps: shares wanted on one GPU (default 1)")
-    mig_profile = amount_field("mig_profile", "mig: the profile to count (default: the layout's smallest)")
-    count = amount_field("count", "mig: instances wanted (default 1)")
-    gpu_memory_mib = amount_field("gpu_memory_mib", "vgpu: memory free on each GPU, MiB (default: the pool's)")
-    gpu_memory_pct = amount_field("gpu_memory_pct", "vgpu: memory free on each GPU, % of the card")
-    gpu_cores_pct = amount_field("gpu_cores_pct", "vgpu: cores free on each GPU, % (default: the pool's, else the "
-                                                  "memory's share)")
+                                    help_text=gettext_lazy("Slot length in seconds"))
+    gpus = amount_field("gpus", gettext_lazy("exclusive: whole GPUs wanted together (default 1); vgpu: GPUs of one node that must "
+                                "each have the memory and cores free (default 1)"))
+    shares = amount_field("shares", gettext_lazy("time_slicing, mps: shares wanted on one GPU (default 1)"))
+    mig_profile = amount_field("mig_profile", gettext_lazy("mig: the profile to count (default: the layout's smallest)"))
+    count = amount_field("count", gettext_lazy("mig: instances wanted (default 1)"))
+    gpu_memory_mib = amount_field("gpu_memory_mib", gettext_lazy("vgpu: memory free on each GPU, MiB (default: the pool's)"))
+    gpu_memory_pct = amount_field("gpu_memory_pct", gettext_lazy("vgpu: memory free on each GPU, percent of the card"))
+    gpu_cores_pct = amount_field("gpu_cores_pct", gettext_lazy("vgpu: cores free on each GPU, % (default: the pool's, else the "
+                                                  "memory's share)"))
 
 class SlotSerializer(serializers.Serializer):
     start = serializers.DateTimeField()
     end = serializers.DateTimeField()
-    free = serializers.IntegerField(help_text="How much of the pool's unit is free for the whole slot: whole GPUs "
+    free = serializers.IntegerField(help_text=gettext_lazy("How much of the pool's unit is free for the whole slot: whole GPUs "
                                               "(exclusive), shares (time_slicing, mps), instances of the profile "
-                                              "(mig), GPUs with the memory and cores free (vgpu)")
-    free_on_one_node = serializers.IntegerField(help_text="The same as most_together (kept for compatibility)")
-    unit = serializers.CharField(help_text="What free counts: GPUs, shares or instances")
-    most_together = serializers.IntegerField(help_text="The most one request could get: on one GPU (shares), on "
-                                                       "one node (GPUs, instances)")
-    fits = serializers.BooleanField(help_text="Whether the shape asked could be booked for the slot")
+                                              "(mig), GPUs with the memory and cores free (vgpu)"))
+    free_on_one_node = serializers.IntegerField(help_text=gettext_lazy("The same as most_together (kept for compatibility)"))
+    unit = serializers.CharField(help_text=gettext_lazy("What free counts: GPUs, shares or instances"))
+    most_together = serializers.IntegerField(help_text=gettext_lazy("The most one request could get: on one GPU (shares), on "
+                                                       "one node (GPUs, instances)"))
+    fits = serializers.BooleanField(help_text=gettext_lazy("Whether the shape asked could be booked for the slot"))
 
 
 @extend_schema_field({"oneOf": [{"type": "string", "format": "date-time"}, {"type": "string", "enum": ["earliest"]}]})
@@ -134,35 +139,35 @@ class ReservationCreateInput(RefusesUnknownFields, serializers.Serializer):
     and the service refuses (400 `not_for_mode`) a field that does not belong to it."""
 
     # Slugs, resolved by the service in the statement that locks the pool (not one query each here).
-    pool = serializers.SlugField(max_length=64, help_text="The pool's slug")
-    team = serializers.SlugField(max_length=64, help_text="The team's slug")
-    gpus = amount_field("gpus", "exclusive: whole GPUs (required); vgpu: GPUs of one node (default 1)")
-    shares = amount_field("shares", "time_slicing, mps: shares of one GPU, at most the pool's replicas")
-    mig_profile = amount_field("mig_profile", "mig: the instance profile, e.g. 1g.10gb or 3g.40gb")
-    count = amount_field("count", "mig: how many instances of mig_profile (default 1)")
-    gpu_memory_mib = amount_field("gpu_memory_mib", "vgpu: GPU memory on each GPU, MiB (default: the pool's)")
-    gpu_memory_pct = amount_field("gpu_memory_pct", "vgpu: GPU memory on each GPU, % of the card (instead of "
-                                                    "gpu_memory_mib)")
-    gpu_cores_pct = amount_field("gpu_cores_pct", "vgpu: compute on each GPU, % of its cores (default: the pool's, "
-                                                  "else the memory's share)")
+    pool = serializers.SlugField(max_length=64, help_text=gettext_lazy("The pool's slug"))
+    team = serializers.SlugField(max_length=64, help_text=gettext_lazy("The team's slug"))
+    gpus = amount_field("gpus", gettext_lazy("exclusive: whole GPUs (required); vgpu: GPUs of one node (default 1)"))
+    shares = amount_field("shares", gettext_lazy("time_slicing, mps: shares of one GPU, at most the pool's replicas"))
+    mig_profile = amount_field("mig_profile", gettext_lazy("mig: the instance profile, e.g. 1g.10gb or 3g.40gb"))
+    count = amount_field("count", gettext_lazy("mig: how many instances of mig_profile (default 1)"))
+    gpu_memory_mib = amount_field("gpu_memory_mib", gettext_lazy("vgpu: GPU memory on each GPU, MiB (default: the pool's)"))
+    gpu_memory_pct = amount_field("gpu_memory_pct", gettext_lazy("vgpu: GPU memory on each GPU, percent of the card (instead of "
+                                                    "gpu_memory_mib)"))
+    gpu_cores_pct = amount_field("gpu_cores_pct", gettext_lazy("vgpu: compute on each GPU, percent of its cores (default: the pool's, "
+                                                  "else the memory's share)"))
     starts_at = StartField(required=False, allow_null=True, help_text=(
-        'A fixed window\'s start (with ends_at; left out or null: now). With duration: left out to start as soon '
-        'as it fits (waiting in the queue if need be), or "earliest" to book the earliest window that fits now.'))
-    ends_at = serializers.DateTimeField(required=False, help_text="A fixed window's end (or give duration)")
+        gettext_lazy('A fixed window\'s start (with ends_at; left out or null: now). With duration: left out to start as soon '
+        'as it fits (waiting in the queue if need be), or "earliest" to book the earliest window that fits now.')))
+    ends_at = serializers.DateTimeField(required=False, help_text=gettext_lazy("A fixed window's end (or give duration)"))
     duration = DurationField(required=False, help_text=(
-        'Instead of ends_at: how long, as "4h", "30m", "1d12h" or ISO 8601 ("PT4H"); the request starts as soon '
-        'as it fits'))
+        gettext_lazy('Instead of ends_at: how long, as "4h", "30m", "1d12h" or ISO 8601 ("PT4H"); the request starts as soon '
+        'as it fits')))
     not_before = serializers.DateTimeField(required=False, allow_null=True,
-                                           help_text="With duration: start no earlier than this")
+                                           help_text=gettext_lazy("With duration: start no earlier than this"))
     not_after = serializers.DateTimeField(required=False, allow_null=True,
-                                          help_text="With duration: start no later than this, else it fails")
+                                          help_text=gettext_lazy("With duration: start no later than this, else it fails"))
     priority_class = serializers.SlugField(max_length=32, required=False, help_text=(
-        "The priority to run at: the quota's class (the default) or a lower one (400 `above_quota_class`)"))
+        gettext_lazy("The priority to run at: the quota's class (the default) or a lower one (400 `above_quota_class`)")))
     requeue = serializers.BooleanField(required=False, default=False, help_text=(
-        "If GPUs it borrowed beyond its quota are taken back, wait in the queue again for the rest of its time"))
+        gettext_lazy("If GPUs it borrowed beyond its quota are taken back, wait in the queue again for the rest of its time")))
     queue = serializers.BooleanField(required=False, allow_null=True, default=None, help_text=(
-        "With duration: false refuses at once (409) rather than wait; true insists on waiting (400 "
-        "`queueing_off` where the pool does not queue); left out: wait where the pool queues"))
+        gettext_lazy("With duration: false refuses at once (409) rather than wait; true insists on waiting (400 "
+        "`queueing_off` where the pool does not queue); left out: wait where the pool queues")))
 
     def to_internal_value(self, data):
         # ends_at is required unless duration is given: named with the other missing fields at once.
@@ -172,11 +177,11 @@ class ReservationCreateInput(RefusesUnknownFields, serializers.Serializer):
         except serializers.ValidationError as invalid:
             if missing and isinstance(invalid.detail, dict):
                 invalid.detail["ends_at"] = [serializers.ErrorDetail(
-                    "Give ends_at (a fixed window) or duration (as soon as it fits).", code="required")]
+                    _("Give ends_at (a fixed window) or duration (as soon as it fits)."), code="required")]
             raise
         if missing:
             raise serializers.ValidationError({"ends_at": [serializers.ErrorDetail(
-                "Give ends_at (a fixed window) or duration (as soon as it fits).", code="required")]})
+                _("Give ends_at (a fixed window) or duration (as soon as it fits)."), code="required")]})
         return values
 
 
@@ -205,20 +210,20 @@ class AllocatedGpuSerializer(serializers.Serializer):
 class GrantSerializer(serializers.Serializer):
     """What a reservation holds of one GPU: the GPU, and the mode's share of it."""
 
-    uuid = serializers.CharField(read_only=True, help_text="The GPU's UUID")
+    uuid = serializers.CharField(read_only=True, help_text=gettext_lazy("The GPU's UUID"))
     node = serializers.CharField(read_only=True)
     index = serializers.IntegerField(read_only=True)
     model_name = serializers.CharField(read_only=True)
     mode = serializers.CharField(read_only=True)
-    shares = serializers.IntegerField(read_only=True, allow_null=True, help_text="time_slicing, mps: shares held")
-    replicas = serializers.IntegerField(read_only=True, allow_null=True, help_text="time_slicing, mps: of how many")
+    shares = serializers.IntegerField(read_only=True, allow_null=True, help_text=gettext_lazy("time_slicing, mps: shares held"))
+    replicas = serializers.IntegerField(read_only=True, allow_null=True, help_text=gettext_lazy("time_slicing, mps: of how many"))
     mig_profile = serializers.CharField(read_only=True, allow_null=True)
     mig_instance = serializers.CharField(read_only=True, allow_null=True,
-                                         help_text="mig: the MIG device UUID, or '<GPU UUID>/<start slice>'")
+                                         help_text=gettext_lazy("mig: the MIG device UUID, or '<GPU UUID>/<start slice>'"))
     gpu_memory_mib = serializers.IntegerField(read_only=True, allow_null=True,
-                                              help_text="mig, mps, vgpu: the memory it may use")
-    gpu_cores_pct = serializers.IntegerField(read_only=True, allow_null=True, help_text="mps, vgpu: compute cap")
-    ge = serializers.FloatField(read_only=True, help_text="GPU-equivalents charged (the model's weight applied)")
+                                              help_text=gettext_lazy("mig, mps, vgpu: the memory it may use"))
+    gpu_cores_pct = serializers.IntegerField(read_only=True, allow_null=True, help_text=gettext_lazy("mps, vgpu: compute cap"))
+    ge = serializers.FloatField(read_only=True, help_text=gettext_lazy("GPU-equivalents charged (the model's weight applied)"))
     starts_at = _time()
     ends_at = _time()
 
@@ -236,25 +241,25 @@ class QueueSerializer(serializers.Serializer):
     """Where a request that asked to start as soon as it fits stands in its pool's queue."""
 
     position = serializers.IntegerField(read_only=True, allow_null=True,
-                                        help_text="1 = next; null once it started or ended")
-    reason = serializers.CharField(read_only=True, help_text="Why it waits: not_enough, fragmented, over_quota, "
-                                                             "held_for_queue, behind, not_before, no_model, no_start")
-    reason_text = serializers.CharField(read_only=True, help_text="The same in words")
-    duration = serializers.FloatField(source="duration_seconds", read_only=True, help_text="Seconds asked")
+                                        help_text=gettext_lazy("1 = next; null once it started or ended"))
+    reason = serializers.CharField(read_only=True, help_text=gettext_lazy("Why it waits: not_enough, fragmented, over_quota, "
+                                                             "held_for_queue, behind, not_before, no_model, no_start"))
+    reason_text = serializers.CharField(read_only=True, help_text=gettext_lazy("The same in words"))
+    duration = serializers.FloatField(source="duration_seconds", read_only=True, help_text=gettext_lazy("Seconds asked"))
     not_before = _time(allow_null=True)
     not_after = _time(allow_null=True)
     queued_at = _time()
     start_by = _time(allow_null=True, help_text=(
-        "The promise: the start the plan gives if every booking runs to its booked end. Only a request ordered "
-        "ahead later (a higher priority) or lost capacity moves it later; moved_why says why"))
+        gettext_lazy("The promise: the start the plan gives if every booking runs to its booked end. Only a request ordered "
+        "ahead later (a higher priority) or lost capacity moves it later; moved_why says why")))
     likely_start = _time(allow_null=True, help_text=(
-        "The estimate, from how early this pool's bookings really end; usually before start_by"))
-    previous_start_by = _time(allow_null=True, help_text="start_by at the pass before")
-    previous_likely_start = _time(allow_null=True, help_text="likely_start at the pass before")
+        gettext_lazy("The estimate, from how early this pool's bookings really end; usually before start_by")))
+    previous_start_by = _time(allow_null=True, help_text=gettext_lazy("start_by at the pass before"))
+    previous_likely_start = _time(allow_null=True, help_text=gettext_lazy("likely_start at the pass before"))
     first_start_by = _time(allow_null=True)
     first_likely_start = _time(allow_null=True)
-    moved_why = serializers.CharField(read_only=True, help_text="Why start_by last moved later, if it did")
-    planned_at = _time(allow_null=True, help_text="When the last scheduling pass planned it")
+    moved_why = serializers.CharField(read_only=True, help_text=gettext_lazy("Why start_by last moved later, if it did"))
+    planned_at = _time(allow_null=True, help_text=gettext_lazy("When the last scheduling pass planned it"))
 
 
 # Declared field by field rather than as a ModelSerializer: this answers every create, release and
@@ -265,18 +270,18 @@ class ReservationSerializer(serializers.Serializer):
     id = serializers.IntegerField(read_only=True)
     team = serializers.CharField(source="team.slug", read_only=True)
     pool = serializers.CharField(source="pool.slug", read_only=True)
-    mode = serializers.CharField(read_only=True, help_text="The pool's sharing mode when it was booked")
-    gpus = serializers.IntegerField(read_only=True, help_text="How many GPUs it spans")
+    mode = serializers.CharField(read_only=True, help_text=gettext_lazy("The pool's sharing mode when it was booked"))
+    gpus = serializers.IntegerField(read_only=True, help_text=gettext_lazy("How many GPUs it spans"))
     shares = serializers.IntegerField(read_only=True, allow_null=True)
     mig_profile = serializers.CharField(read_only=True, allow_blank=True)
     count = serializers.IntegerField(source="mig_count", read_only=True, allow_null=True)
     gpu_memory_mib = serializers.IntegerField(read_only=True, allow_null=True)
     gpu_cores_pct = serializers.IntegerField(read_only=True, allow_null=True)
-    ge = serializers.FloatField(read_only=True, help_text="GPU-equivalents its grants were charged")
-    priority_class = serializers.CharField(read_only=True, help_text="The priority class it runs at ('' : none)")
+    ge = serializers.FloatField(read_only=True, help_text=gettext_lazy("GPU-equivalents its grants were charged"))
+    priority_class = serializers.CharField(read_only=True, help_text=gettext_lazy("The priority class it runs at ('' : none)"))
     borrowed_ge = serializers.FloatField(read_only=True, help_text=(
-        "GE of it beyond its team's quota, borrowed on idle GPUs: those may be taken back after a notice"))
-    preempt_at = _time(allow_null=True, help_text="Set when its borrowed GPUs are being taken back: when")
+        gettext_lazy("GE of it beyond its team's quota, borrowed on idle GPUs: those may be taken back after a notice")))
+    preempt_at = _time(allow_null=True, help_text=gettext_lazy("Set when its borrowed GPUs are being taken back: when"))
     starts_at = _time()
     ends_at = _time()
     state = serializers.ChoiceField(choices=Reservation.State.choices, read_only=True)
@@ -286,14 +291,14 @@ class ReservationSerializer(serializers.Serializer):
     allocated_gpus = AllocatedGpuSerializer(many=True, read_only=True)
     grants = GrantSerializer(many=True, read_only=True)
     queue = QueueSerializer(source="queue_info", read_only=True, allow_null=True, default=None, help_text=(
-        "Its place in the pool's queue while it waits (state pending), and how the promise and the estimate "
-        "turned out once it started; null for a fixed window"))
+        gettext_lazy("Its place in the pool's queue while it waits (state pending), and how the promise and the estimate "
+        "turned out once it started; null for a fixed window")))
     created_at = _time()
     updated_at = _time()
     ended_at = _time(allow_null=True, help_text=(
-        "When it really ended: released, cancelled, expired or failed; null while it is live. `ends_at` keeps "
+        gettext_lazy("When it really ended: released, cancelled, expired or failed; null while it is live. `ends_at` keeps "
         "the booked end, so a reservation released or cancelled early has an `ended_at` before its `ends_at`; "
-        "one that expired has an `ended_at` at or a little after it (when the sweep got to it)."))
+        "one that expired has an `ended_at` at or a little after it (when the sweep got to it).")))
 
 
 # DRF deep-copies a serializer's declared fields into every instance it makes: ~1 ms of CPU for this
@@ -321,17 +326,17 @@ class JobEnvironmentSerializer(serializers.Serializer):
     where = serializers.ChoiceField(choices=["host", "kubernetes"], read_only=True)
     nodes = serializers.ListField(child=serializers.CharField(), read_only=True)
     namespace = serializers.CharField(read_only=True, allow_null=True,
-                                      help_text="kubernetes: the team's namespace, where its pods run")
+                                      help_text=gettext_lazy("kubernetes: the team's namespace, where its pods run"))
     variables = serializers.DictField(child=serializers.CharField(), read_only=True, help_text=(
-        "What a job starts with: CUDA_VISIBLE_DEVICES (on hosts) and GPUPOOL_*. The mode's host-local limits "
-        "(MPS pipes, HAMi limits) are in the agent's reservation-<id>.env on the host"))
+        gettext_lazy("What a job starts with: CUDA_VISIBLE_DEVICES (on hosts) and GPUPOOL_*. The mode's host-local limits "
+        "(MPS pipes, HAMi limits) are in the agent's reservation-<id>.env on the host")))
 
 
 class ReservationDetailSerializer(ReservationSerializer):
     events = ReservationEventSerializer(many=True, read_only=True)
-    environment = serializers.SerializerMethodField(help_text="How a job uses it, once it is active; else null")
+    environment = serializers.SerializerMethodField(help_text=gettext_lazy("How a job uses it, once it is active; else null"))
     apply_jobs = ApplyJobSerializer(many=True, read_only=True,
-                                    help_text="Work done on the cluster or host to apply and undo it")
+                                    help_text=gettext_lazy("Work done on the cluster or host to apply and undo it"))
 
     @extend_schema_field(JobEnvironmentSerializer(allow_null=True))
     def get_environment(self, reservation: Reservation) -> dict | None:
@@ -347,16 +352,16 @@ class QuotaSerializer(RefusesUnknownFields, serializers.ModelSerializer):
     # that are a 400 naming the field (max_digits, max_decimal_places, max_whole_digits), never a
     # database error. JSON numbers both ways, not DRF's default strings.
     max_ge = serializers.DecimalField(max_digits=8, decimal_places=2, min_value=0, coerce_to_string=False,
-                                      help_text="Most GE the team may hold in the pool at any moment")
+                                      help_text=gettext_lazy("Most GE the team may hold in the pool at any moment"))
     ge_hours_per_month = serializers.DecimalField(
         max_digits=10, decimal_places=1, min_value=0, allow_null=True, required=False, coerce_to_string=False,
-        help_text="GE-hours the team may book per calendar month (UTC); null = no limit")
+        help_text=gettext_lazy("GE-hours the team may book per calendar month (UTC); null = no limit"))
 
     priority_class = SlugLookupField(slug_field="name", queryset=PriorityClass.objects.all(), required=False,
-                                     allow_null=True, help_text="The highest priority class its requests may ask")
+                                     allow_null=True, help_text=gettext_lazy("The highest priority class its requests may ask"))
     max_borrow_ge = serializers.DecimalField(
         max_digits=8, decimal_places=2, min_value=0, allow_null=True, required=False, coerce_to_string=False,
-        help_text="Most GE it may borrow beyond max_ge where the pool lends idle GPUs; null: no cap")
+        help_text=gettext_lazy("Most GE it may borrow beyond max_ge where the pool lends idle GPUs; null: no cap"))
 
     class Meta:
         model = Quota
@@ -370,8 +375,9 @@ class QuotaSerializer(RefusesUnknownFields, serializers.ModelSerializer):
         for name in ("team", "pool"):
             if self.instance is not None and name in attrs and attrs[name] != getattr(self.instance, name):
                 raise serializers.ValidationError(
-                    {name: serializers.ErrorDetail(f"A quota's {name} cannot change; create another quota.",
-                                                   code="immutable")}
+                    {name: serializers.ErrorDetail(
+                        (_("A quota's team cannot change; create another quota.") if name == "team"
+                         else _("A quota's pool cannot change; create another quota.")), code="immutable")}
                 )
         return attrs
 
@@ -381,35 +387,35 @@ def _ge(**kwargs) -> serializers.FloatField:
 
 
 class GeShareSerializer(serializers.Serializer):
-    mode = serializers.CharField(read_only=True, help_text="The sharing mode the grants were made in")
-    model = serializers.CharField(read_only=True, help_text="The GPU model (Gpu.model_name)")
-    held_now = _ge(help_text="GE held now")
-    ge_hours_this_month = _ge(help_text="GE-hours booked this calendar month (UTC)")
+    mode = serializers.CharField(read_only=True, help_text=gettext_lazy("The sharing mode the grants were made in"))
+    model = serializers.CharField(read_only=True, help_text=gettext_lazy("The GPU model (Gpu.model_name)"))
+    held_now = _ge(help_text=gettext_lazy("GE held now"))
+    ge_hours_this_month = _ge(help_text=gettext_lazy("GE-hours booked this calendar month (UTC)"))
 
 
 class PoolUseSerializer(serializers.Serializer):
     pool = serializers.CharField(source="pool.slug", read_only=True)
     max_ge = serializers.DecimalField(source="quota.max_ge", max_digits=8, decimal_places=2, coerce_to_string=False,
                                       read_only=True, default=None, allow_null=True,
-                                      help_text="The quota's GE at once; null: no quota in the pool")
+                                      help_text=gettext_lazy("The quota's GE at once; null: no quota in the pool"))
     ge_hours_per_month = serializers.DecimalField(
         source="quota.ge_hours_per_month", max_digits=10, decimal_places=1, coerce_to_string=False, read_only=True,
-        default=None, allow_null=True, help_text="The quota's monthly GE-hours; null: no limit (or no quota)")
-    held_now = _ge(help_text="GE held now: the sum of the charged GE of the grants holding now")
-    ge_hours_this_month = _ge(help_text="Each grant's GE x its hours within this month, summed")
-    breakdown = GeShareSerializer(many=True, read_only=True, help_text="By sharing mode and GPU model")
+        default=None, allow_null=True, help_text=gettext_lazy("The quota's monthly GE-hours; null: no limit (or no quota)"))
+    held_now = _ge(help_text=gettext_lazy("GE held now: the sum of the charged GE of the grants holding now"))
+    ge_hours_this_month = _ge(help_text=gettext_lazy("Each grant's GE x its hours within this month, summed"))
+    breakdown = GeShareSerializer(many=True, read_only=True, help_text=gettext_lazy("By sharing mode and GPU model"))
 
 
 class TeamUseSerializer(serializers.Serializer):
     team = serializers.CharField(source="team.slug", read_only=True)
     max_ge = serializers.DecimalField(source="team.max_ge", max_digits=8, decimal_places=2, coerce_to_string=False,
                                       read_only=True, allow_null=True,
-                                      help_text="The team-wide cap in GE across pools; null: no cap")
+                                      help_text=gettext_lazy("The team-wide cap in GE across pools; null: no cap"))
     month_start = serializers.DateTimeField(read_only=True)
     month_end = serializers.DateTimeField(read_only=True)
-    held_now = _ge(help_text="GE held now across all pools")
-    ge_hours_this_month = _ge(help_text="GE-hours booked this month across all pools")
-    breakdown = GeShareSerializer(many=True, read_only=True, help_text="By sharing mode and GPU model, all pools")
+    held_now = _ge(help_text=gettext_lazy("GE held now across all pools"))
+    ge_hours_this_month = _ge(help_text=gettext_lazy("GE-hours booked this month across all pools"))
+    breakdown = GeShareSerializer(many=True, read_only=True, help_text=gettext_lazy("By sharing mode and GPU model, all pools"))
     pools = PoolUseSerializer(many=True, read_only=True)
 
 

@@ -5,6 +5,7 @@ from datetime import timedelta
 
 from django.db.models import Prefetch, prefetch_related_objects
 from django.utils import timezone
+from django.utils.translation import gettext as _
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, permissions, status, viewsets
 from rest_framework.decorators import action
@@ -112,7 +113,7 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
         except ValueError:
             reservation_id = 0
         if not 1 <= reservation_id < 2**63:  # beyond a bigint SQLite's driver refuses outright
-            raise NotFound(f"Reservation {pk!r} does not exist.", field="id", rule="does_not_exist")
+            raise NotFound(_("Reservation '%(id)s' does not exist.") % {"id": pk}, field="id", rule="does_not_exist")
         return reservation_id
 
 
@@ -207,5 +208,5 @@ class TeamUsageView(APIView):
     def get(self, request: Request, slug: str) -> Response:
         team = teams_of(request.user).filter(slug=slug).first()
         if team is None:
-            raise NotFound(f"Team {slug!r} does not exist.", field="slug", rule="does_not_exist")
+            raise NotFound(_("Team '%(slug)s' does not exist.") % {"slug": slug}, field="slug", rule="does_not_exist")
         return Response(TeamUseSerializer(selectors.team_use(team)).data)

@@ -36,8 +36,10 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
+from django.utils.translation import gettext_noop
 
 from allocations import notices, queue
+from allocations.messages import Msg, in_english, stored_reason
 from allocations.apply.backends import BackendError, BackendRejected, backend_for, backend_name
 from allocations.apply.selectors import cluster_desired
 from allocations.models import ApplyJob, HostLeaseReport, Reservation
@@ -195,13 +197,15 @@ def _succeeded(job: ApplyJob, changes: list[str], *, now: datetime) -> str:
     if job.action == ApplyJob.Action.APPLY and reservation.state == State.APPLYING:
         open_jobs = reservation.apply_jobs.filter(action=ApplyJob.Action.APPLY, status__in=ApplyJob.OPEN_STATUSES)
         if not open_jobs.exclude(pk=job.pk).exists():
-            move(reservation, State.ACTIVE, reason=f"Applied on {job.target}.")
-            notices.announce(reservation, "reservation.active", f"Reservation #{reservation.pk} is active",
-                             f"Its GPUs are ready on {job.target} until {instant(reservation.ends_at)}.")
+            move(reservation, State.ACTIVE, reason=Msg(gettext_noop("Applied on %(target)s."), target=job.target))
+            notices.announce(reservation, "reservation.active",
+                             Msg(gettext_noop("Reservation #%(id)s is active"), id=reservation.pk),
+                             Msg(gettext_noop("Its GPUs are ready on %(target)s until %(end)s."), target=job.target,
+                                 end=instant(reservation.ends_at)))
     elif job.action == ApplyJob.Action.UNDO and reservation.state == State.RELEASING:
         open_jobs = reservation.apply_jobs.filter(action=ApplyJob.Action.UNDO, status__in=ApplyJob.OPEN_STATUSES)
         if not open_jobs.exclude(pk=job.pk).exists():
-            move(reservation, job.final_state or State.RELEASED, reason=reservation.reason, now=now)
+            move(reservation, job.final_state or State.RELEASED, reason=stored_reason(reservation), now=now)
     return Status.SUCCEEDED
 
 
@@ -210,7 +214,8 @@ def _retry_or_fail(job: ApplyJob, error: str, *, now: datetime) -> str:
     delay = retry_delay(job.attempts)
     if now + timedelta(seconds=delay) > job.deadline:
         minutes = settings.APPLY_DEADLINE.total_seconds() / 60
-        return _failed(job, f"Not confirmed within {minutes:g} minutes; last error: {error}", now=now)
+        return _failed(job, Msg(gettext_noop("Not confirmed within %(minutes)s minutes; last error: %(error)s"),
+                                minutes=f"{minutes:g}", error=error), now=now)
     if job.backend == "agent" and HostLeaseReport.objects.filter(
             node__cluster_id=job.cluster_id, reported_at__gte=job.started_at).exists():
         # A host answered while this attempt ran; its answer could not wake a job that was not yet
@@ -226,8 +231,9 @@ def _retry_or_fail(job: ApplyJob, error: str, *, now: datetime) -> str:
 
 
 @transaction.atomic
-def _failed(job: ApplyJob, error: str, *, now: datetime) -> str:
-    if not _finish(job, Status.FAILED, now=now, error=error):
+def _failed(job: ApplyJob, error: Msg | str, *, now: datetime) -> str:
+    """`error`: the backend's own words (not translated), or a message of ours around them."""
+    if not _finish(job, Status.FAILED, now=now, error=in_english(error)):
         return ""
     if job.reservation_id is None:
         return Status.FAILED
@@ -236,16 +242,19 @@ def _failed(job: ApplyJob, error: str, *, now: datetime) -> str:
         # Free the GPUs at once and let a reconcile remove whatever was half-applied.
         reservation.allocations.filter(starts_at__gt=now).update(starts_at=now)
         reservation.allocations.filter(ends_at__gt=now).update(ends_at=now)
-        move(reservation, State.FAILED, reason=f"Could not be applied: {error}", now=now)
-        notices.announce(reservation, "reservation.failed", f"Reservation #{reservation.pk} failed",
-                         f"It could not be applied: {error}")
+        move(reservation, State.FAILED, reason=Msg(gettext_noop("Could not be applied: %(error)s"), error=error),
+             now=now)
+        notices.announce(reservation, "reservation.failed", Msg(gettext_noop("Reservation #%(id)s failed"),
+                                                                id=reservation.pk),
+                         Msg(gettext_noop("It could not be applied: %(error)s"), error=error))
         reconcile_enqueue(cluster=job.cluster, now=now)
         queue.kick(reservation.pool_id)
     elif job.action == ApplyJob.Action.UNDO and reservation.state == State.RELEASING:
         # The GPUs are already free in the portal; the reconcile keeps removing what is left.
         move(reservation, job.final_state or State.RELEASED,
-             reason=f"{reservation.reason} Undo not confirmed on {job.cluster.slug} ({error}); "
-                    "the periodic reconcile keeps removing it.", now=now)
+             reason=Msg(gettext_noop("%(reason)s Undo not confirmed on %(cluster)s (%(error)s); the periodic "
+                                     "reconcile keeps removing it."), reason=stored_reason(reservation),
+                        cluster=job.cluster.slug, error=error), now=now)
         reconcile_enqueue(cluster=job.cluster, now=now)
     return Status.FAILED
 
