@@ -189,7 +189,7 @@ class AvailabilityForm(forms.Form):
     def clean_start(self):
         start = self.cleaned_data.get("start")
         if start is not None and start >= LATEST_INSTANT - timedelta(days=7):
-            raise forms.ValidationError(_("Start before %(date)s.") % {"date": f"{LATEST_INSTANT:%Y-%m-%d}"},
+            raise forms.ValidationError(_("Start before %(date)s.") % {"date": LATEST_INSTANT.strftime("%Y-%m-%d")},
                                         code="max_value")
         return start
 

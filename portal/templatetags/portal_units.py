@@ -128,3 +128,15 @@ def moved_from(current, previous) -> str:
     if current > previous:
         return _("%(span)s later") % {"span": span_words(current - previous)}
     return _("%(span)s earlier") % {"span": span_words(current - previous)}
+
+
+@register.filter
+def state_label(state) -> str:
+    """A reservation's state as people read it: its label (allocations' Reservation.State), lower case as the
+    pages write it in English ("active"); an unknown value as it is."""
+    from allocations.models import Reservation
+
+    try:
+        return str(Reservation.State(state).label).lower()
+    except ValueError:
+        return str(state or "")
