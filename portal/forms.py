@@ -103,6 +103,7 @@ class ReservationForm(forms.Form):
                 help_text=(_("Of %(mib)s MiB per card.") % {"mib": offer.gpu_memory_mib}
                            if offer.gpu_memory_mib else ""))
             fields["gpu_memory_pct"] = forms.IntegerField(required=False,
+                                                          # xgettext:no-python-format
                                                           label=_("or memory per GPU (% of the card)"),
                                                           **AMOUNT_LIMITS["gpu_memory_pct"])
             fields["gpu_cores_pct"] = forms.IntegerField(

@@ -123,7 +123,8 @@ def _availability_context(user, data, pool=None) -> dict:
 
 def _unit_words(unit: str) -> str:
     """The timeline's unit (booking.Room's unit, a code: GPUs, shares, instances) as the page says it."""
-    return {"GPUs": _("GPUs"), "shares": _("shares"), "instances": _("instances")}.get(unit, unit)
+    return {"GPUs": pgettext("unit", "GPUs"), "shares": pgettext("unit", "shares"),
+            "instances": pgettext("unit", "instances")}.get(unit, unit)
 
 
 def _chosen_pool(pools, slug: str):
