@@ -6,6 +6,7 @@ from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import models
+from django.utils.translation import gettext as _
 from rest_framework import parsers, permissions, serializers
 from rest_framework.exceptions import ParseError
 from rest_framework.pagination import LimitOffsetPagination
@@ -163,6 +164,8 @@ class RefusesUnknownQueryParameters:
         unknown = sorted(name for name in request.query_params if name not in known)
         if unknown:
             raise ValidationFailed(
-                f"Unknown query parameter {unknown[0]!r}: this endpoint takes {', '.join(sorted(known))}.",
+                _("Unknown query parameter %(name)s: this endpoint takes %(known)s.") % {
+                    "name": repr(unknown[0]), "known": ", ".join(sorted(known))},
                 errors=[FieldError(field=name, rule="unknown_field",
-                                   message=f"Unknown query parameter {name!r}.") for name in unknown])
+                                   message=_("Unknown query parameter %(name)s.") % {"name": repr(name)})
+                        for name in unknown])

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from django.utils.translation import gettext as _
+
 
 def instant(value: datetime) -> str:
     """How a message names an instant: ISO 8601 in UTC, to the minute ("2026-11-24T18:30+00:00"), which a
@@ -76,9 +78,9 @@ class ServiceUnavailable(ApplicationError):
 
 
 def broker_unavailable() -> ServiceUnavailable:
-    return ServiceUnavailable("The message broker (Redis) is unreachable; try again shortly.",
+    return ServiceUnavailable(_("The message broker (Redis) is unreachable; try again shortly."),
                               rule="broker_unavailable")
 
 
 def database_unavailable() -> ServiceUnavailable:
-    return ServiceUnavailable("The database is unreachable; try again shortly.", rule="database_unavailable")
+    return ServiceUnavailable(_("The database is unreachable; try again shortly."), rule="database_unavailable")

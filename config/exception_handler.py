@@ -17,6 +17,7 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import IntegrityError
 from django.db.models import ProtectedError, RestrictedError
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.utils.translation import gettext as _
 from django.views import defaults
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -47,7 +48,7 @@ def _flatten(detail: Any, prefix: str = "") -> list[dict[str, str]]:
 
 def _body(errors: list[dict[str, str]], summary: str | None = None) -> dict[str, Any]:
     if summary is None:
-        first = errors[0] if errors else {"field": "", "message": "Invalid request."}
+        first = errors[0] if errors else {"field": "", "message": _("Invalid request.")}
         summary = first["message"] if first["field"] in ("", "non_field_errors", "body") else (
             f"{first['field']}: {first['message']}"
         )
@@ -74,14 +75,14 @@ def _unique_violation_field(exc: IntegrityError) -> str | None:
 def request_limit_error(exc: BaseException) -> ApplicationError | None:
     """The refusal for a body past Django's request limits (DATA_UPLOAD_MAX_*), naming `body`."""
     if isinstance(exc, RequestDataTooBig):
-        return PayloadTooLarge(f"The request body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes.",
-                               field="body", rule="too_large")
+        return PayloadTooLarge(_("The request body is larger than %(bytes)s bytes.") % {
+            "bytes": settings.DATA_UPLOAD_MAX_MEMORY_SIZE}, field="body", rule="too_large")
     if isinstance(exc, TooManyFieldsSent):
-        return ValidationFailed(f"More than {settings.DATA_UPLOAD_MAX_NUMBER_FIELDS} fields in the request.",
-                                field="body", rule="too_many_fields")
+        return ValidationFailed(_("More than %(count)s fields in the request.") % {
+            "count": settings.DATA_UPLOAD_MAX_NUMBER_FIELDS}, field="body", rule="too_many_fields")
     if isinstance(exc, TooManyFilesSent):
-        return ValidationFailed(f"More than {settings.DATA_UPLOAD_MAX_NUMBER_FILES} files in the request.",
-                                field="body", rule="too_many_files")
+        return ValidationFailed(_("More than %(count)s files in the request.") % {
+            "count": settings.DATA_UPLOAD_MAX_NUMBER_FILES}, field="body", rule="too_many_files")
     return None
 
 
@@ -105,7 +106,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         # Two requests creating the same thing at once both pass the serializer's unique check and the
         # second meets the index: the answer a request a moment later gets from the check, not a 500.
         set_rollback()
-        message = f"Another {field or 'row'} with these values was just created; it already exists."
+        message = (_("Another %(field)s with these values was just created; it already exists.") % {"field": field}
+                   if field else _("Another row with these values was just created; it already exists."))
         return Response(_body([{"field": field, "rule": "unique", "message": message}]),
                         status=status.HTTP_409_CONFLICT)
     if isinstance(exc, ApplicationError):
@@ -113,7 +115,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
                         headers=_headers(exc))
     if isinstance(exc, (ProtectedError, RestrictedError)):
         blockers = sorted({str(type(obj)._meta.verbose_name_plural) for obj in exc.protected_objects})
-        message = f"Still in use by {', '.join(blockers)}; remove or move those first."
+        message = _("Still in use by %(objects)s; remove or move those first.") % {"objects": ", ".join(blockers)}
         return Response(_body([{"field": "", "rule": "protected", "message": message}]), status=status.HTTP_409_CONFLICT)
     if isinstance(exc, DjangoValidationError):
         detail = exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages}
@@ -140,7 +142,7 @@ def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
     """The project's handler404: a URL under /api/ that matches no route (or a lookup its route refuses,
     such as a team slug with a NUL byte) answers the API's JSON shape; pages keep Django's page."""
     if request.path.startswith("/api/"):
-        return JsonResponse(_body([{"field": "", "rule": "not_found", "message": "Not found."}]), status=404)
+        return JsonResponse(_body([{"field": "", "rule": "not_found", "message": _("Not found.")}]), status=404)
     return defaults.page_not_found(request, exception)
 
 
@@ -148,7 +150,7 @@ def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
     """The project's handler400 (a body past Django's limits, a bad Host header, ...): JSON under /api/."""
     if request.path.startswith("/api/"):
         error = request_limit_error(exception) or ValidationFailed(
-            "Bad request." if isinstance(exception, SuspiciousOperation) else str(exception) or "Bad request.",
+            _("Bad request.") if isinstance(exception, SuspiciousOperation) else str(exception) or _("Bad request."),
             field="", rule="bad_request")
         return error_response(error)
     return defaults.bad_request(request, exception)
@@ -164,6 +166,6 @@ def server_error(request: HttpRequest) -> HttpResponse:
     if outage is not None:
         return outage_response(request, outage)
     if request.path.startswith("/api/"):
-        message = "Internal server error; it has been logged."
+        message = _("Internal server error; it has been logged.")
         return JsonResponse(_body([{"field": "", "rule": "server_error", "message": message}]), status=500)
     return defaults.server_error(request)

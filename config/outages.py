@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from django.http import HttpRequest, HttpResponse
 from django.template.loader import render_to_string
+from django.utils.translation import gettext_lazy as _
 
 from common.errors import ServiceUnavailable
 from common.outages import as_service_unavailable
@@ -17,7 +18,7 @@ from common.outages import as_service_unavailable
 # Paths whose callers are programs, not people.
 MACHINE_PATHS = ("/api/", "/metrics", "/readyz", "/healthz", "/webhooks/")
 
-SERVICE_NAMES = {"broker_unavailable": "the message broker", "database_unavailable": "the database"}
+SERVICE_NAMES = {"broker_unavailable": _("the message broker"), "database_unavailable": _("the database")}
 
 
 def outage_response(request: HttpRequest, error: ServiceUnavailable) -> HttpResponse:
@@ -27,7 +28,7 @@ def outage_response(request: HttpRequest, error: ServiceUnavailable) -> HttpResp
     if request.path.startswith(MACHINE_PATHS):
         return error_response(error)
     # Rendered without a request context: the page must not touch the session, the user or the database.
-    page = render_to_string("unavailable.html", {"service": SERVICE_NAMES.get(rule, "a service"),
+    page = render_to_string("unavailable.html", {"service": SERVICE_NAMES.get(rule, _("a service")),
                                                  "retry_after": error.retry_after})
     return HttpResponse(page, status=503, headers={"Retry-After": str(error.retry_after)})
 

@@ -177,6 +177,15 @@ class _TextCollector(HTMLParser):
             self.texts.append(data)
 
 
+def page_words(html: str) -> list[str]:
+    """The words people read on a rendered page (its text and the attributes people read, not code, scripts
+    or styles) that the check's word rule calls untranslated: empty for a page fully in Chinese."""
+    collector = _TextCollector()
+    collector.feed(html)
+    collector.close()
+    return [word for text in collector.texts for word in _people_words(text)]
+
+
 def template_texts(source: str) -> list[str]:
     """The pieces of a template's text outside every template tag and variable and outside
     {% blocktranslate %}: what would reach people untranslated."""

@@ -4,6 +4,7 @@ from django.contrib.auth import views as auth_views
 from django.http import HttpRequest, HttpResponseRedirect
 from django.templatetags.static import static
 from django.urls import include, path
+from django.utils.translation import gettext_lazy
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
@@ -27,9 +28,9 @@ from portal import channels, preferences, tokens, views
 from teams.api.views import ApiTokenViewSet, ChannelViewSet, GroupMappingViewSet, MeView, TeamViewSet, TokenView
 
 # The admin says whose it is: staff reach it from the portal's nav.
-admin.site.site_header = "GPU Pool Portal administration"
-admin.site.site_title = "GPU Pool Portal admin"
-admin.site.index_title = "Pools, quotas, reservations and alerts"
+admin.site.site_header = gettext_lazy("GPU Pool Portal administration")
+admin.site.site_title = gettext_lazy("GPU Pool Portal admin")
+admin.site.index_title = gettext_lazy("Pools, quotas, reservations and alerts")
 
 router = DefaultRouter()
 router.register("reservations", ReservationViewSet, basename="reservation")

@@ -1,6 +1,7 @@
 from django.apps import AppConfig
+from django.utils.translation import gettext_lazy as _
 
 
 class PortalConfig(AppConfig):
     name = "portal"
-    verbose_name = "Pages"
+    verbose_name = _("Pages")

@@ -7,6 +7,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
+from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 
 from common.errors import ApplicationError
@@ -35,7 +36,8 @@ def channels(request: HttpRequest) -> HttpResponse:
             for item in error.errors:
                 form.add_error(item.field if item.field in form.fields else None, item.message)
         else:
-            messages.success(request, f"Channel {channel.name} added. Send it a test to see that it arrives.")
+            messages.success(request, _("Channel %(name)s added. Send it a test to see that it arrives.") % {
+                "name": channel.name})
             return redirect("channels")
     rows = [(channel, channel.user_id == request.user.pk or can_manage_team(request.user, channel.team))
             for channel in channels_visible_to(request.user)]
@@ -50,16 +52,17 @@ def channel_action(request: HttpRequest, channel_id: int, action: str) -> HttpRe
     try:
         if action == "test":
             team_services.channel_test(actor=request.user, channel=channel)
-            messages.success(request, f"A test message is on its way to {channel.name}.")
+            messages.success(request, _("A test message is on its way to %(name)s.") % {"name": channel.name})
         elif request.POST.get("confirm") != "yes":
             # As release does: without JavaScript's dialog (which adds confirm=yes), a page asks first.
             return render(request, "portal/confirm.html", {
-                "question": f"Remove channel {channel.name}?", "button": "Remove", "back": reverse("channels"),
-                "detail": f"Remove channel {channel.name}? Nothing more is sent to it.",
+                "question": _("Remove channel %(name)s?") % {"name": channel.name}, "button": _("Remove"),
+                "back": reverse("channels"),
+                "detail": _("Remove channel %(name)s? Nothing more is sent to it.") % {"name": channel.name},
                 "action": reverse("channel-action", args=[channel.pk, "remove"]), "fields": []})
         else:
             team_services.channel_delete(actor=request.user, channel=channel)
-            messages.success(request, f"Channel {channel.name} removed.")
+            messages.success(request, _("Channel %(name)s removed.") % {"name": channel.name})
     except ApplicationError as error:
         messages.error(request, error.message)
     return redirect("channels")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from django.http import HttpRequest
+from django.utils.translation import gettext as _
 
 from teams.selectors import teams_of
 
@@ -12,4 +13,4 @@ def navigation(request: HttpRequest) -> dict:
         return {}
     # Staff see (and may open) every team; the list page shows the whole fleet's bookings, not theirs.
     return {"nav_teams": teams_of(user).order_by("name"),
-            "reservations_label": "All reservations" if user.is_staff else "My reservations"}
+            "reservations_label": _("All reservations") if user.is_staff else _("My reservations")}

@@ -7,6 +7,7 @@ from django import forms
 from django.conf import settings
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext
 
 from allocations.queue import parse_duration
 from allocations.selectors import LATEST_INSTANT
@@ -35,7 +36,7 @@ def _local(dt) -> str:
 class _InPageZone:
     """A label naming the page's zone at render time (the form is built before the zone may matter)."""
 
-    def __init__(self, words: str):
+    def __init__(self, words):
         self.words = words
 
     def __str__(self) -> str:
@@ -52,18 +53,19 @@ class ReservationForm(forms.Form):
     `shares`; mig `mig_profile` and `count`; vgpu `gpu_memory_mib` or `gpu_memory_pct`, `gpu_cores_pct`
     and `gpus`. `offer` (allocations.selectors.PoolOffer) is what the chosen pool offers."""
 
-    team = forms.ChoiceField()
-    pool = forms.ChoiceField()
-    when = forms.ChoiceField(choices=[("window", "In a window I choose"),
-                                      ("asap", "As soon as it fits (wait in the queue if need be)")],
-                             initial="window", required=False, widget=forms.RadioSelect, label="When")
-    starts_at = forms.DateTimeField(required=False, widget=DateTimeLocalInput(), label=_InPageZone("Starts"),
-                                    help_text="Leave empty to start now.")
-    ends_at = forms.DateTimeField(required=False, widget=DateTimeLocalInput(), label=_InPageZone("Ends"))
-    duration = forms.CharField(required=False, max_length=32, label="For how long",
-                               help_text='e.g. "4h", "30m" or "1d12h".')
-    not_after = forms.DateTimeField(required=False, widget=DateTimeLocalInput(), label=_InPageZone("Start no later than"),
-                                    help_text="Optional: it gives up if it cannot start by then.")
+    team = forms.ChoiceField(label=_("Team"))
+    pool = forms.ChoiceField(label=_("Pool"))
+    when = forms.ChoiceField(choices=[("window", _("In a window I choose")),
+                                      ("asap", _("As soon as it fits (wait in the queue if need be)"))],
+                             initial="window", required=False, widget=forms.RadioSelect, label=_("When"))
+    starts_at = forms.DateTimeField(required=False, widget=DateTimeLocalInput(), label=_InPageZone(_("Starts")),
+                                    help_text=_("Leave empty to start now."))
+    ends_at = forms.DateTimeField(required=False, widget=DateTimeLocalInput(), label=_InPageZone(_("Ends")))
+    duration = forms.CharField(required=False, max_length=32, label=_("For how long"),
+                               help_text=_('e.g. "4h", "30m" or "1d12h".'))
+    not_after = forms.DateTimeField(required=False, widget=DateTimeLocalInput(),
+                                    label=_InPageZone(_("Start no later than")),
+                                    help_text=_("Optional: it gives up if it cannot start by then."))
 
     def __init__(self, *args, teams=(), pools=(), offer=None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -83,33 +85,40 @@ class ReservationForm(forms.Form):
         if mode in REPLICA_MODES:
             n = offer.replicas
             fields["shares"] = forms.IntegerField(
-                min_value=1, max_value=max(n, 1), initial=1, label=f"Shares (of {n} per GPU)",
-                help_text=f"One share is 1/{n} of a GPU: {_ge(offer.share_ge)} GE. All the shares sit on one GPU.")
+                min_value=1, max_value=max(n, 1), initial=1, label=_("Shares (of %(n)s per GPU)") % {"n": n},
+                help_text=_("One share is 1/%(n)s of a GPU: %(ge)s GE. All the shares sit on one GPU.") % {
+                    "n": n, "ge": _ge(offer.share_ge)})
             yield "shares"
         elif mode == "mig":
             fields["mig_profile"] = forms.ChoiceField(
-                label="MIG profile", choices=[(name, f"{name} ({_ge(ge)} GE each)")
-                                              for name, ge, _ in offer.mig_profiles])
-            fields["count"] = forms.IntegerField(initial=1, label="Instances", **AMOUNT_LIMITS["count"])
+                label=_("MIG profile"), choices=[(name, _("%(profile)s (%(ge)s GE each)") % {"profile": name,
+                                                                                          "ge": _ge(ge)})
+                                                 for name, ge, _slices in offer.mig_profiles])
+            fields["count"] = forms.IntegerField(initial=1, label=_("Instances"), **AMOUNT_LIMITS["count"])
             yield from ("mig_profile", "count")
         elif mode == "vgpu":
             fields["gpu_memory_mib"] = forms.IntegerField(
-                required=False, label="Memory per GPU (MiB)", **AMOUNT_LIMITS["gpu_memory_mib"],
+                required=False, label=_("Memory per GPU (MiB)"), **AMOUNT_LIMITS["gpu_memory_mib"],
                 initial=offer.default_memory_mib,
-                help_text=f"Of {offer.gpu_memory_mib} MiB per card." if offer.gpu_memory_mib else "")
-            fields["gpu_memory_pct"] = forms.IntegerField(required=False, label="or memory per GPU (% of the card)",
+                help_text=(_("Of %(mib)s MiB per card.") % {"mib": offer.gpu_memory_mib}
+                           if offer.gpu_memory_mib else ""))
+            fields["gpu_memory_pct"] = forms.IntegerField(required=False,
+                                                          # xgettext:no-python-format
+                                                          label=_("or memory per GPU (% of the card)"),
                                                           **AMOUNT_LIMITS["gpu_memory_pct"])
             fields["gpu_cores_pct"] = forms.IntegerField(
-                required=False, label="Cores per GPU (%)", **AMOUNT_LIMITS["gpu_cores_pct"],
+                required=False, label=_("Cores per GPU (%)"), **AMOUNT_LIMITS["gpu_cores_pct"],
                 initial=offer.default_cores_pct,
-                help_text="Leave empty for the pool's default, else the memory's share.")
+                help_text=_("Leave empty for the pool's default, else the memory's share."))
             fields["gpus"] = forms.IntegerField(
-                initial=1, required=False, label="GPUs (of one node)", **AMOUNT_LIMITS["gpus"],
-                help_text=f"Each GPU costs the larger of its memory and cores shares × {_ge(offer.weight)} GE.")
+                initial=1, required=False, label=_("GPUs (of one node)"), **AMOUNT_LIMITS["gpus"],
+                help_text=_("Each GPU costs the larger of its memory and cores shares × %(ge)s GE.") % {
+                    "ge": _ge(offer.weight)})
             yield from ("gpu_memory_mib", "gpu_memory_pct", "gpu_cores_pct", "gpus")
         else:
             weight = offer.weight if offer is not None else 1.0
-            fields["gpus"] = forms.IntegerField(initial=1, label="GPUs", help_text=f"Whole GPUs: {_ge(weight)} GE each.",
+            fields["gpus"] = forms.IntegerField(initial=1, label=_("GPUs"),
+                                                help_text=_("Whole GPUs: %(ge)s GE each.") % {"ge": _ge(weight)},
                                                 **AMOUNT_LIMITS["gpus"])
             yield "gpus"
 
@@ -118,13 +127,13 @@ class ReservationForm(forms.Form):
         data["when"] = data.get("when") or "window"
         if data["when"] == "asap":
             if not data.get("duration"):
-                self.add_error("duration", "Say for how long, e.g. 4h.")
+                self.add_error("duration", _("Say for how long, e.g. 4h."))
             elif parse_duration(data["duration"]) is None:
-                self.add_error("duration", 'Not a duration: give e.g. "4h", "30m" or "1d12h".')
+                self.add_error("duration", _('Not a duration: give e.g. "4h", "30m" or "1d12h".'))
             else:
                 data["duration"] = parse_duration(data["duration"])
         elif data.get("ends_at") is None and "ends_at" not in self.errors:
-            self.add_error("ends_at", "Give the end of the window.")
+            self.add_error("ends_at", _("Give the end of the window."))
         return data
 
     def timing(self) -> dict:
@@ -147,12 +156,12 @@ class ReservationForm(forms.Form):
 
 
 class ExtendForm(forms.Form):
-    ends_at = forms.DateTimeField(widget=DateTimeLocalInput(), label=_InPageZone("New end"))
+    ends_at = forms.DateTimeField(widget=DateTimeLocalInput(), label=_InPageZone(_("New end")))
 
 
 class MemberAddForm(forms.Form):
-    username = forms.CharField(max_length=150)
-    role = forms.ChoiceField(choices=Membership.Role.choices, initial=Membership.Role.MEMBER)
+    username = forms.CharField(max_length=150, label=_("Username"))
+    role = forms.ChoiceField(choices=Membership.Role.choices, initial=Membership.Role.MEMBER, label=_("Role"))
 
 
 class MemberRemoveForm(forms.Form):
@@ -181,24 +190,27 @@ class AvailabilityForm(forms.Form):
     def clean_start(self):
         start = self.cleaned_data.get("start")
         if start is not None and start >= LATEST_INSTANT - timedelta(days=7):
-            raise forms.ValidationError(f"Start before {LATEST_INSTANT:%Y-%m-%d}.", code="max_value")
+            raise forms.ValidationError(_("Start before %(date)s.") % {"date": LATEST_INSTANT.strftime("%Y-%m-%d")},
+                                        code="max_value")
         return start
 
 
 class TokenForm(forms.Form):
     """A new API token: a name, a scope, optionally some of the user's teams, and a life in days."""
 
-    name = forms.CharField(max_length=64, required=False, help_text="What it is for, e.g. “CI on gitlab”.")
-    scope = forms.ChoiceField(choices=ApiToken.Scope.choices, initial=ApiToken.Scope.WRITE)
-    teams = forms.MultipleChoiceField(required=False, widget=forms.CheckboxSelectMultiple,
-                                      help_text="None ticked: all of your teams.")
-    days = forms.TypedChoiceField(coerce=int, label="Expires in", initial=90)
+    name = forms.CharField(max_length=64, required=False, label=_("Name"),
+                           help_text=_("What it is for, e.g. “CI on gitlab”."))
+    scope = forms.ChoiceField(choices=ApiToken.Scope.choices, initial=ApiToken.Scope.WRITE, label=_("Scope"))
+    teams = forms.MultipleChoiceField(required=False, widget=forms.CheckboxSelectMultiple, label=_("Teams"),
+                                      help_text=_("None ticked: all of your teams."))
+    days = forms.TypedChoiceField(coerce=int, label=_("Expires in"), initial=90)
 
     def __init__(self, *args, team_choices=(), max_days: int = 365, **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["teams"].choices = list(team_choices)
         choices = sorted({d for d in (7, 30, 90, 180, 365) if d <= max_days} | {max_days})
-        self.fields["days"].choices = [(d, f"{d} days") for d in choices]
+        self.fields["days"].choices = [(d, ngettext("%(days)d day", "%(days)d days", d) % {"days": d})
+                                       for d in choices]
         self.fields["days"].initial = min(90, max_days)
 
 
@@ -209,19 +221,22 @@ class TokenRevokeForm(forms.Form):
 class ChannelForm(forms.Form):
     """A notification channel: whose, which kind, where, and which events (teams/notify.py)."""
 
-    name = forms.CharField(max_length=64)
-    owner = forms.ChoiceField(label="For", required=False, help_text="Yourself, or a team you manage.")
-    kind = forms.ChoiceField(choices=NotificationChannel.Kind.choices)
-    email = forms.EmailField(required=False, help_text="E-mail channels: the address.")
-    url = forms.URLField(required=False, max_length=2000, label="Webhook URL", assume_scheme="https",
-                         help_text="Webhook, Slack, DingTalk, WeCom, Feishu: the incoming webhook's URL.")
+    name = forms.CharField(max_length=64, label=_("Name"))
+    owner = forms.ChoiceField(label=_("For"), required=False, help_text=_("Yourself, or a team you manage."))
+    kind = forms.ChoiceField(choices=NotificationChannel.Kind.choices, label=_("Kind"))
+    email = forms.EmailField(required=False, label=_("Email"), help_text=_("E-mail channels: the address."))
+    url = forms.URLField(required=False, max_length=2000, label=_("Webhook URL"), assume_scheme="https",
+                         help_text=_("Webhook, Slack, DingTalk, WeCom, Feishu: the incoming webhook's URL."))
     secret = forms.CharField(required=False, max_length=256, widget=forms.PasswordInput(render_value=False),
-                             help_text="Webhook: the signing key; DingTalk, Feishu: the robot's signing secret.")
-    events = forms.MultipleChoiceField(widget=forms.CheckboxSelectMultiple, choices=list(EVENTS.items()))
+                             label=_("Secret"),
+                             help_text=_("Webhook: the signing key; DingTalk, Feishu: the robot's signing secret."))
+    events = forms.MultipleChoiceField(widget=forms.CheckboxSelectMultiple, choices=list(EVENTS.items()),
+                                       label=_("Events"))
 
     def __init__(self, *args, teams=(), **kwargs):
         super().__init__(*args, **kwargs)
-        self.fields["owner"].choices = [("", "Me")] + [(team.slug, f"Team {team.name}") for team in teams]
+        self.fields["owner"].choices = [("", _("Me"))] + [(team.slug, _("Team %(name)s") % {"name": team.name})
+                                                          for team in teams]
 
 
 class LanguageForm(forms.Form):

@@ -13,18 +13,23 @@ from datetime import datetime, tzinfo
 
 from django.conf import settings
 from django.utils import formats, timezone
+from django.utils.translation import pgettext
 
 from common.zones import zone_named
 
 TZ_COOKIE = "tz"
 API_PREFIX = "/api/"
 # People's format, 24-hour, with the zone: "Tue 24 Nov 18:30 CST"; the year only when it is not this one.
+# These are the English ones; each language gives its own through the catalogue (`when_format`), e.g.
+# zh-Hans "n月j日 D H:i T". Whatever the language, a format ends with " T" (the zone) and holds "H:i".
 WHEN_FORMAT = "D j M H:i T"
 WHEN_FORMAT_WITH_YEAR = "D j M Y H:i T"
 # What the reserve and extend forms show and read: 24-hour, in the page's zone.
 INPUT_FORMAT = "%Y-%m-%d %H:%M"
 # An instant as the services write it in messages and history (ISO 8601 with an offset).
-ISO_INSTANT = re.compile(r"\b\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:\d{2})")
+# Not \b before it: in Chinese text ("截止2026-…") a digit right after a CJK letter is no word boundary
+# (\w is Unicode); an ASCII letter or digit before it still is not an instant.
+ISO_INSTANT = re.compile(r"(?<![0-9A-Za-z_])\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:\d{2})")
 
 
 def zone_for(request) -> tzinfo:
@@ -51,8 +56,19 @@ class TimezoneMiddleware:
             timezone.deactivate()
 
 
+def when_format(*, with_year: bool = False) -> str:
+    """The active language's format of an instant (Django's date format letters)."""
+    if with_year:
+        # Translators: Django date format letters of an instant with its year (D weekday, j day, M month,
+        # Y year, H:i 24-hour time, T zone). Keep "H:i" and end with " T".
+        return pgettext("date format", "D j M Y H:i T")
+    # Translators: Django date format letters of an instant this year (D weekday, j day, M month, H:i 24-hour
+    # time, T zone). Keep "H:i" and end with " T".
+    return pgettext("date format", "D j M H:i T")
+
+
 def _pattern(local: datetime, *, seconds: bool = False, zone: bool = True) -> str:
-    pattern = WHEN_FORMAT if local.year == timezone.localtime().year else WHEN_FORMAT_WITH_YEAR
+    pattern = when_format(with_year=local.year != timezone.localtime().year)
     if seconds:
         pattern = pattern.replace("H:i", "H:i:s")
     return pattern if zone else pattern.removesuffix(" T")
@@ -70,9 +86,10 @@ def window(start: datetime, end: datetime) -> str:
     """A window as people read it: "Tue 24 Nov 18:30 → 20:30 CST" within a day, else both ends in full."""
     local_start, local_end = timezone.localtime(start), timezone.localtime(end)
     if local_start.date() == local_end.date() and local_start.tzname() == local_end.tzname():
-        return (f"{formats.date_format(local_start, _pattern(local_start, zone=False))} → "
-                f"{formats.date_format(local_end, 'H:i T')}")
-    return f"{when(start)} → {when(end)}"
+        return pgettext("time window", "%(start)s → %(end)s") % {
+            "start": formats.date_format(local_start, _pattern(local_start, zone=False)),
+            "end": formats.date_format(local_end, "H:i T")}
+    return pgettext("time window", "%(start)s → %(end)s") % {"start": when(start), "end": when(end)}
 
 
 def people_times(text: str) -> str:
@@ -90,4 +107,7 @@ def zone_label() -> str:
     zone = timezone.get_current_timezone()
     name = str(getattr(zone, "key", zone))
     short = timezone.localtime().tzname()
-    return name if short in (None, name) else f"{name} ({short})"
+    if short in (None, name):
+        return name
+    # Translators: a time zone's IANA name and its abbreviation, "Asia/Shanghai (CST)".
+    return pgettext("zone label", "%(name)s (%(short)s)") % {"name": name, "short": short}

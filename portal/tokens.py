@@ -13,6 +13,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.translation import gettext as _
 from django.views.decorators.cache import never_cache
 
 from common.errors import ApplicationError
@@ -61,21 +62,24 @@ def token_revoke(request: HttpRequest) -> HttpResponse:
         return redirect("tokens")
     form = TokenRevokeForm(request.POST)
     if not form.is_valid():
-        messages.error(request, "Name the token to revoke by its prefix.")
+        messages.error(request, _("Name the token to revoke by its prefix."))
         return redirect("tokens")
     prefix = form.cleaned_data["prefix"]
     token = ApiToken.objects.filter(user_id=request.user.pk, prefix=prefix).first()
     if token is not None and request.POST.get("confirm") != "yes":
         # As release does: without JavaScript's dialog (which adds confirm=yes), a page asks first.
-        label = f"{token.prefix}…" + (f" ({token.name})" if token.name else "")
+        words = {"prefix": token.prefix, "name": token.name}
+        detail = (_("Revoke token %(prefix)s… (%(name)s)? Scripts using it are refused from then on.") if token.name
+                  else _("Revoke token %(prefix)s…? Scripts using it are refused from then on.")) % words
         return render(request, "portal/confirm.html", {
-            "question": f"Revoke token {token.prefix}…?", "button": "Revoke", "back": reverse("tokens"),
-            "detail": f"Revoke token {label}? Scripts using it are refused from then on.",
+            "question": _("Revoke token %(prefix)s…?") % words, "button": _("Revoke"), "back": reverse("tokens"),
+            "detail": detail,
             "action": reverse("token-revoke"), "fields": [("prefix", token.prefix)]})
     try:
         team_services.api_token_revoke(actor=request.user, prefix=prefix)
     except ApplicationError as error:
         messages.error(request, error.message)
     else:
-        messages.success(request, f"Token {prefix}… revoked: scripts using it are refused from now on.")
+        messages.success(request, _("Token %(prefix)s… revoked: scripts using it are refused from now on.") % {
+            "prefix": prefix})
     return redirect("tokens")

@@ -14,10 +14,12 @@ from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
-from django.utils import timezone
+from django.utils import formats, timezone
 from django.utils.cache import patch_vary_headers
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils.translation import gettext as _
+from django.utils.translation import pgettext
 from django.views.decorators.http import require_POST
 
 from allocations import quotas as alloc_quotas
@@ -87,11 +89,11 @@ def _availability_context(user, data, pool=None) -> dict:
         if "start" in form.errors:
             return {"availability_error": form.errors["start"][0]}
         if "pool" in form.errors:
-            return {"availability_error": "Pick a pool to see when it has room."}
+            return {"availability_error": _("Pick a pool to see when it has room.")}
     if pool is None:
         pool = alloc_selectors.pools_visible_to(user).filter(slug=form.cleaned_data["pool"]).first()
     if pool is None:
-        return {"availability_error": "That pool is not one you can reserve from."}
+        return {"availability_error": _("That pool is not one you can reserve from.")}
     shape_fields = {name: form.cleaned_data.get(name) for name in alloc_shapes.AMOUNT_FIELDS
                     if name in form.cleaned_data and form.cleaned_data.get(name) not in (None, "")}
     team = teams_of(user).filter(slug=form.cleaned_data["team"]).first() if form.cleaned_data.get("team") else None
@@ -102,7 +104,8 @@ def _availability_context(user, data, pool=None) -> dict:
                "ranges": list(AvailabilityForm.RANGES), "shape_query": urlencode(query)}
     bad = [f"{name}: {' '.join(errors)}" for name, errors in form.errors.items()]
     if bad:
-        return {**context, "availability_error": "The timeline needs valid amounts (" + "; ".join(bad) + ")."}
+        return {**context, "availability_error": _("The timeline needs valid amounts (%(errors)s).") % {
+            "errors": "; ".join(bad)}}
     span, slot = AvailabilityForm.RANGES[context["range"]]
     start = max(form.cleaned_data.get("start") or timezone.now(), timezone.now())
     start = timezone.localtime(start).replace(minute=0, second=0, microsecond=0)  # on the hour where people are
@@ -110,10 +113,18 @@ def _availability_context(user, data, pool=None) -> dict:
         answer = alloc_selectors.availability(pool, start, start + span, slot,
                                               alloc_shapes.Amounts(**shape_fields), quota=quota)
     except ApplicationError as error:
-        return {**context, "availability_error": f"No timeline for that amount: {error.message}"}
+        return {**context, "availability_error": _("No timeline for that amount: %(error)s") % {
+            "error": people_times(error.message)}}
+    unit = answer.slots[0].unit if answer.slots else "GPUs"
     return {**context, "slots": answer.slots, "timeline": _timeline_labels(answer.slots), "total": answer.capacity,
             "shape": answer.shape,
-            "unit": answer.slots[0].unit if answer.slots else "GPUs"}
+            "unit": unit, "unit_words": _unit_words(unit)}
+
+
+def _unit_words(unit: str) -> str:
+    """The timeline's unit (booking.Room's unit, a code: GPUs, shares, instances) as the page says it."""
+    return {"GPUs": pgettext("unit", "GPUs"), "shares": pgettext("unit", "shares"),
+            "instances": pgettext("unit", "instances")}.get(unit, unit)
 
 
 def _chosen_pool(pools, slug: str):
@@ -142,13 +153,18 @@ def reserve(request: HttpRequest) -> HttpResponse:
         else:
             if reservation.state == Reservation.State.PENDING:
                 entry = reservation.queue_info
-                messages.success(request, f"Reservation #{reservation.pk} waits in the queue of {pool.name}: "
-                                          f"position {entry.position}" + (
-                                              f", likely start {when(entry.likely_start)}, starts by "
-                                              f"{when(entry.start_by)}." if entry.start_by else "."))
+                words = {"id": reservation.pk, "pool": pool.name, "position": entry.position,
+                         "likely": when(entry.likely_start), "by": when(entry.start_by)}
+                if entry.start_by:
+                    message = _("Reservation #%(id)s waits in the queue of %(pool)s: position %(position)s, "
+                                "likely start %(likely)s, starts by %(by)s.") % words
+                else:
+                    message = _("Reservation #%(id)s waits in the queue of %(pool)s: position %(position)s.") % words
+                messages.success(request, message)
                 return redirect("reservation", reservation.pk)
-            messages.success(request, f"Reserved {booked_words(reservation)} of {pool.name} "
-                                      f"(reservation #{reservation.pk}, {ge(reservation.ge)} GE).")
+            messages.success(request, _("Reserved %(booked)s of %(pool)s (reservation #%(id)s, %(ge)s GE).") % {
+                "booked": booked_words(reservation), "pool": pool.name, "id": reservation.pk,
+                "ge": ge(reservation.ge)})
             return redirect("reservations")
     context = {"form": form, "no_choice": not teams or not pools, "offer": offer, "chosen_pool": pool,
                "alternatives": alternatives}
@@ -181,8 +197,11 @@ def _timeline_labels(slots) -> list[tuple]:
     for i, (slot, local) in enumerate(zip(slots, starts)):
         new_date = i > 0 and local.date() != starts[i - 1].date()
         first = i == 0 and next_day >= TIMELINE_DAY_LABEL_SLOTS
-        day = f"{local:%a} {local.day}" if new_date or first else ""
-        out.append((slot, day, f"{local:%H}h" if i % every == 0 else "", local.strftime(INPUT_FORMAT)))
+        # Translators: Django date format letters of a timeline's day label ("Wed 25"): short.
+        day = formats.date_format(local, pgettext("date format", "D j")) if new_date or first else ""
+        # Translators: Django date format letters of a timeline's hour label ("18h"); \h is a literal h.
+        hour = formats.date_format(local, pgettext("date format", "H\\h")) if i % every == 0 else ""
+        out.append((slot, day, hour, local.strftime(INPUT_FORMAT)))
     return out
 
 
@@ -200,7 +219,7 @@ def _form_shape(form: ReservationForm) -> dict:
     """The team and the amount fields the form shows (posted, else initial), by the API's names, for the
     timeline."""
     shape = {}
-    team = form["team"].value() or next((slug for slug, _ in form.fields["team"].choices), "")
+    team = form["team"].value() or next((slug for slug, _name in form.fields["team"].choices), "")
     if team:
         shape["team"] = team
     for field in form.amount_fields():
@@ -217,7 +236,7 @@ def reserve_fields(request: HttpRequest) -> HttpResponse:
     pools = list(alloc_selectors.pools_visible_to(request.user).order_by("slug"))
     pool = _chosen_pool(pools, request.GET.get("pool", ""))
     if pool is None:
-        raise Http404("No pool you can reserve from.")
+        raise Http404(_("No pool you can reserve from."))
     form = ReservationForm(teams=(), pools=pools, offer=alloc_selectors.pool_offer(pool), initial={"pool": pool.slug})
     context = {"form": form, "offer": form.offer, "oob": True}
     context.update(_availability_context(request.user, {"range": request.GET.get("range", "24h"),
@@ -275,7 +294,7 @@ def reservations(request: HttpRequest) -> HttpResponse:
 def _visible_reservation(request: HttpRequest, reservation_id: int) -> Reservation:
     reservation = alloc_selectors.reservations_visible_to(request.user).filter(pk=reservation_id).first()
     if reservation is None:
-        raise Http404("No such reservation.")
+        raise Http404(_("No such reservation."))
     return reservation
 
 
@@ -312,15 +331,21 @@ def reservation_release(request: HttpRequest, reservation_id: int) -> HttpRespon
         # One click must not end a running job's GPUs: without `confirm=yes` (which the button's JavaScript
         # dialog adds) the answer is a page that asks, so the no-JavaScript path asks too.
         cancel = reservation.starts_at > timezone.now()
-        verb = "Cancel" if cancel else "Release"
         next_page = _next_page(request)
+        words = {"id": reservation.pk, "team": reservation.team.name, "booked": booked_words(reservation),
+                 "pool": reservation.pool.name}
+        if cancel:
+            question = _("Cancel reservation #%(id)s?") % words
+            detail = _("Cancel reservation #%(id)s of team %(team)s, %(booked)s of %(pool)s, now? "
+                       "It has not started; its GPUs go back to the pool.") % words
+        else:
+            question = _("Release reservation #%(id)s?") % words
+            detail = _("Release reservation #%(id)s of team %(team)s, %(booked)s of %(pool)s, now? "
+                       "Whatever runs on its GPUs loses them.") % words
         return render(request, "portal/confirm.html", {
-            "question": f"{verb} reservation #{reservation.pk}?",
-            "detail": (f"{verb} reservation #{reservation.pk} of team {reservation.team.name}, "
-                       f"{booked_words(reservation)} of {reservation.pool.name}, now? "
-                       + ("It has not started; its GPUs go back to the pool." if cancel
-                          else "Whatever runs on its GPUs loses them.")),
-            "button": "Cancel it" if cancel else "Release",
+            "question": question,
+            "detail": detail,
+            "button": _("Cancel it") if cancel else _("Release"),
             "action": reverse("reservation-release", args=[reservation.pk]),
             "fields": [("next", next_page)] if next_page else [],
             "back": reverse("reservation", args=[reservation.pk]),
@@ -331,9 +356,10 @@ def reservation_release(request: HttpRequest, reservation_id: int) -> HttpRespon
         messages.error(request, people_times(error.message))
     else:
         if released.ends_at <= timezone.now():
-            messages.success(request, f"Reservation #{reservation.pk} had already ended; it expires now.")
+            messages.success(request, _("Reservation #%(id)s had already ended; it expires now.") % {
+                "id": reservation.pk})
         else:
-            messages.success(request, f"Reservation #{reservation.pk} released.")
+            messages.success(request, _("Reservation #%(id)s released.") % {"id": reservation.pk})
     return redirect(_next_page(request) or "reservations")
 
 
@@ -344,7 +370,8 @@ def reservation_extend(request: HttpRequest, reservation_id: int) -> HttpRespons
     form = ExtendForm(request.POST)
     if not form.is_valid():
         example = timezone.localtime(reservation.ends_at + timedelta(hours=1)).strftime(INPUT_FORMAT)
-        messages.error(request, f"Give the new end as a date and a 24-hour time ({zone_label()}), e.g. {example}.")
+        messages.error(request, _("Give the new end as a date and a 24-hour time (%(zone)s), e.g. %(example)s.") % {
+            "zone": zone_label(), "example": example})
     else:
         try:
             alloc_services.reservation_extend(actor=request.user, reservation_id=reservation.pk,
@@ -352,8 +379,8 @@ def reservation_extend(request: HttpRequest, reservation_id: int) -> HttpRespons
         except ApplicationError as error:
             messages.error(request, people_times(error.message))
         else:
-            messages.success(request, f"Reservation #{reservation.pk} now ends "
-                                      f"{when(form.cleaned_data['ends_at'])}.")
+            messages.success(request, _("Reservation #%(id)s now ends %(end)s.") % {
+                "id": reservation.pk, "end": when(form.cleaned_data["ends_at"])})
     return redirect(_next_page(request) or "reservations")
 
 
@@ -377,15 +404,15 @@ def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
                 # Parsed like the add form: a raw NUL byte here reached PostgreSQL (a 500).
                 remove = MemberRemoveForm(request.POST)
                 if not remove.is_valid():
-                    form.add_error(None, f"Remove: {remove.errors['remove'][0]}")
+                    form.add_error(None, _("Remove: %(error)s") % {"error": remove.errors["remove"][0]})
                 else:
                     username = remove.cleaned_data["remove"]
                     team_services.membership_remove(actor=request.user, team=team, username=username)
-                    messages.success(request, f"Removed {username}.")
+                    messages.success(request, _("Removed %(username)s.") % {"username": username})
                     return redirect("team", slug=team.slug)
             elif form.is_valid():
                 team_services.membership_add(actor=request.user, team=team, **form.cleaned_data)
-                messages.success(request, f"Added {form.cleaned_data['username']}.")
+                messages.success(request, _("Added %(username)s.") % {"username": form.cleaned_data["username"]})
                 return redirect("team", slug=team.slug)
         except ApplicationError as error:
             _form_error(form, error)
@@ -404,7 +431,7 @@ def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
 def audit_log(request: HttpRequest) -> HttpResponse:
     """Staff: the audit log with the API's filters (GET /api/v1/audit/ lists the same entries)."""
     if not request.user.is_staff:
-        raise PermissionDenied("The audit log is for staff.")
+        raise PermissionDenied(_("The audit log is for staff."))
     filters = AuditEntryFilterSet(request.GET, queryset=audit_entries())
     page = Paginator(filters.qs, AUDIT_ENTRIES_PER_PAGE).get_page(request.GET.get("page"))
     kept = request.GET.copy()

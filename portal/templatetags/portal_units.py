@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django import template
-
-from allocations.queue import span as queue_span
+from django.utils.translation import gettext as _
+from django.utils.translation import ngettext, pgettext
 
 from inventory.sharing import REPLICA_MODES, SharingMode
 
@@ -31,8 +31,12 @@ def memory(mib) -> str:
     return f"{mib // 1024} GiB" if mib and mib % 1024 == 0 else f"{mib} MiB"
 
 
-def _plural(n: int, one: str, many: str) -> str:
-    return f"{n} {one if n == 1 else many}"
+def _shares(shares, replicas) -> str:
+    return _("%(shares)s of %(replicas)s shares") % {"shares": shares, "replicas": replicas or "?"}
+
+
+def _memory_and_cores(mib, cores_pct) -> str:
+    return _("%(memory)s + %(cores)s %% cores") % {"memory": memory(mib), "cores": cores_pct}
 
 
 def booked_words(reservation) -> str:
@@ -44,13 +48,15 @@ def booked_words(reservation) -> str:
         replicas = next((g["replicas"] for g in grants if g.get("replicas")), None)
         if replicas is None:
             replicas = (reservation.pool.sharing_config or {}).get("replicas")
-        return f"{reservation.shares or 0} of {replicas or '?'} shares"
+        return _shares(reservation.shares or 0, replicas)
     if mode == "mig":
         return f"{reservation.mig_count or 1} × {reservation.mig_profile}"
     if mode == "vgpu":
-        words = f"{memory(reservation.gpu_memory_mib)} + {reservation.gpu_cores_pct or 0} % cores"
-        return words if reservation.gpus == 1 else f"{words} on each of {reservation.gpus} GPUs"
-    return _plural(reservation.gpus, "GPU", "GPUs")
+        words = _memory_and_cores(reservation.gpu_memory_mib, reservation.gpu_cores_pct or 0)
+        if reservation.gpus == 1:
+            return words
+        return _("%(amount)s on each of %(gpus)s GPUs") % {"amount": words, "gpus": reservation.gpus}
+    return ngettext("%(gpus)s GPU", "%(gpus)s GPUs", reservation.gpus or 0) % {"gpus": reservation.gpus}
 
 
 @register.filter
@@ -63,15 +69,16 @@ def grant_part(grant: dict) -> str:
     """What one grant (selectors.with_allocated_gpus) holds of its GPU."""
     mode = grant.get("mode")
     if mode in REPLICA_MODES:
-        words = f"{grant['shares']} of {grant.get('replicas') or '?'} shares"
+        words = _shares(grant["shares"], grant.get("replicas"))
         if mode == "mps" and grant.get("gpu_memory_mib"):
-            words += f" (≤ {memory(grant['gpu_memory_mib'])}, {grant.get('gpu_cores_pct')} % SMs)"
+            words = _("%(shares)s (≤ %(memory)s, %(sms)s %% SMs)") % {
+                "shares": words, "memory": memory(grant["gpu_memory_mib"]), "sms": grant.get("gpu_cores_pct")}
         return words
     if mode == "mig":
         return str(grant.get("mig_profile"))
     if mode == "vgpu":
-        return f"{memory(grant.get('gpu_memory_mib'))} + {grant.get('gpu_cores_pct')} % cores"
-    return "whole GPU"
+        return _memory_and_cores(grant.get("gpu_memory_mib"), grant.get("gpu_cores_pct"))
+    return _("whole GPU")
 
 
 @register.filter
@@ -90,15 +97,46 @@ def mode_label(mode) -> str:
 
 
 
+def span_words(delta: timedelta) -> str:
+    """A length of time in the active language, as allocations.queue.span writes it in English: "45 min",
+    "3 h 20 min", "2 d 4 h" (to the nearest minute); zh-Hans "45 分钟", "3 小时 20 分钟", "2 天 4 小时"."""
+    minutes = round(abs(delta.total_seconds()) / 60)
+    if minutes < 1:
+        return _("under a minute")
+    if minutes < 60:
+        return pgettext("duration", "%(minutes)d min") % {"minutes": minutes}
+    if minutes < 48 * 60:
+        if minutes % 60:
+            return pgettext("duration", "%(hours)d h %(minutes)02d min") % {"hours": minutes // 60,
+                                                                            "minutes": minutes % 60}
+        return pgettext("duration", "%(hours)d h") % {"hours": minutes // 60}
+    return pgettext("duration", "%(days)d d %(hours)d h") % {"days": minutes // 1440,
+                                                              "hours": (minutes % 1440) // 60}
+
+
 @register.filter
 def span(value) -> str:
-    """A timedelta (or seconds) as people read it (allocations.queue.span): "45 min", "3 h 20 min"."""
-    return queue_span(value if hasattr(value, "total_seconds") else timedelta(seconds=float(value or 0)))
+    """A timedelta (or seconds) as people read it: "45 min", "3 h 20 min"."""
+    return span_words(value if hasattr(value, "total_seconds") else timedelta(seconds=float(value or 0)))
 
 
 @register.filter
 def moved_from(current, previous) -> str:
-    """How a queue time moved since the pass before: "12 min earlier", "1 h later", or "" unchanged."""
+    """How a queue time moved since the pass before: "12 min later", "1 h earlier", or "" unchanged."""
     if current is None or previous is None or abs((current - previous).total_seconds()) < 60:
         return ""
-    return f"{queue_span(current - previous)} {'later' if current > previous else 'earlier'}"
+    if current > previous:
+        return _("%(span)s later") % {"span": span_words(current - previous)}
+    return _("%(span)s earlier") % {"span": span_words(current - previous)}
+
+
+@register.filter
+def state_label(state) -> str:
+    """A reservation's state as people read it: its label (allocations' Reservation.State), lower case as the
+    pages write it in English ("active"); an unknown value as it is."""
+    from allocations.models import Reservation
+
+    try:
+        return str(Reservation.State(state).label).lower()
+    except ValueError:
+        return str(state or "")
