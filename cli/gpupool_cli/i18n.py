@@ -21,6 +21,7 @@ Both need GNU gettext (xgettext, msgmerge, msgattrib, msgfmt); running the CLI d
 """
 from __future__ import annotations
 
+import ast
 import filecmp
 import gettext as _gettext
 import os
@@ -107,7 +108,10 @@ def columns(text: str) -> int:
 
 # A Chinese line may break between any two characters, but not before closing punctuation nor after opening.
 _CHINESE = "\u2e80-\u2fff\u3040-\u9fff\uf900-\ufaff"
-_PIECES = re.compile(f"[（《“‘「]*[{_CHINESE}][，。、；：！？）》”’」…]*|[^{_CHINESE}]+")
+_OPENING = "（《“‘「【"
+_CLOSING = "，。、；：！？）》”’」】…"
+_PIECES = re.compile(f"[{_OPENING}]*(?:[{_CHINESE}]|[^{_CHINESE}{_OPENING}{_CLOSING}]+)[{_CLOSING}]*"
+                     f"|[{_OPENING}{_CLOSING}]+")
 
 
 def _wrap_wide_characters() -> None:
@@ -252,9 +256,73 @@ def rebuild() -> None:
             _run("msgfmt", "--check-format", "-o", str(po.with_suffix(".mo")), str(po))
 
 
+# --- text that is not marked ------------------------------------------------------------------------
+
+# A word people read: it has a lowercase letter ("GPU", "MIG", "ID" are names in every language).
+_WORD = re.compile(r"[A-Za-z][A-Za-z'-]*[a-z][A-Za-z'-]*|[a-z]{2,}")
+# Calls whose first argument people read; `table` takes its headings second.
+_SHOWN = {"echo", "secho", "prompt", "confirm", "fail", "UsageError", "BadParameter", "ClickException",
+          "PortalError"}
+_HELP = {"help", "short_help", "epilog"}
+KEEP = "# i18n: keep"  # on a line whose text is meant for machines (a shell's `export`), not people
+
+
+def _shown_text(node: ast.AST | None, *, any_text: bool = False) -> bool:
+    """A literal with words in it (any text at all for headings), an f-string with words in its literal
+    parts, or such a literal formatted with % or +: text that reaches people without gettext."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return bool(node.value.strip()) if any_text else bool(_WORD.search(node.value))
+    if isinstance(node, ast.JoinedStr):
+        return any(_shown_text(part, any_text=any_text) for part in node.values if isinstance(part, ast.Constant))
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mod, ast.Add)):
+        return _shown_text(node.left, any_text=any_text) or _shown_text(node.right, any_text=any_text)
+    if isinstance(node, (ast.List, ast.Tuple)):
+        return any(_shown_text(item, any_text=any_text) for item in node.elts)
+    if isinstance(node, ast.IfExp):
+        return _shown_text(node.body, any_text=any_text) or _shown_text(node.orelse, any_text=any_text)
+    if isinstance(node, ast.BoolOp):
+        return any(_shown_text(value, any_text=any_text) for value in node.values)
+    return False
+
+
+def _called(node: ast.Call) -> str:
+    return node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+
+
+def unmarked_in(source: str) -> list[tuple[int, str]]:
+    """(line, what) for each piece of text in `source` that people read and gettext does not wrap: a help=,
+    short_help= or epilog=; what click.echo, prompt, confirm or an error is given; a table's headings; a
+    command's docstring (click would show it as the help, untranslated: use help=_(…))."""
+    lines = source.splitlines()
+    faults: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            name = _called(node)
+            kept = any(KEEP in line for line in lines[node.lineno - 1:(node.end_lineno or node.lineno)])
+            for keyword in node.keywords:
+                if keyword.arg in _HELP and _shown_text(keyword.value) and not kept:
+                    faults.append((node.lineno, f"{keyword.arg}="))
+            if name in _SHOWN and node.args and _shown_text(node.args[0]) and not kept:
+                faults.append((node.lineno, f"{name}(…)"))
+            if name == "table" and len(node.args) > 1 and _shown_text(node.args[1], any_text=True) and not kept:
+                faults.append((node.lineno, "table headings"))
+        elif isinstance(node, ast.FunctionDef) and ast.get_docstring(node):
+            for decorator in node.decorator_list:
+                if (isinstance(decorator, ast.Call) and _called(decorator) in ("command", "group")
+                        and not any(k.arg == "help" for k in decorator.keywords)):
+                    faults.append((node.lineno, "a command's docstring as its help"))
+    return sorted(faults)
+
+
+def unmarked() -> list[str]:
+    return [f"{PACKAGE_DIR.name}/{path.name}:{line}: {what} not marked for translation"
+            for path in sorted(PACKAGE_DIR.glob("*.py"))
+            for line, what in unmarked_in(path.read_text(encoding="utf-8"))]
+
+
 def check() -> list[str]:
-    """Every fault, one line each: empty when every string is marked-and-translated and the .mo is current."""
-    faults: list[str] = []
+    """Every fault, one line each: empty when every string is marked and translated and the .mo is current."""
+    faults = unmarked()
     with tempfile.TemporaryDirectory() as scratch:
         for domain in (DOMAIN, CLICK_DOMAIN):
             po = catalogue(domain)

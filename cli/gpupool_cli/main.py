@@ -122,12 +122,14 @@ def emit_json(data) -> None:
 def amount(r: dict) -> str:
     mode = r.get("mode")
     if mode in ("time_slicing", "mps"):
-        return ngettext("%(shares)d share", "%(shares)d shares", r.get("shares") or 0) % {"shares": r.get("shares") or 0}
+        shares = r.get("shares") or 0
+        return ngettext("%(shares)d share", "%(shares)d shares", shares) % {"shares": shares}
     if mode == "mig":
         return f"{r.get('count') or 1} × {r.get('mig_profile')}"
     if mode == "vgpu":
         return f"{r.get('gpu_memory_mib')} MiB + {r.get('gpu_cores_pct')} % × {r.get('gpus')}"
-    return ngettext("%(gpus)d GPU", "%(gpus)d GPUs", r.get("gpus") or 0) % {"gpus": r.get("gpus") or 0}
+    gpus = r.get("gpus") or 0
+    return ngettext("%(gpus)d GPU", "%(gpus)d GPUs", gpus) % {"gpus": gpus}
 
 
 # --- the context: the portal and --json -----------------------------------------------------------
@@ -358,10 +360,11 @@ def _describe(r: dict) -> str:
 def _print_environment(environment: dict | None) -> None:
     if not environment:
         return
+    # Lines for a shell to eval: the same in every language.
     for name, value in environment["variables"].items():
-        click.echo(f"export {name}={value}")
+        click.echo(f"export {name}={value}")  # i18n: keep
     if environment.get("namespace"):
-        click.echo(f"export GPUPOOL_NAMESPACE={environment['namespace']}")
+        click.echo(f"export GPUPOOL_NAMESPACE={environment['namespace']}")  # i18n: keep
     click.echo(_("# on %(nodes)s (%(where)s)") % {"nodes": ", ".join(environment["nodes"]),
                                                   "where": environment["where"]}, err=True)
 
@@ -381,7 +384,8 @@ def _wait(portal: Portal, reservation_id: int, timeout: float, interval: float, 
             return
         if r["state"] in ENDED:
             raise PortalError(_("Reservation #%(id)s is %(state)s: %(reason)s") % {
-                "id": reservation_id, "state": state_label(r["state"]), "reason": r.get("reason") or _("no reason given")},
+                "id": reservation_id, "state": state_label(r["state"]),
+                "reason": r.get("reason") or _("no reason given")},
                 ExitCode.ENDED, r)
         if time.monotonic() >= deadline:
             raise PortalError(_("Reservation #%(id)s is still %(state)s after %(seconds)s s.") % {
