@@ -144,10 +144,6 @@ def _wrap_wide_characters() -> None:
     _textwrap.TextWrapper = WideTextWrapper
 
 
-def language() -> str:
-    return _language
-
-
 def accept_language() -> str:
     """What the portal is asked for: its error messages in the CLI's language."""
     return LANGUAGES[_language]

@@ -191,6 +191,8 @@ class Language(click.ParamType):
 @click.version_option(package_name="gpupool-cli", prog_name="gpupool")
 @click.pass_context
 def cli(ctx, url, token, lang):
+    # `lang` took effect before click parsed anything (the help texts are built on import); here it was
+    # only checked.
     ctx.obj = State(url, token)
 
 
