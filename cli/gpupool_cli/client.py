@@ -7,6 +7,8 @@ from enum import IntEnum
 import click
 import httpx
 
+from gpupool_cli.i18n import _, accept_language
+
 
 class ExitCode(IntEnum):
     """What `gpupool` exits with. 2 is click's own: a command line it could not parse."""
@@ -56,7 +58,8 @@ def _refusal(response: httpx.Response) -> PortalError:
 class Portal:
     def __init__(self, url: str, token: str | None, timeout: float = 30.0) -> None:
         self.url = url.rstrip("/")
-        headers = {"Accept": "application/json", "User-Agent": "gpupool-cli"}
+        # The portal answers in the CLI's language (its error messages; field and rule stay English codes).
+        headers = {"Accept": "application/json", "Accept-Language": accept_language(), "User-Agent": "gpupool-cli"}
         if token:
             headers["Authorization"] = f"Token {token}"
         self.token = token
@@ -68,7 +71,8 @@ class Portal:
             response = self.http.request(method, path, json=json,
                                          params={k: v for k, v in (params or {}).items() if v is not None})
         except httpx.HTTPError as error:
-            raise PortalError(f"The portal at {self.url} did not answer: {error}", ExitCode.UNREACHABLE) from error
+            raise PortalError(_("The portal at %(url)s did not answer: %(error)s") % {"url": self.url, "error": error},
+                              ExitCode.UNREACHABLE) from error
         if response.status_code >= 400:
             raise _refusal(response)
         if not expect_json or response.status_code == 204:

@@ -1,42 +1,22 @@
 """`gpupool`, the installed console script, run as a subprocess against a running portal (the test's
-live server on PostgreSQL; a real Celery worker process where a reservation must go active)."""
+live server on PostgreSQL; a real Celery worker process where a reservation must go active). The
+fixture is in conftest.py; the languages are in test_gpupool_cli_languages.py."""
 from __future__ import annotations
 
 import json
-import os
 import stat
 import subprocess
 import sys
 from datetime import datetime, timedelta
-from pathlib import Path
 
 import pytest
 
 from allocations.models import Reservation
 from teams.models import ApiToken
+from tests.cli.conftest import CLI_DIR
 from tests.factories import PASSWORD
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
-
-GPUPOOL = Path(sys.executable).with_name("gpupool")
-
-
-@pytest.fixture
-def gpupool(live_server, tmp_path):
-    assert GPUPOOL.exists(), "the CLI is installed into the venv by requirements-dev.txt (-e ./cli)"
-    env = {key: value for key, value in os.environ.items() if not key.startswith("GPUPOOL_")}
-    env.update(XDG_CONFIG_HOME=str(tmp_path / "config"), HOME=str(tmp_path), GPUPOOL_URL=live_server.url,
-               LANG="C.UTF-8", TZ="Asia/Shanghai")
-
-    def run(*args: str, stdin: str = "", check: int | None = 0) -> subprocess.CompletedProcess:
-        done = subprocess.run([str(GPUPOOL), *args], input=stdin, capture_output=True, text=True, env=env,
-                              timeout=120)
-        if check is not None:
-            assert done.returncode == check, (args, done.returncode, done.stdout, done.stderr)
-        return done
-
-    run.config = tmp_path / "config" / "gpupool" / "config.json"
-    return run
 
 
 def _login(gpupool, *extra: str) -> None:
@@ -130,7 +110,7 @@ def test_the_cli_imports_nothing_of_the_portal():
     code = "import sys, gpupool_cli.main; bad = [m for m in sys.modules if m.split('.')[0] in " \
            "('django', 'rest_framework', 'allocations', 'teams', 'inventory', 'monitoring', 'config')]; " \
            "assert not bad, bad"
-    subprocess.run([sys.executable, "-c", code], check=True)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=CLI_DIR)
 
 
 def test_completion_scripts_are_printed(gpupool):
