@@ -30,6 +30,7 @@ class PriorityClass(models.Model):
     description = models.CharField(max_length=200, blank=True)
 
     class Meta:
+        verbose_name = _("priority class")
         verbose_name_plural = _("priority classes")
         ordering = ["-value", "name"]
 
@@ -60,6 +61,7 @@ class Quota(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
+        verbose_name = _("quota")
         ordering = ["team__slug", "pool__slug"]
         constraints = [models.UniqueConstraint(fields=["team", "pool"], name="one_quota_per_team_and_pool")]
 
@@ -127,6 +129,7 @@ class Reservation(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
+        verbose_name = _("reservation")
         ordering = ["-starts_at", "-id"]
         indexes = [
             models.Index(fields=["state", "starts_at"], name="reservation_state_start"),
@@ -214,6 +217,7 @@ class Allocation(models.Model):
                                                  null=True, blank=True, help_text=_("Compute cap of a share, %"))
 
     class Meta:
+        verbose_name = _("GPU grant")
         ordering = ["reservation_id", "gpu__node_id", "gpu__index"]
         indexes = [
             models.Index(fields=["gpu", "ends_at", "starts_at"], name="allocation_gpu_window"),
@@ -247,6 +251,7 @@ class ReservationEvent(models.Model):
                                       help_text=_("reason's message and arguments (allocations.messages)"))
 
     class Meta:
+        verbose_name = _("reservation event")
         ordering = ["at", "id"]
 
     def __str__(self) -> str:
@@ -292,6 +297,7 @@ class QueueEntry(models.Model):
     planned_at = models.DateTimeField(null=True, blank=True, help_text=_("The last scheduling pass that planned it"))
 
     class Meta:
+        verbose_name = _("queue entry")
         verbose_name_plural = _("queue entries")
 
     def __str__(self) -> str:
@@ -347,6 +353,7 @@ class ApplyJob(models.Model):
     changes = models.JSONField(default=list, blank=True, help_text=_("What the backend changed (or repaired)"))
 
     class Meta:
+        verbose_name = _("apply job")
         ordering = ["-created_at", "-id"]
         indexes = [models.Index(fields=["status", "next_attempt_at"], name="applyjob_status_due")]
 
@@ -364,6 +371,9 @@ class HostLeaseReport(models.Model):
     unleased_in_use = models.JSONField(default=list, blank=True,
                                        help_text=_("UUIDs of GPUs running processes that no lease covers"))
     reported_at = models.DateTimeField()
+
+    class Meta:
+        verbose_name = _("host lease report")
 
     def __str__(self) -> str:
         return f"{self.node}: {len(self.held)} leases"

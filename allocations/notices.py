@@ -7,7 +7,8 @@ activations and failures to apply, which are not mailed.
 
 The headline and the detail are messages (allocations.messages.Msg): each recipient reads the mail
 in their own language and zone (teams.preferences.speaking_to); recipients who share both get one
-mail. A channel belongs to a team or is read by tools, so it is told in the portal's language.
+mail. A channel is told in its own language: a person's in theirs, a team's in the portal's
+(teams.notify.channel_language).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.utils import timezone, translation
 
-from allocations.messages import Msg, in_english
+from allocations.messages import Msg
 from allocations.models import Reservation
 from common.notifications import mail_after_commit
 from teams.models import Membership
@@ -26,7 +27,8 @@ from teams.preferences import speaking_to
 def announce(reservation: Reservation, event: str, headline: Msg | str, detail: Msg | str) -> int:
     """Tell the notification channels of its team and of whoever booked it (teams/notify.py) that
     `event` happened to it; sent after the commit. Returns how many deliveries were recorded."""
-    return notify(event=event, subject=in_english(headline), text=in_english(detail),
+    # Put in words per channel, in its language (teams.notify.channel_language).
+    return notify(event=event, subject=lambda: str(headline), text=lambda: str(detail),
                   link=f"{settings.PORTAL_BASE_URL}/reservations/{reservation.pk}/",
                   data={"reservation": reservation.pk, "team_id": reservation.team_id, "state": reservation.state},
                   team_ids=[reservation.team_id], user_ids=[reservation.requested_by_id])

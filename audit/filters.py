@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import django_filters
-from django.utils.translation import gettext_lazy as _
 from auditlog.registry import auditlog
+from django.apps import apps
 from django.db.models import QuerySet
+from django.utils.text import capfirst
+from django.utils.translation import gettext_lazy as _
 
 from audit.models import AuditEntry
 
@@ -13,9 +15,17 @@ RECORDED_BY_HAND = ("allocations.reservation",)
 
 
 def object_types() -> list[tuple[str, str]]:
-    """Every `app_label.model` the log holds entries for."""
+    """Every `app_label.model` the log holds entries for, each named by its model's name in the reader's
+    language (the value stays the code the API takes)."""
     labels = {f"{model._meta.app_label}.{model._meta.model_name}" for model in auditlog.get_models()}
-    return [(label, label) for label in sorted({*labels, *RECORDED_BY_HAND})]
+    choices = []
+    for label in sorted({*labels, *RECORDED_BY_HAND}):
+        try:
+            name = capfirst(apps.get_model(label)._meta.verbose_name)
+        except LookupError:  # a model since removed whose entries stay in the log
+            name = label
+        choices.append((label, name))
+    return sorted(choices, key=lambda choice: str(choice[1]))
 
 
 class AuditEntryFilterSet(django_filters.FilterSet):

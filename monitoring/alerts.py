@@ -356,10 +356,11 @@ def _announce(alert: Alert, kind: str) -> None:
     staff = (get_user_model().objects.filter(is_staff=True, is_active=True).values_list("pk", flat=True)
              if rule.notify_staff else [])
     state = "resolved" if kind == "resolved" else "firing"
-    # A channel speaks to a whole team: the portal's default language.
-    notify(event=f"alert.{state}", subject=mail_subject(alert, kind),
-           text=_("%(condition)s; value %(value)s.") % {"condition": condition(rule),
-                                                          "value": number_format(alert.value, 1)},
+    # Put in words per channel, in its language (teams.notify.channel_language: a person's in theirs, a
+    # team's in the portal's).
+    notify(event=f"alert.{state}", subject=lambda: mail_subject(alert, kind),
+           text=lambda: _("%(condition)s; value %(value)s.") % {"condition": condition(rule),
+                                                                  "value": number_format(alert.value, 1)},
            link=alert_link(alert), data={"alert": alert.pk, "rule": rule.name, "severity": rule.severity},
            team_ids=teams, user_ids=staff)
 

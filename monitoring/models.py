@@ -45,6 +45,9 @@ class Sample(models.Model):
     ecc_uncorrected = models.IntegerField(null=True, help_text=_("volatile uncorrected ECC errors since the driver loaded"))
     xid = models.SmallIntegerField(null=True, help_text=_("the last XID error's code"))
 
+    class Meta:
+        verbose_name = _("telemetry sample")
+
 
 class Rollup(models.Model):
     """Aggregates of one GPU over one bucket: n samples, avg and max of each metric."""
@@ -77,12 +80,14 @@ class Rollup(models.Model):
 
 class MinuteRollup(Rollup):
     class Meta:
+        verbose_name = _("minute rollup")
         constraints = [models.UniqueConstraint(fields=["gpu_id", "bucket"], name="minute_rollup_one_per_gpu")]
         indexes = [models.Index(fields=["bucket"], name="minute_rollup_bucket")]
 
 
 class HourRollup(Rollup):
     class Meta:
+        verbose_name = _("hour rollup")
         constraints = [models.UniqueConstraint(fields=["gpu_id", "bucket"], name="hour_rollup_one_per_gpu")]
         indexes = [models.Index(fields=["bucket"], name="hour_rollup_bucket")]
 
@@ -92,6 +97,9 @@ class RollupMark(models.Model):
 
     level = models.CharField(max_length=16, unique=True)
     done_until = models.BigIntegerField()
+
+    class Meta:
+        verbose_name = _("rollup mark")
 
 
 # --- alerts -----------------------------------------------------------------------------
@@ -180,6 +188,7 @@ class AlertRule(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
+        verbose_name = _("alert rule")
         ordering = ["name"]
 
     def __str__(self) -> str:
@@ -243,6 +252,7 @@ class Alert(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
+        verbose_name = _("alert")
         ordering = ["-active_since", "-id"]
         constraints = [models.UniqueConstraint(fields=["rule", "subject"], condition=models.Q(state__in=["pending", "firing"]),
                                                name="one_open_alert_per_rule_and_subject")]
@@ -266,6 +276,7 @@ class Silence(models.Model):
     ends_at = models.DateTimeField()
 
     class Meta:
+        verbose_name = _("silence")
         ordering = ["-ends_at"]
 
     def __str__(self) -> str:

@@ -8,6 +8,8 @@ from django import template
 from django.utils.translation import gettext as _
 from django.utils.translation import ngettext, pgettext
 
+from allocations import queue
+from allocations.models import Reservation
 from inventory.sharing import REPLICA_MODES, SharingMode
 
 register = template.Library()
@@ -98,20 +100,9 @@ def mode_label(mode) -> str:
 
 
 def span_words(delta: timedelta) -> str:
-    """A length of time in the active language, as allocations.queue.span writes it in English: "45 min",
-    "3 h 20 min", "2 d 4 h" (to the nearest minute); zh-Hans "45 分钟", "3 小时 20 分钟", "2 天 4 小时"."""
-    minutes = round(abs(delta.total_seconds()) / 60)
-    if minutes < 1:
-        return _("under a minute")
-    if minutes < 60:
-        return pgettext("duration", "%(minutes)d min") % {"minutes": minutes}
-    if minutes < 48 * 60:
-        if minutes % 60:
-            return pgettext("duration", "%(hours)d h %(minutes)02d min") % {"hours": minutes // 60,
-                                                                            "minutes": minutes % 60}
-        return pgettext("duration", "%(hours)d h") % {"hours": minutes // 60}
-    return pgettext("duration", "%(days)d d %(hours)d h") % {"days": minutes // 1440,
-                                                              "hours": (minutes % 1440) // 60}
+    """A length of time in the active language: "45 min", "3 h 20 min", "2 d 4 h" (to the nearest minute);
+    zh-Hans "45 分钟", "3 小时 20 分钟", "2 天 4 小时". The same words as the stored reasons that name spans."""
+    return str(queue.span(delta))
 
 
 @register.filter
@@ -134,8 +125,6 @@ def moved_from(current, previous) -> str:
 def state_label(state) -> str:
     """A reservation's state as people read it: its label (allocations' Reservation.State), lower case as the
     pages write it in English ("active"); an unknown value as it is."""
-    from allocations.models import Reservation
-
     try:
         return str(Reservation.State(state).label).lower()
     except ValueError:

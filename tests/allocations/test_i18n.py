@@ -176,3 +176,20 @@ def test_the_reservation_page_shows_its_reason_and_history_in_the_readers_langua
     assert "已由 member 在开始前取消。" in chinese and "已放置 2 个 GPU（2.00 GE）" in chinese
     assert "Cancelled before its start by member." in english and "2 GPUs placed (2.00 GE)" in english
     assert "Cancelled before its start" not in chinese
+
+
+def test_a_persons_channel_is_told_in_their_language_and_the_teams_in_the_portals(world, api):
+    from teams.models import Delivery, NotificationChannel
+    from teams.services import channel_create
+
+    Preference.objects.create(user=world.member, language="zh-hans")
+    _start, end = window(0, 2)
+    rid = _post(api(world.member), {"pool": "a100", "team": "ml", "gpus": 1, "ends_at": end.isoformat()}).json()["id"]
+    reservation = Reservation.objects.get(pk=rid)
+    mine = channel_create(actor=world.member, name="mine", kind=NotificationChannel.Kind.EMAIL,
+                          email="member@example.com", events=["reservation.expiring"])
+    teams = channel_create(actor=world.owner, name="team", kind=NotificationChannel.Kind.EMAIL, team=world.team,
+                           email="ml@example.com", events=["reservation.expiring"])
+    assert notices.announce(reservation, "reservation.expiring", Msg("Window ended."), Msg("Window ended.")) == 2
+    assert Delivery.objects.get(channel=mine).payload["subject"] == "时间窗口已结束。"
+    assert Delivery.objects.get(channel=teams).payload["subject"] == "Window ended."

@@ -40,3 +40,11 @@ raise ValidationFailed(message, field="gpus", rule="min_value")
     assert python_faults(source) == [(4, "Conflict(…) message"), (6, "success(…) message"),
                                      (7, "verbose_name="), (9, "choice label"), (12, "verbose_name"),
                                      (13, "ValidationError(…) message")]
+
+
+def test_every_string_is_marked_translated_and_compiled():
+    """The check itself (`manage.py translations --check`), on this tree: CI fails on any fault."""
+    from config.translations import check
+
+    faults = check()
+    assert faults == [], "\n".join(faults)
