@@ -6,7 +6,7 @@ from datetime import timedelta
 
 from django import template
 from django.utils.translation import gettext as _
-from django.utils.translation import ngettext, pgettext
+from django.utils.translation import ngettext
 
 from allocations import queue
 from allocations.models import Reservation

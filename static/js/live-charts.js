@@ -24,7 +24,8 @@
                    "#bcbd22", "#17becf"];
   // Resized by the handler below, on width changes only: Plotly's own `responsive` also redraws on height
   // changes (a full-page screenshot, a phone's toolbar sliding away), where it could log axis-scaling errors.
-  const CONFIG = {displaylogo: false};
+  // Plotly's own words and date axes in the page's language (zh-CN registered by plotly-locale-zh-cn.js).
+  const CONFIG = {displaylogo: false, locale: document.documentElement.lang === "zh-hans" ? "zh-CN" : "en"};
   const charts = Array.from(root.querySelectorAll(".chart"));
   const heatmap = document.getElementById("chart-heatmap");
   const status = document.getElementById("live-status");

@@ -121,3 +121,7 @@ def test_the_pool_charts_speak_the_viewers_language(world, asgi_server, page):
     page.get_by_role("button", name="1 小时").click()
     page.wait_for_function("document.getElementById('range-note').textContent.startsWith('最近 1 小时：每 ')")
     assert "历史）；实时数据会持续更新表格。" in page.locator("#range-note").inner_text()
+    # Plotly's own words and dates follow: its zh-CN locale is loaded and asked for.
+    assert page.evaluate("document.getElementById('chart-util')._context.locale") == "zh-CN"
+    ticks = page.locator("#chart-util .xtick text").all_text_contents()
+    assert ticks and not any(month in " ".join(ticks) for month in ("Jan", "Nov", "Dec"))
