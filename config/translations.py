@@ -45,7 +45,7 @@ for pattern in IGNORE:
 # A word people read: it has a lowercase letter ("GPU", "MIG", "ECC" are names in every language).
 WORD = re.compile(r"[A-Za-z][A-Za-z'’-]*[a-z][A-Za-z'’-]*|[a-z]{2,}")
 # Units and names that stay as they are in Chinese text.
-KEPT_WORDS = {"GiB", "MiB", "MHz", "vGPU", "vGPUs", "GPUs", "gpupool", "kubectl", "nvidia-smi", "HAMi", "e.g"}
+KEPT_WORDS = {"GiB", "MiB", "MHz", "vGPU", "gpupool", "kubectl", "nvidia-smi", "HAMi", "e.g"}
 
 
 def rebuild() -> None:
