@@ -127,9 +127,11 @@ INSERT_RESERVATION = (
 INSERT_ALLOCATION = (
     "INSERT INTO allocations_allocation (reservation_id, gpu_id, starts_at, ends_at, mode, ge, share_from, "
     "share_to, milli, mig_profile, mig_start, memory_mib, cores_pct) VALUES ")
+# `reason` in English and `reason_message`, what it was made of (allocations.messages: read in each
+# reader's language).
 INSERT_EVENT = (
-    "INSERT INTO allocations_reservationevent (reservation_id, from_state, to_state, actor_id, at, reason) "
-    "VALUES (%s, %s, %s, %s, %s, %s) RETURNING id")
+    "INSERT INTO allocations_reservationevent (reservation_id, from_state, to_state, actor_id, at, reason, "
+    "reason_message) VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id")
 # Each event's audit entry (audit.services.audit_record).
 INSERT_AUDIT_ENTRY = (
     "INSERT INTO audit_auditentry (content_type_id, object_pk, object_id, object_repr, action, changes_text, "
@@ -137,7 +139,7 @@ INSERT_AUDIT_ENTRY = (
     "VALUES (%s, %s, %s, %s, %s, '', %s, %s, %s, %s, %s, %s, %s)")
 LOCK_RESERVATION = (
     "SELECT r.id, r.mode, r.gpus, r.shares, r.mig_profile, r.mig_count, r.gpu_memory_mib, r.gpu_cores_pct, "
-    "r.ge, r.borrowed_ge, r.priority_class, r.preempt_at, r.starts_at, r.ends_at, r.state, r.reason, r.ended_at, r.created_at, r.updated_at, "
+    "r.ge, r.borrowed_ge, r.priority_class, r.preempt_at, r.starts_at, r.ends_at, r.state, r.reason, r.reason_message, r.ended_at, r.created_at, r.updated_at, "
     "r.team_id, t.slug, r.pool_id, p.slug, r.requested_by_id, u.username, m.role "
     "FROM allocations_reservation r JOIN teams_team t ON t.id = r.team_id "
     "JOIN inventory_gpupool p ON p.id = r.pool_id LEFT JOIN auth_user u ON u.id = r.requested_by_id "
@@ -149,7 +151,8 @@ HAS_WAITING = (
     '"allocations_reservation"."state" = %s AND NOT ("allocations_reservation"."id" IS NULL)) LIMIT 1')
 CANCEL_ALLOCATIONS = "UPDATE allocations_allocation SET ends_at = starts_at WHERE reservation_id = %s"
 RELEASE_RESERVATION = (
-    "UPDATE allocations_reservation SET state = %s, reason = %s, updated_at = %s, ended_at = %s WHERE id = %s")
+    "UPDATE allocations_reservation SET state = %s, reason = %s, reason_message = %s, updated_at = %s, ended_at = %s "
+    "WHERE id = %s")
 ALLOCATED_GPUS = (
     'SELECT a.reservation_id, g.uuid, n.name, g."index", g.model_name, a.starts_at, a.ends_at, a.mode, '
     "a.milli, a.mig_profile, a.mig_start, a.memory_mib, a.cores_pct, a.ge, g.mig_devices, p.sharing_config "
@@ -196,19 +199,23 @@ def _sql_client(dsn: str, ids: list[tuple], deadline: float, seed: int, out: lis
                 conn.execute(INSERT_ALLOCATION + ", ".join(["(" + ", ".join(["%s"] * 13) + ")"] * gpus),
                              [v for gpu_id in free for v in (reservation_id, gpu_id, start, end, "exclusive", 1.0, 0,
                                                              1000, 1000, "", None, None, None)])
-                (event_id,) = conn.execute(INSERT_EVENT, (reservation_id, "", "scheduled", user_id, now,
-                                                          f"{gpus} GPU(s) placed")).fetchone()
-                audit(reservation_id, event_id, user_id, now, "", "scheduled", f"{gpus} GPU(s) placed")
+                placed = f"{gpus} GPUs placed ({gpus:.2f} GE)"
+                (event_id,) = conn.execute(INSERT_EVENT, (reservation_id, "", "scheduled", user_id, now, placed, json.dumps(
+                    {"id": "%(asked)s placed (%(ge)s GE)", "args": {"asked": f"{gpus} GPUs", "ge": f"{gpus:.2f}"}})
+                )).fetchone()
+                audit(reservation_id, event_id, user_id, now, "", "scheduled", placed)
             latencies.append((time.perf_counter() - started) * 1000)
             with conn.transaction():
                 conn.execute(LOCK_RESERVATION, (user_id, reservation_id)).fetchall()
                 conn.execute(HAS_WAITING, (1, pool_id, "pending")).fetchall()
                 conn.execute(CANCEL_ALLOCATIONS, (reservation_id,))
                 now = datetime.now(timezone.utc)
-                conn.execute(RELEASE_RESERVATION, ("released", "Cancelled before its start.", now, now, reservation_id))
+                cancelled = json.dumps({"id": "Cancelled before its start by %(who)s.", "args": {"who": "bench"}})
+                conn.execute(RELEASE_RESERVATION, ("released", "Cancelled before its start by bench.", cancelled, now, now,
+                                                   reservation_id))
                 (event_id,) = conn.execute(INSERT_EVENT, (reservation_id, "scheduled", "released", user_id, now,
-                                                          "Cancelled.")).fetchone()
-                audit(reservation_id, event_id, user_id, now, "scheduled", "released", "Cancelled.")
+                                                          "Cancelled before its start by bench.", cancelled)).fetchone()
+                audit(reservation_id, event_id, user_id, now, "scheduled", "released", "Cancelled before its start by bench.")
             conn.execute(ALLOCATED_GPUS, (reservation_id,)).fetchall()
     out.append((latencies, refused))
 
