@@ -158,6 +158,21 @@ def healthz_answers(base_url: str):
     return answers
 
 
+def listening(port: int):
+    """A readiness check for start_server: something accepts TCP connections on 127.0.0.1:port (a server over
+    TLS, whose /healthz an HTTP client without its CA cannot ask)."""
+    import socket
+
+    def accepts() -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return True
+        except OSError:
+            return False
+
+    return accepts
+
+
 def free_port() -> int:
     """A TCP port nothing listens on now (the server started next binds it)."""
     import socket

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ from kubernetes.client.exceptions import ApiException
 
 from allocations.apply.backends.kubernetes import KubernetesBackend
 from allocations.apply.selectors import cluster_desired
-from tests.conftest import free_port, start_server, stop_process_group
+from tests.conftest import free_port, listening, start_server, stop_process_group
 from tests.kubernetes.conftest import active_reservation, unique
 from tests.kubernetes.sharing import active, mig_team, shared_pool, vgpu_row
 
@@ -39,17 +38,11 @@ def https_portal(worker_env, control_plane, tmp_path):
                     "-CAcreateserial", "-out", cert, "-days", "1", "-extfile", ext], check=True, capture_output=True)
     port = free_port()
 
-    def listening() -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return True
-        except OSError:
-            return False
 
     process = start_server(
         [sys.executable, "-m", "config.web", "--workers", "1", "--port", str(port),
          "--ssl-certificate", str(cert), "--ssl-keyfile", str(key), "--access-log"],
-        env=worker_env, log_path=tmp_path / "web.log", what="the portal over HTTPS", ready=listening,
+        env=worker_env, log_path=tmp_path / "web.log", what="the portal over HTTPS", ready=listening(port),
     )
     yield f"https://127.0.0.1:{port}/"
     stop_process_group(process)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import io
-import socket
 import stat
 import sys
 
@@ -18,7 +17,7 @@ from kubernetes import client as k8s
 from allocations.apply.backends.kubernetes import KubernetesBackend
 from allocations.apply.selectors import cluster_desired
 from allocations.webhook_setup import CERT_MANAGER_ANNOTATION, NAME, managed_certificate
-from tests.conftest import free_port, start_server, stop_process_group
+from tests.conftest import free_port, listening, start_server, stop_process_group
 from tests.kubernetes.conftest import active_reservation
 from tests.kubernetes.test_webhook_e2e import create_when_called
 
@@ -89,17 +88,11 @@ def test_installed_with_its_own_certificate_the_api_server_calls_the_portal(work
     assert base64.b64decode(installed.webhooks[0].client_config.ca_bundle) == (tmp_path / "tls" / "ca.crt").read_bytes()
     assert installed.webhooks[0].client_config.url == f"{url}webhooks/kubernetes/mutate-pods/{kube_cluster.slug}"
 
-    def listening() -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return True
-        except OSError:
-            return False
 
     env = {**worker_env, "WEB_TLS_CERT": str(tmp_path / "tls" / "tls.crt"),
            "WEB_TLS_KEY": str(tmp_path / "tls" / "tls.key")}
     web = start_server([sys.executable, "-m", "config.web", "--workers", "1", "--port", str(port)], env=env,
-                       log_path=tmp_path / "web.log", what="the portal over HTTPS", ready=listening)
+                       log_path=tmp_path / "web.log", what="the portal over HTTPS", ready=listening(port))
     try:
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"generateName": "train-"},
                "spec": {"automountServiceAccountToken": False, "containers": [
