@@ -27,7 +27,6 @@ import heapq
 import json
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,6 +35,9 @@ import time
 from pathlib import Path
 
 import orjson
+
+from benchmarks.common import cpu_seconds as _cpu_seconds
+from benchmarks.common import free_port as _free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PREFIX = "bench-tm"
@@ -266,42 +268,12 @@ def _p95_by_second(stats: dict) -> list[float | None]:
 
 # --- the server ----------------------------------------------------------------------------
 
-def _cpu_seconds(roots: list[int]) -> float:
-    """User + system CPU seconds of these processes and their children (Linux /proc)."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    stats = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / ticks)
-    wanted, total = set(roots), 0.0
-    changed = True
-    while changed:
-        changed = False
-        for pid, (ppid, _) in stats.items():
-            if ppid in wanted and pid not in wanted:
-                wanted.add(pid)
-                changed = True
-    for pid in wanted:
-        total += stats.get(pid, (0, 0.0))[1]
-    return total
-
-
 def _event_loop_runner():
     try:
         import uvloop
     except ImportError:
         return asyncio.run
     return uvloop.run
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _env(mode: str, var_dir: str) -> dict:
