@@ -130,7 +130,7 @@ def _percentile(values: list[float], p: float) -> float | None:
     return round(ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))], 1)
 
 
-async def _agent(session, base: str, agent: dict, stats: dict, rng: random.Random) -> None:
+async def agent_loop(session, base: str, agent: dict, stats: dict, rng: random.Random) -> None:
     """One host: every second, one batch of all its GPUs, POSTed like `python -m agent` does."""
     headers = {"Authorization": f"Host {agent['key']}", "Content-Type": "application/json"}
     stream = f"bench-{rng.getrandbits(48):x}"
@@ -235,7 +235,7 @@ async def _run_load(http_base: str, ws_base: str, fleet: dict, clients: int, sec
         if baseline is not None:
             await _baseline(fleet, *baseline, stats)
         stats["stop"] = time.time() + warmup + seconds + 2
-        agents = [asyncio.create_task(_agent(session, http_base, a, stats, random.Random(i)))
+        agents = [asyncio.create_task(agent_loop(session, http_base, a, stats, random.Random(i)))
                   for i, a in enumerate(fleet["agents"])]
         await asyncio.sleep(warmup)
         stats["measuring"] = True
