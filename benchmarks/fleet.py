@@ -268,7 +268,7 @@ async def _lease_channel(session, ws_base: str, host: dict, stats: dict, window:
         stats["errors"][f"lease:{type(error).__name__}"] = stats["errors"].get(f"lease:{type(error).__name__}", 0) + 1
 
 
-async def run_agents(http_base: str, ws_base: str, hosts: list[dict], window: Window) -> dict:
+async def run_agents(http_base: str, ws_base: str, hosts: list[dict], window: Window, period: float = 1.0) -> dict:
     import aiohttp
 
     from benchmarks.telemetry import agent_loop
@@ -281,7 +281,7 @@ async def run_agents(http_base: str, ws_base: str, hosts: list[dict], window: Wi
     async with aiohttp.ClientSession(connector=connector, timeout=timeout,
                                      cookie_jar=aiohttp.DummyCookieJar()) as session:
         leases = [asyncio.create_task(_lease_channel(session, ws_base, h, stats, window)) for h in hosts]
-        agents = [asyncio.create_task(agent_loop(session, http_base, h, stats, random.Random(i)))
+        agents = [asyncio.create_task(agent_loop(session, http_base, h, stats, random.Random(i), period))
                   for i, h in enumerate(hosts)]
         await asyncio.sleep(max(0.0, window.begin - time.time()))
         stats["measuring"] = True
@@ -313,12 +313,19 @@ async def _watcher(session, ws_base: str, path: str, token: str, stats: dict) ->
         stats["errors"][f"ws:{type(error).__name__}"] = stats["errors"].get(f"ws:{type(error).__name__}", 0) + 1
 
 
+def _rule(body: bytes) -> str:
+    try:
+        return json.loads(body)["errors"][0]["rule"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return "?"
+
+
 async def run_users(http_base: str, ws_base: str, fleet: dict, users: int, think: float, watchers: int,
                     window: Window, seed: int) -> dict:
     import aiohttp
 
     latencies: dict[str, list[float]] = {name: [] for name in PAGES + APIS}
-    statuses: dict[str, dict[int, int]] = {name: {} for name in PAGES + APIS}
+    statuses: dict[str, dict[str, int]] = {name: {} for name in PAGES + APIS}
     stats = {"measuring": False, "watchers_connected": 0, "watcher_messages": 0, "errors": {}, "actions": 0}
     people = fleet["users"]
     rng = random.Random(seed)
@@ -338,7 +345,9 @@ async def run_users(http_base: str, ws_base: str, fleet: dict, users: int, think
             body, status = b"", 599
         if window.measuring(started_at):
             latencies[name].append((time.perf_counter() - started) * 1000)
-            statuses[name][status] = statuses[name].get(status, 0) + 1
+            # A refusal is counted with its rule (common.errors' body), so a 409 says why: over quota, no room...
+            key = str(status) if status < 400 else f"{status} {_rule(body)}"
+            statuses[name][key] = statuses[name].get(key, 0) + 1
         return status, body
 
     async def user_loop(index: int) -> None:
@@ -515,7 +524,7 @@ def run_portal(label: str, database_url: str, redis_url: str, sizes: dict, args)
         window = Window(start, args.warmup, args.seconds)
         common_args = ["--http", http_base, "--ws", ws_base, "--fleet-file", str(fleet_file), "--start", str(start),
                        "--warmup", str(args.warmup), "--seconds", str(args.seconds)]
-        for role, extra in (("agents", []), ("users", ["--users", str(sizes["load_users"]), "--think",
+        for role, extra in (("agents", ["--telemetry-period", str(args.telemetry_period)]), ("users", ["--users", str(sizes["load_users"]), "--think",
                                                         str(args.think), "--watchers", str(args.watchers),
                                                         "--seed", str(args.seed)])):
             out = Path(var_dir) / f"load-{role}.json"
@@ -545,7 +554,7 @@ def run_portal(label: str, database_url: str, redis_url: str, sizes: dict, args)
     users = json.loads((Path(var_dir) / "load-users.json").read_text())
     seconds = window.end - window.begin
     hosts = len(fleet["hosts"])
-    samples_offered = hosts * GPUS_PER_HOST * seconds
+    samples_offered = hosts * GPUS_PER_HOST * seconds / args.telemetry_period
     refused_requests = sum(agents["http_errors"].values())
     calls = dict(users["calls"])
     ingest = agents["ingest_ms"]
@@ -637,6 +646,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ws-workers", type=int, default=1, help="uvicorn processes (the Procfile's WS_WORKERS)")
     parser.add_argument("--empty-database-url", help="the baseline's database (default: DATABASE_URL's name + _empty)")
     parser.add_argument("--empty-redis-url", help="the baseline's Redis (default: REDIS_URL's database number - 1)")
+    parser.add_argument("--telemetry-period", type=float, default=1.0,
+                        help="seconds between an agent's batches (the agent's default and the issue's: 1)")
     parser.add_argument("--seed", type=int, default=24)
     parser.add_argument("--json", type=Path, help="write the results here")
     # Children: the builder and the two load processes.
@@ -657,7 +668,7 @@ def main(argv: list[str] | None = None) -> int:
         fleet = json.loads(args.fleet_file.read_text())
         window = Window(args.start, args.warmup, args.seconds)
         if args.load == "agents":
-            stats = _loop_runner()(run_agents(args.http, args.ws, fleet["hosts"], window))
+            stats = _loop_runner()(run_agents(args.http, args.ws, fleet["hosts"], window, args.telemetry_period))
             stats.pop("stop")
         else:
             stats = _loop_runner()(run_users(args.http, args.ws, fleet, args.users, args.think, args.watchers,
@@ -682,7 +693,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "command": "python -m benchmarks.fleet " + " ".join(sys.argv[1:] if argv is None else argv),
         "gpus": args.gpus, "teams": args.teams, "users": args.users, "seconds": args.seconds,
-        "warmup": args.warmup, "think_s": args.think, "cpu_count": os.cpu_count(),
+        "warmup": args.warmup, "think_s": args.think, "telemetry_period_s": args.telemetry_period,
+        "cpu_count": os.cpu_count(),
         "web_workers": args.web_workers, "web_threads": args.web_threads, "ws_workers": args.ws_workers,
         "targets_ms": {"page_p95": TARGET_MS["page"], "api_p95": TARGET_MS["api"]},
         "all_met": all(row["met"] for row in rows), "comparison": rows, "empty": empty, "fleet": fleet,

@@ -130,13 +130,14 @@ def _percentile(values: list[float], p: float) -> float | None:
     return round(ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))], 1)
 
 
-async def agent_loop(session, base: str, agent: dict, stats: dict, rng: random.Random) -> None:
-    """One host: every second, one batch of all its GPUs, POSTed like `python -m agent` does."""
+async def agent_loop(session, base: str, agent: dict, stats: dict, rng: random.Random, period: float = 1.0) -> None:
+    """One host: every `period` seconds (the agent's default: 1), one batch of all its GPUs, POSTed like
+    `python -m agent` does."""
     headers = {"Authorization": f"Host {agent['key']}", "Content-Type": "application/json"}
     stream = f"bench-{rng.getrandbits(48):x}"
     util = [rng.uniform(0, 100) for _ in agent["uuids"]]
     seq = 0
-    await asyncio.sleep(rng.random())  # spread the hosts over the second
+    await asyncio.sleep(rng.random() * period)  # spread the hosts over the period
     next_at = time.monotonic()
     while time.time() < stats["stop"]:
         seq += 1
@@ -166,11 +167,11 @@ async def agent_loop(session, base: str, agent: dict, stats: dict, rng: random.R
         # As `python -m agent` does (agent/telemetry.py: TelemetrySender.run): the next sample is
         # taken on the next whole tick after the request returned; ticks missed while a request was
         # in flight are skipped, not sent back to back, and counted.
-        next_at += 1.0
+        next_at += period
         late = time.monotonic() - next_at
         if late > 0:
-            missed = int(late) + 1
-            next_at += missed
+            missed = int(late / period) + 1
+            next_at += missed * period
             if stats["measuring"]:
                 stats["ticks_skipped"] += missed
         await asyncio.sleep(max(0.0, next_at - time.monotonic()))
