@@ -8,7 +8,7 @@ PORT ?= 8000
 TEST_DATABASE_URL ?= postgres://gpupool:gpupool@127.0.0.1:5432/gpupool
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/14
 
-.PHONY: run test venv dev-venv services benchmark-api benchmark-api-cpu benchmark-api-floor benchmark-history benchmark-sharing benchmark-queue benchmark-telemetry-history benchmark-k8s-telemetry benchmark-apply benchmark-page-load clean
+.PHONY: run test venv dev-venv services benchmark-api benchmark-api-cpu benchmark-api-floor benchmark-history benchmark-sharing benchmark-queue benchmark-telemetry-history benchmark-k8s-telemetry benchmark-apply benchmark-page-load benchmark-fleet clean
 
 $(VENV)/.runtime: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -112,3 +112,12 @@ clean:
 # Pool page (Plotly) vs reservations page (no Plotly) in Chromium on the embedded demo, repeat visits.
 benchmark-page-load: services $(VENV)/.dev
 	$(PY) -m benchmarks.page_load --json benchmarks/results/page_load.json
+
+# Issue 24: 10,000 GPUs on 1,250 hosts, 1,000 teams, 200 users and a year of history, served by the Procfile's
+# processes and loaded by every host's agent (telemetry at 1 Hz, lease channel) and 200 users, beside the same
+# load on an empty portal. Drops and recreates both databases (gpupool_fleet, gpupool_fleet_empty).
+FLEET_BENCH_DATABASE_URL ?= postgres://gpupool:gpupool@127.0.0.1:5432/gpupool_fleet
+
+benchmark-fleet: services $(VENV)/.dev
+	DATABASE_URL=$(FLEET_BENCH_DATABASE_URL) REDIS_URL=redis://127.0.0.1:6379/9 SECRET_KEY=bench-only \
+		$(PY) -m benchmarks.fleet --gpus 10000 --teams 1000 --seconds 60 --json benchmarks/results/fleet.json

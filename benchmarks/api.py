@@ -22,7 +22,6 @@ import asyncio
 import json
 import os
 import random
-import statistics
 import subprocess
 import sys
 import time
@@ -30,6 +29,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+
+from benchmarks.common import percentile as _pct  # noqa: F401 - kept for callers of benchmarks.api._pct
+from benchmarks.common import summarize_calls
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_PREFIX = "bench"
@@ -163,13 +165,6 @@ class Calls:
         self.statuses[name][status] += 1
 
 
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
-
-
 def reservation_body(pair: dict, start: datetime, rng: random.Random) -> dict:
     """A short reservation request of the benchmark mix: 1, 2 or 4 GPUs (1 most often) for 30 minutes."""
     return {"pool": pair["pool"], "team": pair["team"], "gpus": rng.choice((1, 1, 2, 4)),
@@ -231,19 +226,7 @@ async def _mix(base: str, pairs: list[dict], concurrency: int, seconds: float, s
 
 
 def _summary(calls: Calls, seconds: float) -> dict[str, dict]:
-    out = {}
-    for name, values in calls.latencies.items():
-        statuses = dict(calls.statuses[name])
-        out[name] = {
-            "requests": len(values),
-            "per_s": round(len(values) / seconds, 1),
-            "p50_ms": round(_pct(values, 50), 2),
-            "p95_ms": round(_pct(values, 95), 2),
-            "p99_ms": round(_pct(values, 99), 2),
-            "mean_ms": round(statistics.fmean(values), 2) if values else 0.0,
-            "statuses": {str(k): v for k, v in sorted(statuses.items())},
-        }
-    return out
+    return summarize_calls(calls.latencies, calls.statuses, seconds)
 
 
 # --- serving -------------------------------------------------------------------------------

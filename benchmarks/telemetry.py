@@ -27,7 +27,6 @@ import heapq
 import json
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,6 +35,9 @@ import time
 from pathlib import Path
 
 import orjson
+
+from benchmarks.common import cpu_seconds as _cpu_seconds
+from benchmarks.common import free_port as _free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PREFIX = "bench-tm"
@@ -128,13 +130,14 @@ def _percentile(values: list[float], p: float) -> float | None:
     return round(ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))], 1)
 
 
-async def _agent(session, base: str, agent: dict, stats: dict, rng: random.Random) -> None:
-    """One host: every second, one batch of all its GPUs, POSTed like `python -m agent` does."""
+async def agent_loop(session, base: str, agent: dict, stats: dict, rng: random.Random, period: float = 1.0) -> None:
+    """One host: every `period` seconds (the agent's default: 1), one batch of all its GPUs, POSTed like
+    `python -m agent` does."""
     headers = {"Authorization": f"Host {agent['key']}", "Content-Type": "application/json"}
     stream = f"bench-{rng.getrandbits(48):x}"
     util = [rng.uniform(0, 100) for _ in agent["uuids"]]
     seq = 0
-    await asyncio.sleep(rng.random())  # spread the hosts over the second
+    await asyncio.sleep(rng.random() * period)  # spread the hosts over the period
     next_at = time.monotonic()
     while time.time() < stats["stop"]:
         seq += 1
@@ -164,11 +167,11 @@ async def _agent(session, base: str, agent: dict, stats: dict, rng: random.Rando
         # As `python -m agent` does (agent/telemetry.py: TelemetrySender.run): the next sample is
         # taken on the next whole tick after the request returned; ticks missed while a request was
         # in flight are skipped, not sent back to back, and counted.
-        next_at += 1.0
+        next_at += period
         late = time.monotonic() - next_at
         if late > 0:
-            missed = int(late) + 1
-            next_at += missed
+            missed = int(late / period) + 1
+            next_at += missed * period
             if stats["measuring"]:
                 stats["ticks_skipped"] += missed
         await asyncio.sleep(max(0.0, next_at - time.monotonic()))
@@ -233,7 +236,7 @@ async def _run_load(http_base: str, ws_base: str, fleet: dict, clients: int, sec
         if baseline is not None:
             await _baseline(fleet, *baseline, stats)
         stats["stop"] = time.time() + warmup + seconds + 2
-        agents = [asyncio.create_task(_agent(session, http_base, a, stats, random.Random(i)))
+        agents = [asyncio.create_task(agent_loop(session, http_base, a, stats, random.Random(i)))
                   for i, a in enumerate(fleet["agents"])]
         await asyncio.sleep(warmup)
         stats["measuring"] = True
@@ -266,42 +269,12 @@ def _p95_by_second(stats: dict) -> list[float | None]:
 
 # --- the server ----------------------------------------------------------------------------
 
-def _cpu_seconds(roots: list[int]) -> float:
-    """User + system CPU seconds of these processes and their children (Linux /proc)."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    stats = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / ticks)
-    wanted, total = set(roots), 0.0
-    changed = True
-    while changed:
-        changed = False
-        for pid, (ppid, _) in stats.items():
-            if ppid in wanted and pid not in wanted:
-                wanted.add(pid)
-                changed = True
-    for pid in wanted:
-        total += stats.get(pid, (0, 0.0))[1]
-    return total
-
-
 def _event_loop_runner():
     try:
         import uvloop
     except ImportError:
         return asyncio.run
     return uvloop.run
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _env(mode: str, var_dir: str) -> dict:
