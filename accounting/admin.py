@@ -1,7 +1,7 @@
 """The usage ledger in the admin: read-only (the closing task writes it; a hand edit would be lost at the next close)."""
 from django.contrib import admin
 
-from accounting.models import ClosedHour, LedgerDay, LedgerEntry
+from accounting.models import ClosedHour, LedgerDay, LedgerEntry, LedgerMonth
 
 
 class ReadOnly(admin.ModelAdmin):
@@ -32,6 +32,15 @@ class LedgerDayAdmin(ReadOnly):
     list_filter = ["mode", "pool"]
     list_select_related = ["team", "user", "pool"]
     date_hierarchy = "day"
+    show_full_result_count = False
+
+
+@admin.register(LedgerMonth)
+class LedgerMonthAdmin(ReadOnly):
+    list_display = ["month", "team", "user", "pool", "gpu_model", "mode", "booked_ge_hours", "used_ge_hours",
+                    "no_data_ge_hours", "gpu_hours"]
+    list_filter = ["mode", "pool"]
+    list_select_related = ["team", "user", "pool"]
     show_full_result_count = False
 
 

@@ -11,8 +11,8 @@ over) has its allocation's `ends_at` cut back already, so it counts only its rea
 
 The figures of each grant come from the database in one query per hour: the overlap of the grant
 with the hour, and from the GPU's minute rollups (monitoring.MinuteRollup) the seconds of that
-overlap inside minutes with data, and inside busy minutes. Then the hour's days are summed again
-into LedgerDay.
+overlap inside minutes with data, and inside busy minutes. Then the hour's day is summed again
+into LedgerDay, and its month into LedgerMonth.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from django.db.models import F, FloatField, OuterRef, Q, Subquery, Sum, Value
 from django.db.models.functions import Coalesce, Greatest, Least
 from django.utils import timezone
 
-from accounting.models import ClosedHour, LedgerDay, LedgerEntry
+from accounting.models import ClosedHour, LedgerDay, LedgerEntry, LedgerMonth
 from allocations.models import Allocation
 from monitoring.models import MinuteRollup
 
@@ -113,6 +113,7 @@ def ledger_hour_close(*, hour: datetime, final: bool, now: datetime | None = Non
         ClosedHour.objects.update_or_create(hour=hour, defaults={"closed_at": now, "final": final,
                                                                  "entries": len(entries)})
         ledger_day_refresh(day=hour.date())
+        ledger_month_refresh(month=hour.date().replace(day=1))
     return len(entries)
 
 
@@ -127,6 +128,21 @@ def ledger_day_refresh(*, day: date) -> int:
                       no_data_ge_hours=r["n"], gpu_hours=r["g"]) for r in sums]
     LedgerDay.objects.filter(day=day).delete()
     LedgerDay.objects.bulk_create(rows, batch_size=2000)
+    return len(rows)
+
+
+def ledger_month_refresh(*, month: date) -> int:
+    """Sum the month's day sums again into LedgerMonth (in the caller's transaction); returns the rows written."""
+    month = month.replace(day=1)
+    following = (month + timedelta(days=32)).replace(day=1)
+    sums = (LedgerDay.objects.filter(day__gte=month, day__lt=following).order_by()
+            .values("team_id", "user_id", "pool_id", "gpu_model", "mode")
+            .annotate(b=Sum("booked_ge_hours"), u=Sum("used_ge_hours"), n=Sum("no_data_ge_hours"), g=Sum("gpu_hours")))
+    rows = [LedgerMonth(month=month, team_id=r["team_id"], user_id=r["user_id"], pool_id=r["pool_id"],
+                        gpu_model=r["gpu_model"], mode=r["mode"], booked_ge_hours=r["b"], used_ge_hours=r["u"],
+                        no_data_ge_hours=r["n"], gpu_hours=r["g"]) for r in sums]
+    LedgerMonth.objects.filter(month=month).delete()
+    LedgerMonth.objects.bulk_create(rows, batch_size=2000)
     return len(rows)
 
 

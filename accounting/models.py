@@ -5,9 +5,10 @@ that it overlaps, written when the hour is closed and written again (never dupli
 grant and hour) when late telemetry re-closes it. It copies what a report groups by (team, user,
 pool, GPU model, sharing mode) so reports, and later the prices per GE-hour per model and pool,
 read it without joining the grants. `LedgerDay` sums the entries of one UTC day per team, user,
-pool, model and mode, rebuilt from them whenever one of the day's hours is (re)closed: a report
-over whole days (a year by team, by month) reads a few thousand rows a day instead of one per
-GPU-hour.
+pool, model and mode, rebuilt from them whenever one of the day's hours is (re)closed, and
+`LedgerMonth` sums a month's days the same way: a report reads whole months from the month sums,
+whole days at its edges from the day sums, and hours at its edges from the entries (a year by team
+is a few hundred thousand rows at most, not one per GPU-hour).
 
 Hours are GE-hours unless named otherwise: `booked` is the grant's GE x the part of the hour it
 held; `used` the part of that the GPU's minute telemetry says was busy (utilization above
@@ -93,6 +94,30 @@ class LedgerDay(UsageFigures):
 
     def __str__(self) -> str:
         return f"{self.day} team {self.team_id}: {self.booked_ge_hours:.3f} GE-h"
+
+
+class LedgerMonth(UsageFigures):
+    """The month's day sums (LedgerDay), summed again per team, user, pool, GPU model and sharing mode."""
+
+    month = models.DateField(verbose_name=_("month"), help_text=_("Its first day"))
+    team = models.ForeignKey(Team, verbose_name=_("team"), on_delete=models.PROTECT, related_name="+")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, verbose_name=_("requester"), on_delete=models.SET_NULL,
+                             null=True, blank=True, related_name="+")
+    pool = models.ForeignKey(GpuPool, verbose_name=_("pool"), on_delete=models.PROTECT, related_name="+")
+    gpu_model = models.CharField(verbose_name=_("GPU model"), max_length=128)
+    mode = models.CharField(verbose_name=_("sharing mode"), max_length=16)
+
+    class Meta:
+        verbose_name = _("usage ledger month")
+        verbose_name_plural = _("usage ledger months")
+        ordering = ["month", "team_id"]
+        indexes = [
+            models.Index(fields=["month"], name="ledger_month_month"),
+            models.Index(fields=["team", "month"], name="ledger_month_team_month"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.month:%Y-%m} team {self.team_id}: {self.booked_ge_hours:.3f} GE-h"
 
 
 class ClosedHour(models.Model):

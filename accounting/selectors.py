@@ -3,13 +3,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, time
+from datetime import UTC, date, datetime, timedelta
 
 from django.contrib.auth import get_user_model
+from django.db import connection
 from django.db.models import DateField, QuerySet, Sum
 from django.db.models.functions import TruncDay, TruncMonth, TruncWeek
 
-from accounting.models import LedgerDay, LedgerEntry
+from accounting.models import LedgerDay, LedgerEntry, LedgerMonth
 from inventory.models import GpuPool
 from teams.models import Team
 from teams.selectors import team_ids_of
@@ -33,42 +34,91 @@ class UsageQuery:
     team_ids: frozenset[int] | None  # None: every team
 
 
-def _whole_days(query: UsageQuery) -> bool:
-    return query.start.timetz() == time(0, tzinfo=UTC) and query.end.timetz() == time(0, tzinfo=UTC)
+def _day_ceil(value: datetime) -> datetime:
+    floor = value.replace(hour=0, minute=0, second=0, microsecond=0)
+    return floor if floor == value else floor + timedelta(days=1)
 
 
-def _sums(query: UsageQuery) -> QuerySet | list[tuple]:
-    """The report's sums, one row per group, from the day summary when the window is whole UTC days
-    (a year is a few million rows at most) and from the hourly entries otherwise."""
-    if _whole_days(query):
-        rows = LedgerDay.objects.filter(day__gte=query.start.date(), day__lt=query.end.date())
-        when = "day"
+def _month_floor(value: datetime) -> datetime:
+    return value.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+
+
+def _month_ceil(value: datetime) -> datetime:
+    floor = _month_floor(value)
+    return floor if floor == value else _month_floor(floor + timedelta(days=32))
+
+
+def segments(query: UsageQuery) -> list[tuple[type, str, datetime, datetime]]:
+    """[start, end) cut into (table, its time column, from, to): whole months from the month sums (unless
+    grouped by day or week, which a month's sums cannot split), whole days from the day sums, the hours
+    at the edges from the entries."""
+    start, end = query.start, query.end
+    d0, d1 = _day_ceil(start), end.replace(hour=0)
+    if d0 >= d1:
+        return [(LedgerEntry, "hour", start, end)]
+    out = [(LedgerEntry, "hour", start, d0)] if start < d0 else []
+    m0, m1 = _month_ceil(d0), _month_floor(d1)
+    if m0 < m1 and not {"day", "week"} & set(query.group_by):
+        out += [(LedgerDay, "day", d0, m0)] if d0 < m0 else []
+        out.append((LedgerMonth, "month", m0, m1))
+        out += [(LedgerDay, "day", m1, d1)] if m1 < d1 else []
     else:
-        rows = LedgerEntry.objects.filter(hour__gte=query.start, hour__lt=query.end)
-        when = "hour"
+        out.append((LedgerDay, "day", d0, d1))
+    out += [(LedgerEntry, "hour", d1, end)] if d1 < end else []
+    return out
+
+
+def _segment_sums(query: UsageQuery, model: type, when: str, lo: datetime, hi: datetime) -> tuple[QuerySet, list]:
+    """One segment's sums per group, and the names of its group columns (no groups: its rows, unsummed)."""
+    if when == "hour":
+        rows = model.objects.filter(hour__gte=lo, hour__lt=hi)
+    else:
+        rows = model.objects.filter(**{f"{when}__gte": lo.date(), f"{when}__lt": hi.date()})
     if query.team_ids is not None:
         rows = rows.filter(team_id__in=query.team_ids)
-    groups = {}
+    keys = []
     for name in query.group_by:
         if name in PERIODS:
-            groups[name] = TRUNC[name](when, output_field=DateField(), tzinfo=UTC if when == "hour" else None)
-        else:
-            groups[name] = COLUMNS[name]
-    keys = []
-    for name, column in groups.items():
-        if isinstance(column, str):
-            keys.append(column)
-        else:
-            rows = rows.annotate(**{f"g_{name}": column})
+            rows = rows.annotate(**{f"g_{name}": TRUNC[name](when, output_field=DateField(),
+                                                             tzinfo=UTC if when == "hour" else None)})
             keys.append(f"g_{name}")
-    if not keys:  # the totals: one row, even over no entries
-        totals = rows.aggregate(b=Sum("booked_ge_hours"), u=Sum("used_ge_hours"), n=Sum("no_data_ge_hours"),
-                                g=Sum("gpu_hours"))
-        return [(totals["b"], totals["u"], totals["n"], totals["g"])]
+        else:
+            keys.append(COLUMNS[name])
+    if not keys:
+        return rows, keys
     return (rows.order_by().values(*keys)
             .annotate(b=Sum("booked_ge_hours"), u=Sum("used_ge_hours"), n=Sum("no_data_ge_hours"),
-                      g=Sum("gpu_hours"))
-            .values_list(*keys, "b", "u", "n", "g").order_by(*keys).iterator(chunk_size=2000))
+                      g=Sum("gpu_hours"))), keys
+
+
+def _sums(query: UsageQuery) -> Iterator[tuple] | list[tuple]:
+    """The report's sums, one row per group (its group values, then booked, used, no data, GPU-hours), summed
+    by the database: one segment's query, or several segments' sums added up by one UNION ALL query."""
+    parts = [_segment_sums(query, *segment) for segment in segments(query)]
+    keys = parts[0][1]
+    if not keys:  # the totals: one row, even over no entries
+        totals = [part.aggregate(b=Sum("booked_ge_hours"), u=Sum("used_ge_hours"), n=Sum("no_data_ge_hours"),
+                                 g=Sum("gpu_hours")) for part, _ in parts]
+        return [tuple(sum(t[k] or 0.0 for t in totals) for k in "bung")]
+    if len(parts) == 1:
+        return parts[0][0].values_list(*keys, "b", "u", "n", "g").order_by(*keys).iterator(chunk_size=2000)
+    return _union_sums(parts, keys)
+
+
+def _union_sums(parts: list[tuple[QuerySet, list]], keys: list[str]) -> Iterator[tuple]:
+    quote = connection.ops.quote_name
+    sqls, params = [], []
+    for part, _ in parts:
+        sql, more = part.values_list(*keys, "b", "u", "n", "g").query.sql_with_params()
+        sqls.append(f"SELECT * FROM ({sql}) AS s{len(sqls)}")
+        params.extend(more)
+    columns = ", ".join(quote(key) for key in keys)
+    sql = (f"SELECT {columns}, SUM(b), SUM(u), SUM(n), SUM(g) FROM ({' UNION ALL '.join(sqls)}) AS parts "
+           f"GROUP BY {columns} ORDER BY {columns}")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        while batch := cursor.fetchmany(2000):
+            yield from batch
 
 
 def _figures(booked: float, used: float, no_data: float, gpu_hours: float) -> list[float | None]:

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from accounting.ledger import ledger_close, ledger_hour_close
-from accounting.models import ClosedHour, LedgerDay, LedgerEntry
+from accounting.models import ClosedHour, LedgerDay, LedgerEntry, LedgerMonth
 from accounting.selectors import UsageQuery, usage_totals
 from accounting.tasks import close_usage_hours
 from allocations.models import Allocation
@@ -62,8 +62,8 @@ def test_the_ledger_sums_each_grants_hours(world, history):
             assert all(e.no_data_ge_hours == pytest.approx(e.booked_ge_hours) and e.used_ge_hours == 0
                        for e in entries)  # no telemetry at all: nothing counts as used
         total = sum(expected for _, expected in made)
-        days = LedgerDay.objects.aggregate(s=Sum("booked_ge_hours"))["s"] or 0.0
-        assert days == pytest.approx(total, abs=1e-9)
+        for summary in (LedgerDay, LedgerMonth):
+            assert (summary.objects.aggregate(s=Sum("booked_ge_hours"))["s"] or 0.0) == pytest.approx(total, abs=1e-9)
         # A report over whole days (the day summary) and one over hours (the entries) agree.
         whole = usage_totals(UsageQuery(H.replace(hour=0), H.replace(hour=0) + timedelta(days=2), (), None))
         hourly = usage_totals(UsageQuery(H, H + timedelta(hours=16), (), None))

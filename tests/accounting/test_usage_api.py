@@ -6,6 +6,7 @@ import io
 from datetime import timedelta
 
 import pytest
+from django.db.models import Sum
 
 from accounting.ledger import ledger_close
 from teams.models import Membership
@@ -74,6 +75,29 @@ def test_a_window_of_hours_reads_the_hourly_entries(history, api):
     body = _get(api(history.staff), start="2025-03-03T11:00:00Z", end="2025-03-03T12:00+00:00",
                 group_by="team").json()
     assert [(r["team"], r["booked_ge_hours"]) for r in body["rows"]] == [("ml", pytest.approx(2.0))]
+
+
+@pytest.mark.parametrize("group_by", ["team", "team,pool,user,month", "mode,day", "model,week"])
+@pytest.mark.parametrize(("start", "end"), [
+    ("2025-01-31T05:00Z", "2025-03-03T12:00Z"),  # hours, days, a month, a day, hours
+    ("2025-02-01", "2025-05-01"),                # months only
+    ("2025-03-03T11:00Z", "2025-03-05T00:00Z"),  # hours, then days
+])
+def test_any_window_sums_what_the_hourly_entries_sum(history, api, group_by, start, end):
+    """However a window is cut (months, days and hours at the edges, each read from its own table), the report
+    is what the entries of its hours add up to."""
+    from accounting.models import LedgerEntry
+    from accounting.selectors import UsageQuery, usage_rows, segments
+    from accounting.api.views import _instant
+
+    lo, hi = _instant("start", start, []), _instant("end", end, [])
+    names = tuple(group_by.split(","))
+    cut = list(usage_rows(UsageQuery(lo, hi, names, None)))
+    only_hours = LedgerEntry.objects.filter(hour__gte=lo, hour__lt=hi).aggregate(s=Sum("booked_ge_hours"))["s"] or 0
+    assert sum(row[len(names)] for row in cut) == pytest.approx(only_hours, abs=1e-3)
+    body = _get(api(history.staff), start=start, end=end, group_by=group_by).json()
+    assert [list(r.values()) for r in body["rows"]] == cut
+    assert len(segments(UsageQuery(lo, hi, names, None))) >= 1
 
 
 def test_members_see_their_teams_and_staff_every_team(history, api):
