@@ -1,13 +1,15 @@
 """Does a year's usage report stay under a second? `python -m benchmarks.usage --teams 1000 --gpus 10000 --json FILE`.
 
 Builds a year of a fleet's usage ledger straight into its own database, as the closing task
-(accounting/ledger.py) would have left it: the day summary (LedgerDay) for 365 days, each team's
+(accounting/ledger.py) would have left it: the day sums (LedgerDay) for 365 days (and from them the
+month sums, LedgerMonth, by the ledger's own code), each team's
 GPUs in two pools (half of them each) and booked by three of its users, and the hourly entries
 (LedgerEntry, one per grant and hour; 70 % of the fleet booked each hour) for the last 30 days at
 full size; older hours' entries are counted, not written (at this size a year of them is tens of
 millions of rows, and no whole-day report reads them). Then it times, median of --calls, what
 GET /api/v1/usage/ does for staff (accounting.selectors: the rows, the totals, rendered as JSON):
-a year grouped by team and by team,month, beside the same two over one month (the ratio); a window of
+a year (the last 365 days: 11 whole months and edge days) grouped by team and by team,month, beside
+the same two over one month (the last 30 days; the ratio); a window of
 hours (not whole days, so read from the entries) over a week; and rebuilding one day's summary
 from its entries, as closing an hour does.
 
@@ -66,9 +68,10 @@ def _fleet(teams: int) -> None:
 
 def fill(teams: int, gpus: int, end_day: datetime) -> dict[str, int]:
     """The year's day summary and the last ENTRY_DAYS' hourly entries; returns the row counts."""
-    from django.db import connection
+    from django.db import connection, transaction
 
-    from accounting.models import ClosedHour, LedgerDay, LedgerEntry
+    from accounting.ledger import ledger_month_refresh
+    from accounting.models import ClosedHour, LedgerDay, LedgerEntry, LedgerMonth
 
     per_team = gpus / teams
     start_day = end_day - timedelta(days=365)
@@ -109,9 +112,21 @@ def fill(teams: int, gpus: int, end_day: datetime) -> dict[str, int]:
             "WHERE (g * 7 + extract(epoch FROM h)::bigint / 3600 / 5) %% 10 < %s",
             [gpus - 1, entry_start, end_day, teams, USERS_PER_TEAM, USERS_PER_TEAM, teams, int(BOOKED_SHARE * 10)])
         entry_rows = cursor.rowcount
-        for model in (LedgerDay, LedgerEntry):
+        cursor.execute(f"TRUNCATE {LedgerMonth._meta.db_table}")
+    # The month sums, by the code that keeps them (accounting.ledger), from the day sums.
+    month = (start_day - timedelta(days=1)).date().replace(day=1)
+    month_rows, rebuilds = 0, []
+    while month < end_day.date():
+        t0 = time.perf_counter()
+        with transaction.atomic():
+            month_rows += ledger_month_refresh(month=month)
+        rebuilds.append((time.perf_counter() - t0) * 1000)
+        month = (month + timedelta(days=32)).replace(day=1)
+    with connection.cursor() as cursor:
+        for model in (LedgerDay, LedgerEntry, LedgerMonth):
             cursor.execute(f"ANALYZE {model._meta.db_table}")
-    return {"day_rows": day_rows, "entry_rows_last_30_days": entry_rows,
+    return {"day_rows": day_rows, "month_rows": month_rows,
+            "month_rebuild_ms_median": round(statistics.median(rebuilds), 1), "entry_rows_last_30_days": entry_rows,
             "entry_rows_a_year_would_hold": round(entry_rows * 365 / ENTRY_DAYS)}
 
 
