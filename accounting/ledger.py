@@ -50,8 +50,8 @@ class Epoch(models.Func):
         return self.as_sql(compiler, conn, template="CAST(EXTRACT(EPOCH FROM %(expressions)s) AS double precision)",
                            **extra)
 
-    def as_sqlite(self, compiler, conn, **extra):
-        return self.as_sql(compiler, conn, template="((julianday(%(expressions)s) - 2440587.5) * 86400.0)", **extra)
+    def as_sqlite(self, compiler, conn, **extra):  # to the millisecond, as SQLite keeps datetimes
+        return self.as_sql(compiler, conn, template="ROUND((julianday(%(expressions)s) - 2440587.5) * 86400.0, 3)", **extra)
 
 
 def hour_floor(value: datetime) -> datetime:
@@ -97,8 +97,9 @@ def ledger_hour_close(*, hour: datetime, final: bool, now: datetime | None = Non
     entries = []
     for (grant, reservation, team, user, pool, gpu, model, mode, ge, milli, s_ep, e_ep, data_s,
          busy_s) in _grant_rows(hour):
-        seconds = max(0.0, e_ep - s_ep)
-        data_s, busy_s = min(data_s, seconds), min(busy_s, data_s, seconds)
+        # To the millisecond: SQLite's julianday() is a double of days, off by some microseconds.
+        seconds = round(max(0.0, e_ep - s_ep), 3)
+        data_s, busy_s = round(min(data_s, seconds), 3), round(min(busy_s, data_s, seconds), 3)
         entries.append(LedgerEntry(
             allocation_id=grant, hour=hour, reservation_id=reservation, team_id=team, user_id=user, pool_id=pool,
             gpu_id=gpu, gpu_model=model, mode=mode, ge=ge, milli=milli, seconds=seconds,
