@@ -8,7 +8,7 @@ PORT ?= 8000
 TEST_DATABASE_URL ?= postgres://gpupool:gpupool@127.0.0.1:5432/gpupool
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/14
 
-.PHONY: run test venv dev-venv services benchmark-api benchmark-api-cpu benchmark-api-floor benchmark-history benchmark-sharing benchmark-queue benchmark-telemetry-history benchmark-k8s-telemetry benchmark-apply benchmark-page-load benchmark-fleet clean
+.PHONY: run test venv dev-venv services benchmark-api benchmark-api-cpu benchmark-api-floor benchmark-history benchmark-sharing benchmark-queue benchmark-telemetry-history benchmark-k8s-telemetry benchmark-apply benchmark-page-load benchmark-fleet benchmark-usage clean
 
 $(VENV)/.runtime: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -97,6 +97,12 @@ benchmark-telemetry-history: services $(VENV)/.dev
 	DATABASE_URL=$(BENCH_DATABASE_URL) REDIS_URL=redis://127.0.0.1:6379/13 SECRET_KEY=bench-only \
 		$(PY) -m benchmarks.telemetry_history --fleets 1000,10000 --calls 20 \
 		--json benchmarks/results/telemetry-history.json
+
+# A year of a 1,000-team, 10,000-GPU fleet's usage ledger, and the usage report over it (its own database).
+benchmark-usage: services $(VENV)/.dev
+	PGPASSWORD=gpupool createdb -h 127.0.0.1 -U gpupool gpupool_usage_bench 2>/dev/null || true
+	DATABASE_URL=postgres://gpupool:gpupool@127.0.0.1:5432/gpupool_usage_bench REDIS_URL=redis://127.0.0.1:6379/13 \
+		SECRET_KEY=bench-only $(PY) -m benchmarks.usage --teams 1000 --gpus 10000 --json benchmarks/results/usage.json
 
 benchmark-telemetry: services $(VENV)/.dev
 	PGPASSWORD=gpupool createdb -h 127.0.0.1 -U gpupool gpupool_bench 2>/dev/null || true

@@ -24,6 +24,7 @@ PERIODIC_TASKS = (
     ("ALERT_EVALUATE_SECONDS", "monitoring.tasks.evaluate_alerts", "evaluate alert rules"),
     ("TELEMETRY_K8S_TICK_SECONDS", "monitoring.tasks.read_kubernetes_telemetry", "read Kubernetes GPU telemetry"),
     ("NOTIFY_SWEEP_SECONDS", "teams.tasks.deliveries_due", "send due notifications"),
+    ("USAGE_CLOSE_SECONDS", "accounting.tasks.close_usage_hours", "close finished hours into the usage ledger"),
     ("AUDIT_RETENTION_CHECK_SECONDS", "audit.tasks.delete_expired_audit_entries", "delete expired audit entries"),
 )
 

@@ -72,6 +72,8 @@ INSTALLED_APPS = [
     "inventory",
     "allocations",
     "monitoring",
+    # The usage ledger and its API (reads grants, teams, pools and telemetry; the pages and wiring read it).
+    "accounting",
     # The pages, then the wiring (for its runembedded command and deploy checks).
     "portal",
     "config",
@@ -330,6 +332,14 @@ TELEMETRY_IDLE_UTIL_PCT = env.float("TELEMETRY_IDLE_UTIL_PCT", default=1.0)
 TELEMETRY_K8S_TICK_SECONDS = env.float("TELEMETRY_K8S_TICK_SECONDS", default=1.0)
 TELEMETRY_K8S_TIMEOUT_SECONDS = env.float("TELEMETRY_K8S_TIMEOUT_SECONDS", default=4.0)
 TELEMETRY_K8S_SILENT_SECONDS = env.float("TELEMETRY_K8S_SILENT_SECONDS", default=30.0)
+# The usage ledger (accounting/ledger.py): beat closes finished hours this often; an hour is closed this
+# long after it ends (its last minute rollups are in), and closed again, for good, once late telemetry
+# had this long to arrive. A minute whose average memory in use reaches USAGE_BUSY_MEMORY_MIB counts as
+# used even at 0 % utilization (a process holds the card; an idle card shows a few MiB).
+USAGE_CLOSE_SECONDS = env.float("USAGE_CLOSE_SECONDS", default=300.0)
+USAGE_CLOSE_DELAY_SECONDS = env.int("USAGE_CLOSE_DELAY_SECONDS", default=180)
+USAGE_LATE_TELEMETRY_SECONDS = env.int("USAGE_LATE_TELEMETRY_SECONDS", default=2 * 3600)
+USAGE_BUSY_MEMORY_MIB = env.float("USAGE_BUSY_MEMORY_MIB", default=64.0)
 ALERT_EVALUATE_SECONDS = env.float("ALERT_EVALUATE_SECONDS", default=15.0)
 # Links in mails (alerts, failovers) point here. Unset: this machine on the port the portal serves on
 # (PORT, which `make run` and the web server read), not a fixed 8000 that may be another program's.

@@ -2,7 +2,8 @@
 
 Where strings go (makemessages sends each file's strings to the nearest `locale/` above it):
   locale/                      templates/, config/, portal/, common/ and static/js (domain djangojs)
-  <app>/locale/                teams, inventory, allocations, monitoring, audit: their Python and templates
+  <app>/locale/                teams, inventory, allocations, monitoring, audit, accounting: their Python and
+                               templates
 The compiled .mo files are committed beside their .po, so `make run` needs no gettext tools.
 
 `check()` finds three kinds of fault:
@@ -33,11 +34,11 @@ LANGUAGE = "zh_Hans"
 # What makemessages reads; the rest of the tree is not shown to portal users (tests, the host agent, the
 # benchmarks, the command line, which has its own catalogue in cli/).
 SOURCES = ["templates", "config", "portal", "common", "teams", "inventory", "allocations", "monitoring",
-           "audit", "static"]
+           "audit", "accounting", "static"]
 IGNORE = ["tests", "migrations", "management", "*.min.js", "placement", "cli", "agent", "benchmarks", "scripts",
           "docs", "deploy", "var", "staticfiles", "node_modules"]
 # The apps with a catalogue of their own (their Python and their templates/).
-APPS = ["teams", "inventory", "allocations", "monitoring", "audit"]
+APPS = ["teams", "inventory", "allocations", "monitoring", "audit", "accounting"]
 MAKEMESSAGES = ["makemessages", "--locale", LANGUAGE, "--no-obsolete", "--add-location=file", "--no-wrap"]
 for pattern in IGNORE:
     MAKEMESSAGES += ["--ignore", pattern]

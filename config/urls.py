@@ -17,6 +17,7 @@ from allocations.api.views import (
     ReservationViewSet,
     TeamUsageView,
 )
+from accounting.api.views import UsageView
 from allocations.webhooks import urlpatterns as kube_webhooks
 from audit.api.views import AuditEntryListView
 from config import health, metrics
@@ -63,6 +64,7 @@ api = [
     # Beside the teams' routes: a team's use is the allocations app's to read (teams know no bookings).
     path("teams/<slug:slug>/usage/", TeamUsageView.as_view(), name="team-usage"),
     path("audit/", AuditEntryListView.as_view(), name="audit"),
+    path("usage/", UsageView.as_view(), name="usage"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
     path("", include(router.urls)),
