@@ -72,16 +72,24 @@ class LedgerEntry(UsageFigures):
         return f"grant {self.allocation_id} at {self.hour:%Y-%m-%d %H:00}: {self.booked_ge_hours:.3f} GE-h"
 
 
-class LedgerDay(UsageFigures):
-    """The ledger's entries of one UTC day, summed per team, user, pool, GPU model and sharing mode."""
+class UsageGroup(UsageFigures):
+    """What a report groups by, beside the figures: the day and month sums keep one row per such group."""
 
-    day = models.DateField(verbose_name=_("day"))
     team = models.ForeignKey(Team, verbose_name=_("team"), on_delete=models.PROTECT, related_name="+")
     user = models.ForeignKey(settings.AUTH_USER_MODEL, verbose_name=_("requester"), on_delete=models.SET_NULL,
                              null=True, blank=True, related_name="+")
     pool = models.ForeignKey(GpuPool, verbose_name=_("pool"), on_delete=models.PROTECT, related_name="+")
     gpu_model = models.CharField(verbose_name=_("GPU model"), max_length=128)
     mode = models.CharField(verbose_name=_("sharing mode"), max_length=16)
+
+    class Meta:
+        abstract = True
+
+
+class LedgerDay(UsageGroup):
+    """The ledger's entries of one UTC day, summed per team, user, pool, GPU model and sharing mode."""
+
+    day = models.DateField(verbose_name=_("day"))
 
     class Meta:
         verbose_name = _("usage ledger day")
@@ -96,16 +104,10 @@ class LedgerDay(UsageFigures):
         return f"{self.day} team {self.team_id}: {self.booked_ge_hours:.3f} GE-h"
 
 
-class LedgerMonth(UsageFigures):
+class LedgerMonth(UsageGroup):
     """The month's day sums (LedgerDay), summed again per team, user, pool, GPU model and sharing mode."""
 
     month = models.DateField(verbose_name=_("month"), help_text=_("Its first day"))
-    team = models.ForeignKey(Team, verbose_name=_("team"), on_delete=models.PROTECT, related_name="+")
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, verbose_name=_("requester"), on_delete=models.SET_NULL,
-                             null=True, blank=True, related_name="+")
-    pool = models.ForeignKey(GpuPool, verbose_name=_("pool"), on_delete=models.PROTECT, related_name="+")
-    gpu_model = models.CharField(verbose_name=_("GPU model"), max_length=128)
-    mode = models.CharField(verbose_name=_("sharing mode"), max_length=16)
 
     class Meta:
         verbose_name = _("usage ledger month")
