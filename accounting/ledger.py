@@ -118,33 +118,32 @@ def ledger_hour_close(*, hour: datetime, final: bool, now: datetime | None = Non
     return len(entries)
 
 
+# What the day and month sums are kept per (accounting.models.UsageGroup).
+GROUP = ("team_id", "user_id", "pool_id", "gpu_model", "mode")
+
+
+def _resum(source, target, **period) -> int:
+    """Replace `target`'s rows of `period` with `source` summed per GROUP (in the caller's transaction)."""
+    sums = (source.order_by().values(*GROUP)
+            .annotate(b=Sum("booked_ge_hours"), u=Sum("used_ge_hours"), n=Sum("no_data_ge_hours"), g=Sum("gpu_hours")))
+    rows = [target(**period, **{key: r[key] for key in GROUP}, booked_ge_hours=r["b"], used_ge_hours=r["u"],
+                   no_data_ge_hours=r["n"], gpu_hours=r["g"]) for r in sums]
+    target.objects.filter(**period).delete()
+    target.objects.bulk_create(rows, batch_size=2000)
+    return len(rows)
+
+
 def ledger_day_refresh(*, day: date) -> int:
     """Sum the day's entries again into LedgerDay (in the caller's transaction); returns the rows written."""
     start = datetime(day.year, day.month, day.day, tzinfo=UTC)
-    sums = (LedgerEntry.objects.filter(hour__gte=start, hour__lt=start + timedelta(days=1)).order_by()
-            .values("team_id", "user_id", "pool_id", "gpu_model", "mode")
-            .annotate(b=Sum("booked_ge_hours"), u=Sum("used_ge_hours"), n=Sum("no_data_ge_hours"), g=Sum("gpu_hours")))
-    rows = [LedgerDay(day=day, team_id=r["team_id"], user_id=r["user_id"], pool_id=r["pool_id"],
-                      gpu_model=r["gpu_model"], mode=r["mode"], booked_ge_hours=r["b"], used_ge_hours=r["u"],
-                      no_data_ge_hours=r["n"], gpu_hours=r["g"]) for r in sums]
-    LedgerDay.objects.filter(day=day).delete()
-    LedgerDay.objects.bulk_create(rows, batch_size=2000)
-    return len(rows)
+    return _resum(LedgerEntry.objects.filter(hour__gte=start, hour__lt=start + timedelta(days=1)), LedgerDay, day=day)
 
 
 def ledger_month_refresh(*, month: date) -> int:
     """Sum the month's day sums again into LedgerMonth (in the caller's transaction); returns the rows written."""
     month = month.replace(day=1)
     following = (month + timedelta(days=32)).replace(day=1)
-    sums = (LedgerDay.objects.filter(day__gte=month, day__lt=following).order_by()
-            .values("team_id", "user_id", "pool_id", "gpu_model", "mode")
-            .annotate(b=Sum("booked_ge_hours"), u=Sum("used_ge_hours"), n=Sum("no_data_ge_hours"), g=Sum("gpu_hours")))
-    rows = [LedgerMonth(month=month, team_id=r["team_id"], user_id=r["user_id"], pool_id=r["pool_id"],
-                        gpu_model=r["gpu_model"], mode=r["mode"], booked_ge_hours=r["b"], used_ge_hours=r["u"],
-                        no_data_ge_hours=r["n"], gpu_hours=r["g"]) for r in sums]
-    LedgerMonth.objects.filter(month=month).delete()
-    LedgerMonth.objects.bulk_create(rows, batch_size=2000)
-    return len(rows)
+    return _resum(LedgerDay.objects.filter(day__gte=month, day__lt=following), LedgerMonth, month=month)
 
 
 @contextmanager
