@@ -8,7 +8,7 @@ PORT ?= 8000
 TEST_DATABASE_URL ?= postgres://gpupool:gpupool@127.0.0.1:5432/gpupool
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/14
 
-.PHONY: run test venv dev-venv services benchmark-api benchmark-api-cpu benchmark-api-floor benchmark-history benchmark-sharing benchmark-queue benchmark-telemetry-history benchmark-k8s-telemetry benchmark-apply benchmark-page-load benchmark-fleet benchmark-usage clean
+.PHONY: run test venv dev-venv services benchmark-api benchmark-api-cpu benchmark-api-floor benchmark-history benchmark-sharing benchmark-queue benchmark-telemetry-history benchmark-k8s-telemetry benchmark-apply benchmark-page-load benchmark-fleet benchmark-usage benchmark-idle-reclaim clean
 
 $(VENV)/.runtime: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -103,6 +103,11 @@ benchmark-usage: services $(VENV)/.dev
 	PGPASSWORD=gpupool createdb -h 127.0.0.1 -U gpupool gpupool_usage_bench 2>/dev/null || true
 	DATABASE_URL=postgres://gpupool:gpupool@127.0.0.1:5432/gpupool_usage_bench REDIS_URL=redis://127.0.0.1:6379/13 \
 		SECRET_KEY=bench-only $(PY) -m benchmarks.usage --teams 1000 --gpus 10000 --json benchmarks/results/usage.json
+
+# GE-hours per day idle reclaim would give back at a few (warn, release) settings, on demo-like bookings and the
+# Alibaba trace (no database: the policy's decisions replayed a minute at a time).
+benchmark-idle-reclaim: $(VENV)/.dev
+	$(PY) -m benchmarks.idle_reclaim --days 30 --json benchmarks/results/idle-reclaim.json
 
 benchmark-telemetry: services $(VENV)/.dev
 	PGPASSWORD=gpupool createdb -h 127.0.0.1 -U gpupool gpupool_bench 2>/dev/null || true

@@ -28,6 +28,7 @@ from django.utils import timezone
 
 from accounting.models import ClosedHour, LedgerDay, LedgerEntry, LedgerMonth
 from allocations.models import Allocation
+from monitoring.idle import busy_minute
 from monitoring.models import MinuteRollup
 
 logger = logging.getLogger(__name__)
@@ -59,8 +60,9 @@ def hour_floor(value: datetime) -> datetime:
 
 
 def _busy() -> Q:
-    """A minute in which the GPU was in use: utilization above the idle threshold, or memory in use."""
-    return Q(util_avg__gt=settings.TELEMETRY_IDLE_UTIL_PCT) | Q(mem_used_avg__gte=settings.USAGE_BUSY_MEMORY_MIB)
+    """A minute in which the GPU was in use: utilization above the idle threshold, or memory in use (the one
+    rule, monitoring.idle.busy_minute, which the idle reclaim reads too)."""
+    return busy_minute()
 
 
 def _seconds_in_minutes(h0: int, busy: bool) -> Subquery:
@@ -90,10 +92,8 @@ def _grant_rows(hour: datetime):
                          "data_s", "busy_s"))
 
 
-def ledger_hour_close(*, hour: datetime, final: bool, now: datetime | None = None) -> int:
-    """Write the ledger's entries of one clock hour (idempotent); returns how many grants it holds."""
-    hour = hour_floor(hour)
-    now = now or timezone.now()
+def _hour_write(hour: datetime, final: bool, now: datetime) -> int:
+    """Write one clock hour's entries and its ClosedHour (in the caller's transaction), not the sums."""
     entries = []
     for (grant, reservation, team, user, pool, gpu, model, mode, ge, milli, s_ep, e_ep, data_s,
          busy_s) in _grant_rows(hour):
@@ -106,16 +106,34 @@ def ledger_hour_close(*, hour: datetime, final: bool, now: datetime | None = Non
             booked_ge_hours=ge * seconds / 3600, used_ge_hours=ge * busy_s / 3600,
             no_data_ge_hours=ge * (seconds - data_s) / 3600, gpu_hours=milli / 1000 * seconds / 3600,
             closed_at=now))
-    with transaction.atomic():
-        LedgerEntry.objects.bulk_create(entries, batch_size=2000, update_conflicts=True,
-                                        unique_fields=["allocation", "hour"], update_fields=ENTRY_FIELDS)
-        (LedgerEntry.objects.filter(hour=hour, allocation__isnull=False)
-         .exclude(allocation_id__in=[e.allocation_id for e in entries]).delete())
-        ClosedHour.objects.update_or_create(hour=hour, defaults={"closed_at": now, "final": final,
-                                                                 "entries": len(entries)})
-        ledger_day_refresh(day=hour.date())
-        ledger_month_refresh(month=hour.date().replace(day=1))
+    LedgerEntry.objects.bulk_create(entries, batch_size=2000, update_conflicts=True,
+                                    unique_fields=["allocation", "hour"], update_fields=ENTRY_FIELDS)
+    (LedgerEntry.objects.filter(hour=hour, allocation__isnull=False)
+     .exclude(allocation_id__in=[e.allocation_id for e in entries]).delete())
+    ClosedHour.objects.update_or_create(hour=hour, defaults={"closed_at": now, "final": final,
+                                                             "entries": len(entries)})
     return len(entries)
+
+
+def ledger_hour_close(*, hour: datetime, final: bool, now: datetime | None = None) -> int:
+    """Write the ledger's entries of one clock hour (idempotent); returns how many grants it holds."""
+    return ledger_hours_close(hours=[(hour, final)], now=now)
+
+
+def ledger_hours_close(*, hours: list[tuple[datetime, bool]], now: datetime | None = None) -> int:
+    """Close several (hour, final) at once, in one transaction: each hour's entries, then each day and month
+    they touch summed again once (a backfill of many hours: the demo's history). Returns the entries written."""
+    now = now or timezone.now()
+    written = 0
+    with transaction.atomic():
+        floors = sorted({hour_floor(hour): final for hour, final in hours}.items())
+        for hour, final in floors:
+            written += _hour_write(hour, final, now)
+        for day in sorted({hour.date() for hour, _ in floors}):
+            ledger_day_refresh(day=day)
+        for month in sorted({hour.date().replace(day=1) for hour, _ in floors}):
+            ledger_month_refresh(month=month)
+    return written
 
 
 # What the day and month sums are kept per (accounting.models.UsageGroup).

@@ -137,3 +137,81 @@ class ClosedHour(models.Model):
 
     def __str__(self) -> str:
         return f"{self.hour:%Y-%m-%d %H:00} ({'final' if self.final else 'provisional'})"
+
+
+class Price(models.Model):
+    """What one GE-hour of a GPU model costs from `valid_from` (a UTC day) on, in `currency`; with `pool`,
+    only in that pool, where it overrides the model's price. A change of price is a new row with a later
+    `valid_from`: rows in force are never rewritten (services.price_update refuses it), so past costs stay
+    what they were. Which row is in force for an hour: accounting.pricing."""
+
+    gpu_model = models.CharField(verbose_name=_("GPU model"), max_length=128,
+                                 help_text=_("The model name as inventory reports it (Gpu.model_name)"))
+    pool = models.ForeignKey(GpuPool, verbose_name=_("pool"), on_delete=models.PROTECT, null=True, blank=True,
+                             related_name="+", help_text=_("Only in this pool, overriding the model's price; "
+                                                           "empty: every pool"))
+    price_per_ge_hour = models.DecimalField(verbose_name=_("price per GE-hour"), max_digits=12, decimal_places=4)
+    currency = models.CharField(verbose_name=_("currency"), max_length=3, help_text=_("ISO 4217 code, e.g. CNY, USD"))
+    valid_from = models.DateField(verbose_name=_("valid from"), help_text=_("First UTC day it applies to"))
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, verbose_name=_("set by"), on_delete=models.SET_NULL,
+                                   null=True, blank=True, related_name="+")
+    created_at = models.DateTimeField(verbose_name=_("created at"), auto_now_add=True)
+
+    class Meta:
+        verbose_name = _("chargeback price")
+        verbose_name_plural = _("chargeback prices")
+        ordering = ["gpu_model", "pool_id", "valid_from"]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(price_per_ge_hour__gte=0), name="price_not_negative"),
+            # Two partial constraints, not NULLS NOT DISTINCT: the embedded mode's SQLite has no such thing.
+            models.UniqueConstraint(fields=["gpu_model", "pool", "valid_from"], condition=models.Q(pool__isnull=False),
+                                    name="price_one_per_model_pool_day"),
+            models.UniqueConstraint(fields=["gpu_model", "valid_from"], condition=models.Q(pool__isnull=True),
+                                    name="price_one_per_model_day"),
+        ]
+
+    def __str__(self) -> str:
+        where = f" ({self.pool})" if self.pool_id else ""
+        return f"{self.gpu_model}{where}: {self.price_per_ge_hour} {self.currency} from {self.valid_from}"
+
+
+class Statement(models.Model):
+    """A team's frozen monthly statement: written once its month is closed (every hour final), with the
+    prices then in force; later price changes or ledger rewrites leave it as it is."""
+
+    team = models.ForeignKey(Team, verbose_name=_("team"), on_delete=models.CASCADE, related_name="+")
+    month = models.DateField(verbose_name=_("month"), help_text=_("Its first day"))
+    closed_at = models.DateTimeField(verbose_name=_("closed at"))
+
+    class Meta:
+        verbose_name = _("monthly statement")
+        verbose_name_plural = _("monthly statements")
+        ordering = ["-month", "team_id"]
+        constraints = [models.UniqueConstraint(fields=["team", "month"], name="statement_one_per_team_month")]
+
+    def __str__(self) -> str:
+        return f"{self.team} {self.month:%Y-%m}"
+
+
+class StatementLine(models.Model):
+    """One pool x GPU model x sharing mode of a statement. `cost` is empty where no price was in force, and
+    where its hours were priced in more than one currency (`currency` then names them all)."""
+
+    statement = models.ForeignKey(Statement, verbose_name=_("statement"), on_delete=models.CASCADE,
+                                  related_name="lines")
+    pool = models.ForeignKey(GpuPool, verbose_name=_("pool"), on_delete=models.PROTECT, related_name="+")
+    gpu_model = models.CharField(verbose_name=_("GPU model"), max_length=128)
+    mode = models.CharField(verbose_name=_("sharing mode"), max_length=16)
+    booked_ge_hours = models.FloatField(verbose_name=_("booked GE-hours"))
+    used_ge_hours = models.FloatField(verbose_name=_("used GE-hours"))
+    gpu_hours = models.FloatField(verbose_name=_("GPU-hours"))
+    cost = models.DecimalField(verbose_name=_("cost"), max_digits=16, decimal_places=2, null=True, blank=True)
+    currency = models.CharField(verbose_name=_("currency"), max_length=32, blank=True)
+
+    class Meta:
+        verbose_name = _("statement line")
+        verbose_name_plural = _("statement lines")
+        ordering = ["statement_id", "pool_id", "gpu_model", "mode"]
+
+    def __str__(self) -> str:
+        return f"{self.statement}: {self.gpu_model} {self.mode}"

@@ -16,9 +16,10 @@ import signal
 import socket
 import sys
 import threading
+from collections import defaultdict
 from pathlib import Path
 
-from agent import __version__
+from agent import __version__, mig
 from agent.gpus import GpuBackend
 from agent import lease_channel
 from agent.leases import DEFAULT_DIR, LeaseStore
@@ -38,9 +39,24 @@ def make_backend(simulate: str | None, hostname: str) -> GpuBackend:
     return NvmlBackend()
 
 
+def _instance(lease: dict, gpu) -> dict | None:
+    """The MIG device of `gpu` a lease names: by its UUID, else by profile and start slice."""
+    for device in gpu.mig_devices:
+        if device["uuid"] == lease.get("mig_uuid"):
+            return device
+    for device in gpu.mig_devices:
+        if device.get("profile") == lease.get("mig_profile") and device.get("start") == lease.get("mig_start"):
+            return device
+    return None
+
+
+HEARTBEATS_WHILE_STREAMING = 6
+
+
 class Agent:
     def __init__(self, client: PortalClient, backend: GpuBackend, hostname: str, *, heartbeat: float,
-                 max_backoff: float = 60.0, leases: LeaseStore | None = None) -> None:
+                 max_backoff: float = 60.0, leases: LeaseStore | None = None,
+                 allow_mig_reconfigure: bool = False) -> None:
         self.client = client
         self.backend = backend
         self.hostname = hostname
@@ -49,8 +65,16 @@ class Agent:
         self.stop = threading.Event()
         self.registered = False
         self.leases = leases
+        # Create and destroy MIG instances as a dynamic MIG pool's leases ask (--allow-mig-reconfigure); off, a
+        # lease for an instance the GPU does not have is refused, saying so.
+        self.allow_mig_reconfigure = allow_mig_reconfigure
         self.lease_lock = threading.Lock()
         self.lease_channel_open = threading.Event()  # set by the lease channel while its WebSocket is up
+        # Set while telemetry goes over its WebSocket: the portal then takes each frame as a sign of life, and
+        # an HTTP heartbeat is sent only every HEARTBEATS_WHILE_STREAMING intervals, to learn that the portal
+        # still knows this host (a 404 there makes it register again).
+        self.telemetry_socket_open = threading.Event()
+        self._quiet_beats = 0
         self._last_held: list[str] | None = None
         self._inventory = None
         if leases is not None and hasattr(backend, "lease_source"):
@@ -68,7 +92,13 @@ class Agent:
         """Hold `leases` (refusing any for a GPU this host does not have); returns the report for the portal."""
         with self.lease_lock:
             own = {gpu.uuid: gpu for gpu in self.gpus()}
-            failed = {lease["key"]: problem for lease in leases if (problem := self._foreign(lease, own))}
+            failed: dict[str, str] = {}
+            if self.allow_mig_reconfigure:
+                failed.update(self._carve(leases, own))
+                own = {gpu.uuid: gpu for gpu in self.gpus()}
+            leases = [self._named(lease, own) for lease in leases]
+            failed.update({lease["key"]: problem for lease in leases
+                           if lease["key"] not in failed and (problem := self._foreign(lease, own))})
             try:
                 held, problems = self.leases.replace([lease for lease in leases if lease["key"] not in failed])
             except OSError as error:  # the portal keeps waiting for a confirmation; say why here
@@ -88,11 +118,69 @@ class Agent:
         gpu = own.get(lease.get("gpu_uuid"))
         if gpu is None:
             return f"GPU {lease.get('gpu_uuid')} is not on host {self.hostname}"
-        if lease.get("mode") == "mig" and gpu.mig_devices:
-            if lease.get("mig_uuid") not in {device["uuid"] for device in gpu.mig_devices}:
-                return (f"MIG instance {lease.get('mig_uuid')} ({lease.get('mig_profile')} at slice "
-                        f"{lease.get('mig_start')}) is not on GPU {gpu.uuid} of host {self.hostname}")
+        if lease.get("mode") == "mig" and (gpu.mig_devices or gpu.mig_mode):
+            if _instance(lease, gpu) is None:
+                problem = (f"MIG instance {lease.get('mig_uuid')} ({lease.get('mig_profile')} at slice "
+                           f"{lease.get('mig_start')}) is not on GPU {gpu.uuid} of host {self.hostname}")
+                if not self.allow_mig_reconfigure:
+                    problem += ("; this agent does not change MIG layouts (start it with --allow-mig-reconfigure "
+                                "to let a dynamic MIG pool carve instances here)")
+                return problem
         return None
+
+    @staticmethod
+    def _named(lease: dict, own: dict) -> dict:
+        """A MIG lease with the instance's device UUID in mig_uuid, where the portal named it by GPU and start
+        slice ("<GPU UUID>/<start>") before the host reported it: CUDA_VISIBLE_DEVICES takes the UUID."""
+        gpu = own.get(lease.get("gpu_uuid"))
+        device = _instance(lease, gpu) if gpu is not None and lease.get("mode") == "mig" else None
+        return {**lease, "mig_uuid": device["uuid"]} if device and device["uuid"] != lease.get("mig_uuid") else lease
+
+    def _carve(self, leases: list[dict], own: dict) -> dict[str, str]:
+        """Create the MIG instances `leases` name that their GPUs lack (a dynamic MIG pool's), destroying only
+        unleased instances in their way; returns the leases it could not serve, with why. A change makes the
+        agent register again, so the portal learns the new instances' UUIDs."""
+        on_gpu: dict[str, list[dict]] = defaultdict(list)
+        for lease in leases:
+            if lease.get("mode") == "mig" and lease.get("gpu_uuid") in own and lease.get("mig_start") is not None:
+                on_gpu[lease["gpu_uuid"]].append(lease)
+        failed: dict[str, str] = {}
+        changed = False
+        for gpu_uuid, gpu_leases in on_gpu.items():
+            gpu = own[gpu_uuid]
+            missing = [lease for lease in gpu_leases if _instance(lease, gpu) is None]
+            if not missing:
+                continue
+            board = self.backend.mig_board(gpu_uuid) if hasattr(self.backend, "mig_board") else ""
+            if not board:
+                for lease in missing:
+                    failed[lease["key"]] = (f"GPU {gpu_uuid} of host {self.hostname} is not in MIG mode (or not a "
+                                            "board this agent can carve): the agent never changes MIG mode")
+                continue
+            wanted = [(lease.get("mig_profile"), int(lease["mig_start"])) for lease in gpu_leases]
+            destroy, create, refused = mig.carve_plan(board, list(gpu.mig_devices), wanted)
+            for lease in missing:
+                why = refused.get((lease.get("mig_profile"), int(lease["mig_start"])))
+                if why:
+                    failed[lease["key"]] = f"cannot carve MIG instance on GPU {gpu_uuid}: {why}"
+            if not create:
+                continue
+            log.warning("MIG on GPU %s: destroying the unleased instances at slices %s, creating %s", gpu_uuid,
+                        destroy or "none", ", ".join(f"{p} at slice {s}" for p, s in create))
+            try:
+                for start in destroy:
+                    self.backend.mig_destroy(gpu_uuid, start)
+                for profile, start in create:
+                    self.backend.mig_create(gpu_uuid, profile, start)
+            except Exception as error:  # the driver refused (in use, not root, ...): those leases fail, say why
+                log.error("MIG on GPU %s: %s", gpu_uuid, error)
+                for lease in missing:
+                    failed.setdefault(lease["key"], f"cannot carve MIG instance on GPU {gpu_uuid}: {error}")
+            changed = True
+        if changed:
+            self._inventory = None
+            self.registered = False  # report the new instances (their UUIDs) with the next registration
+        return failed
 
     def gpus(self):
         if self._inventory is None:
@@ -122,7 +210,10 @@ class Agent:
             try:
                 if not self.registered:
                     self.register()
+                elif self.telemetry_socket_open.is_set() and self._quiet_beats < HEARTBEATS_WHILE_STREAMING - 1:
+                    self._quiet_beats += 1
                 else:
+                    self._quiet_beats = 0
                     self.client.heartbeat()
                 if self.leases is not None and not self.lease_channel_open.is_set():
                     self.sync_leases()  # the WebSocket is down (or off): poll instead
@@ -168,8 +259,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device-dir", default="/dev", help=argparse.SUPPRESS)  # tests point it elsewhere
     parser.add_argument("--no-lease-channel", action="store_true",
                         help="poll leases over HTTP only (no WebSocket)")
+    parser.add_argument("--allow-mig-reconfigure", action="store_true",
+                        help="create and destroy MIG instances on GPUs already in MIG mode as a dynamic MIG pool's "
+                             "leases ask (only unleased instances are destroyed; the MIG mode is never changed). "
+                             "Without it the agent never changes MIG and refuses such leases, saying why")
     parser.add_argument("--telemetry-interval", type=float, default=1.0,
                         help="seconds between GPU samples sent to the portal (0: no telemetry)")
+    parser.add_argument("--telemetry-over", choices=["websocket", "http"], default="websocket",
+                        help="send samples on a WebSocket beside the lease channel (the default; over HTTP "
+                             "while it cannot be opened) or as HTTP requests only")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s agent: %(message)s")
@@ -180,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     user_map = json.loads(Path(args.user_map).read_text()) if args.user_map else {}
     agent = Agent(PortalClient(args.portal, args.token), backend, args.hostname, heartbeat=args.heartbeat,
                   leases=LeaseStore(args.state_dir, user_map=user_map, device_dir=args.device_dir,
-                                    simulated=bool(args.simulate)))
+                                    simulated=bool(args.simulate)),
+                  allow_mig_reconfigure=args.allow_mig_reconfigure)
     signal.signal(signal.SIGTERM, lambda *_: agent.stop.set())
     signal.signal(signal.SIGINT, lambda *_: agent.stop.set())
     # Telemetry names a process's owner as the portal knows them: the user map read backwards.
@@ -193,7 +292,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.telemetry_interval > 0:
         from agent import telemetry
 
-        telemetry.start(agent.client, backend, agent.stop, lambda: agent.registered, args.telemetry_interval)
+        telemetry_socket = (telemetry.socket_url(args.ws_url or lease_channel.ws_url(args.portal))
+                            if args.telemetry_over == "websocket" else None)
+        telemetry.start(agent.client, backend, agent.stop, lambda: agent.registered, args.telemetry_interval,
+                        socket=telemetry_socket, socket_open=agent.telemetry_socket_open)
     try:
         return agent.run()
     finally:

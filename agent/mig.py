@@ -11,7 +11,9 @@ The table below describes SIMULATED hardware only: the few boards ``--simulate``
 slices and memory. The agent imports nothing from the portal, so it keeps its own copy; the
 portal's table (the one placement decides with) is ``allocations/placement/mig.py``, and
 tests/agent/test_mig.py checks the two agree for the boards both know. The agent never
-creates, changes or destroys a MIG instance, on real or simulated hardware.
+creates, changes or destroys a MIG instance unless it was started with
+``--allow-mig-reconfigure`` (a dynamic MIG pool's leases: :func:`carve_plan`); then it only
+creates the instances its leases name and destroys the unleased ones in their way.
 """
 from __future__ import annotations
 
@@ -61,10 +63,23 @@ class LayoutError(ValueError):
     pass
 
 
+def board_of(name: str) -> str:
+    """The key in GEOMETRY of a GPU NVML names e.g. "NVIDIA A100-SXM4-80GB" or "NVIDIA H100 80GB HBM3" ("" for
+    a board this table does not carve)."""
+    name = name.upper().replace(" ", "-")
+    if "A100" in name:
+        return "A100-80GB" if "80GB" in name else "A100-40GB"
+    if "H100" in name and "80GB" in name:
+        return "H100-80GB"
+    return ""
+
+
 def named_layout(board: str, layout: str) -> list[str]:
     """Profile names of a layout: ``all-balanced``, ``all-<profile>`` (as many as fit) or an explicit
     ``3g.40gb+2g.20gb+1g.10gb+1g.10gb`` list (a ``+me`` suffix stays with its profile)."""
     profiles = GEOMETRY[board]
+    if layout == "all-enabled":  # MIG mode with no instances yet (mig-parted's name), for a dynamic pool
+        return []
     if layout == "all-balanced":  # two 1g, one 2g, one 3g, each of the least memory (as mig-parted has it)
         small = {p.compute: p.name for p in reversed(profiles.values()) if not p.name.endswith("+me")}
         return [small[1], small[1], small[2], small[3]]
@@ -117,13 +132,52 @@ def place(board: str, names: list[str]) -> list[tuple[Profile, int]]:
     return sorted(zip(wanted, starts), key=lambda pair: pair[1])
 
 
-def simulated_uuid(gpu_uuid: str, start: int) -> str:
+def simulated_uuid(gpu_uuid: str, start: int, created: str = "") -> str:
     """A stable fake MIG device UUID for the instance at `start` of `gpu_uuid` (same GPU, same start,
-    same UUID across restarts, so the portal's grants keep naming it)."""
-    return f"MIG-{uuid.uuid5(uuid.NAMESPACE_URL, f'gpupool-simulated-mig:{gpu_uuid}/{start}')}"
+    same UUID across restarts, so the portal's grants keep naming it). An instance the agent creates
+    later (`created`: what makes it new) gets a UUID of its own, as the driver gives one."""
+    suffix = f"/{created}" if created else ""
+    return f"MIG-{uuid.uuid5(uuid.NAMESPACE_URL, f'gpupool-simulated-mig:{gpu_uuid}/{start}{suffix}')}"
 
 
 def simulated_devices(board: str, gpu_uuid: str, layout: str) -> list[dict]:
     return [{"uuid": simulated_uuid(gpu_uuid, start), "profile": profile.name, "start": start,
              "memory_mib": profile.memory_mib}
             for profile, start in place(board, named_layout(board, layout))]
+
+
+def overlaps(a: tuple[Profile, int], b: tuple[Profile, int]) -> bool:
+    return bool(a[0].mask(a[1]) & b[0].mask(b[1]))
+
+
+def carve_plan(board: str, present: list[dict], wanted: list[tuple[str, int]]
+               ) -> tuple[list[int], list[tuple[str, int]], dict[tuple[str, int], str]]:
+    """What to change on one GPU so that every (profile, start) in `wanted` exists, leaving the wanted ones
+    that exist alone: (starts of the present instances to destroy, instances to create, the wanted ones
+    that cannot be made, each with why). Only instances no lease wants are destroyed, and only where a
+    wanted one needs their slices."""
+    profiles = GEOMETRY[board]
+    have = {(d["profile"], d["start"]) for d in present}
+    wanted_set = set(wanted)
+    destroy: list[int] = []
+    create: list[tuple[str, int]] = []
+    refused: dict[tuple[str, int], str] = {}
+    for name, start in sorted(wanted_set - have, key=lambda item: item[1]):
+        profile = profiles.get(name)
+        if profile is None or start not in profile.starts:
+            refused[(name, start)] = f"{name} cannot start at slice {start} on a {board}"
+            continue
+        new = (profile, start)
+        if any(overlaps(new, (profiles[n], s)) for n, s in create if n in profiles):
+            refused[(name, start)] = f"{name} at slice {start} overlaps another instance the leases want"
+            continue
+        in_way = [d for d in present
+                  if d["profile"] in profiles and overlaps(new, (profiles[d["profile"]], d["start"]))]
+        kept = [d for d in in_way if (d["profile"], d["start"]) in wanted_set]
+        if kept:
+            refused[(name, start)] = (f"{name} at slice {start} overlaps {kept[0]['profile']} at slice "
+                                      f"{kept[0]['start']}, which a lease holds")
+            continue
+        destroy.extend(d["start"] for d in in_way if d["start"] not in destroy)
+        create.append((name, start))
+    return sorted(destroy), create, refused

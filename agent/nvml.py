@@ -1,7 +1,9 @@
-"""The real backend: NVML through nvidia-ml-py. Reads only; never changes a GPU setting.
+"""The real backend: NVML through nvidia-ml-py. Reads only; never changes a GPU setting (but see below).
 
 Not its MIG mode or layout either: on a GPU in MIG mode it lists the instances that exist
-(:meth:`NvmlBackend.mig_devices`) and calls no NVML setter.
+(:meth:`NvmlBackend.mig_devices`) and calls no NVML setter, except that an agent started with
+--allow-mig-reconfigure creates and destroys MIG instances (mig_create, mig_destroy) for the
+leases of a dynamic MIG pool. It never changes a GPU's MIG mode.
 """
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import logging
 import math
 from typing import Any
 
+from agent import mig as mig_table
 from agent.gpus import GpuInfo, GpuProcess, GpuSample, process_owner
 
 MIB = 1024 * 1024
@@ -98,6 +101,66 @@ class NvmlBackend:
             devices.append({"uuid": uuid, "profile": profile, "start": int(info.placement.start),
                             "memory_mib": memory_mib})
         return sorted(devices, key=lambda d: d["start"])
+
+    # --- changing MIG: only for an agent started with --allow-mig-reconfigure (agent.__main__) ---------
+
+    def _handle(self, gpu_uuid: str) -> Any:
+        nv = self.nvml
+        for i in range(nv.nvmlDeviceGetCount()):
+            handle = nv.nvmlDeviceGetHandleByIndex(i)
+            if _text(nv.nvmlDeviceGetUUID(handle)) == gpu_uuid:
+                return handle
+        raise LookupError(f"no GPU {gpu_uuid} on this host")
+
+    def mig_board(self, gpu_uuid: str) -> str:
+        """The MIG geometry (agent.mig.GEOMETRY key) of a GPU in MIG mode, "" for one that is not or a board
+        the agent does not know how to carve."""
+        handle = self._handle(gpu_uuid)
+        mode = self._optional(self.nvml.nvmlDeviceGetMigMode, handle)
+        return mig_table.board_of(_text(self.nvml.nvmlDeviceGetName(handle))) if mode and mode[0] else ""
+
+    def mig_destroy(self, gpu_uuid: str, start: int) -> None:
+        """Destroy the MIG instance at memory slice `start`: its compute instance, then its GPU instance."""
+        nv = self.nvml
+        handle = self._handle(gpu_uuid)
+        for i in range(self._optional(getattr(nv, "nvmlDeviceGetMaxMigDeviceCount", None), handle, default=0) or 0):
+            device = self._optional(nv.nvmlDeviceGetMigDeviceHandleByIndex, handle, i)
+            if device is None:
+                continue
+            gi = nv.nvmlDeviceGetGpuInstanceById(handle, nv.nvmlDeviceGetGpuInstanceId(device))
+            if int(nv.nvmlGpuInstanceGetInfo(gi).placement.start) != start:
+                continue
+            nv.nvmlComputeInstanceDestroy(
+                nv.nvmlGpuInstanceGetComputeInstanceById(gi, nv.nvmlDeviceGetComputeInstanceId(device)))
+            nv.nvmlGpuInstanceDestroy(gi)
+            return
+
+    def mig_create(self, gpu_uuid: str, profile: str, start: int) -> dict:
+        """Create a GPU instance of `profile` at memory slice `start` (nvmlDeviceCreateGpuInstanceWithPlacement)
+        and one compute instance spanning it; return the new MIG device as mig_devices reports it."""
+        nv = self.nvml
+        handle = self._handle(gpu_uuid)
+        info = None
+        for code in range(getattr(nv, "NVML_GPU_INSTANCE_PROFILE_COUNT", 0)):
+            candidate = self._optional(nv.nvmlDeviceGetGpuInstanceProfileInfo, handle, code)
+            if candidate is not None and _profile_name(candidate) == profile:
+                info = candidate
+                break
+        board = mig_table.board_of(_text(nv.nvmlDeviceGetName(handle)))
+        geometry = mig_table.GEOMETRY.get(board, {}).get(profile)
+        if info is None or geometry is None:
+            raise LookupError(f"GPU {gpu_uuid} offers no MIG profile {profile}")
+        placement = nv.c_nvmlGpuInstancePlacement_t()
+        placement.start, placement.size = start, geometry.size
+        gi = nv.nvmlDeviceCreateGpuInstanceWithPlacement(handle, info.id, placement)
+        compute = nv.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+            gi, getattr(nv, f"NVML_COMPUTE_INSTANCE_PROFILE_{int(info.sliceCount)}_SLICE"),
+            nv.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+        nv.nvmlGpuInstanceCreateComputeInstance(gi, compute.id)
+        for device in self.mig_devices(handle):
+            if device["start"] == start:
+                return device
+        raise LookupError(f"the new {profile} instance at slice {start} of GPU {gpu_uuid} is not listed")
 
     def _profile_names(self, handle: Any) -> dict[int, str]:
         """NVML's GPU-instance profile id -> its name ("1g.10gb", "1g.10gb+me"), for the profiles this GPU offers."""

@@ -3,7 +3,9 @@
 `--simulate 8xH100` reports eight H100s with plausible, slowly wandering utilization,
 memory, temperature and power. `--simulate 2xA100-80GB:mig=all-1g.10gb` reports MIG mode on
 and the GPUs carved as that layout says (`all-<profile>`, `all-balanced`, or an explicit
-`3g.40gb+2g.20gb+1g.10gb+1g.10gb`), with stable fake MIG device UUIDs (agent.mig). It is
+`3g.40gb+2g.20gb+1g.10gb+1g.10gb`, or `all-enabled`: MIG mode with no instances), with stable
+fake MIG device UUIDs (agent.mig); an agent started with --allow-mig-reconfigure may create and
+destroy instances here as on NVML (new ones get new UUIDs). It is
 named as a simulation everywhere it shows (the backend name is "simulated", and registration
 says so), so nobody mistakes it for a host.
 
@@ -160,15 +162,48 @@ class SimulatedBackend:
         self.uuids = uuids or [f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{host}.simulated/{i}')}"
                                for i in range(len(self.models))]
         self.started: dict[str, float] = {}  # lease key -> clock when its job started
+        # Each GPU's MIG instances: the spec's layout, changed only by mig_create/mig_destroy (an agent
+        # started with --allow-mig-reconfigure, for a dynamic MIG pool).
+        self.mig = [list(mig.simulated_devices(m.mig_board, self.uuids[i], self.layouts[i])) if self.layouts[i] else []
+                    for i, m in enumerate(self.models)]
+        self.mig_changes: list[tuple[str, str, str, int]] = []  # ("create"|"destroy", GPU UUID, profile, start)
         self.ecc_corrected = [0 for _ in self.models]  # volatile corrected ECC errors so far
 
     def inventory(self) -> list[GpuInfo]:
         return [GpuInfo(uuid=self.uuids[i], index=i, name=m.name, memory_mib=m.memory_mib,
                         mig_mode=bool(self.layouts[i]), mig_capable=m.mig_capable,
                         driver_version="550.90.07 (simulated)", cuda_version="12.4",
-                        mig_devices=tuple(mig.simulated_devices(m.mig_board, self.uuids[i], self.layouts[i])
-                                          if self.layouts[i] else ()))
+                        mig_devices=tuple(dict(d) for d in self.mig[i]))
                 for i, m in enumerate(self.models)]
+
+    def mig_board(self, gpu_uuid: str) -> str:
+        """The MIG geometry of a GPU in MIG mode ("" for one that is not)."""
+        i = self.uuids.index(gpu_uuid)
+        return self.models[i].mig_board if self.layouts[i] else ""
+
+    def mig_destroy(self, gpu_uuid: str, start: int) -> None:
+        """Destroy the instance at `start` (its compute instance, then its GPU instance), as NVML would."""
+        i = self.uuids.index(gpu_uuid)
+        gone = [d for d in self.mig[i] if d["start"] == start]
+        self.mig[i] = [d for d in self.mig[i] if d["start"] != start]
+        self.mig_changes.extend(("destroy", gpu_uuid, d["profile"], start) for d in gone)
+
+    def mig_create(self, gpu_uuid: str, profile: str, start: int) -> dict:
+        """Create a GPU instance of `profile` at `start` and its one compute instance: a new MIG device with a
+        UUID of its own. Refuses what the driver would refuse (an illegal start, slices in use)."""
+        i = self.uuids.index(gpu_uuid)
+        board = self.mig_board(gpu_uuid)
+        geometry = mig.GEOMETRY.get(board, {}).get(profile)
+        if geometry is None or start not in geometry.starts:
+            raise mig.LayoutError(f"{profile} cannot start at slice {start} on GPU {gpu_uuid}")
+        for device in self.mig[i]:
+            if mig.overlaps((geometry, start), (mig.GEOMETRY[board][device["profile"]], device["start"])):
+                raise mig.LayoutError(f"slices of {profile} at {start} are in use on GPU {gpu_uuid}")
+        self.mig_changes.append(("create", gpu_uuid, profile, start))
+        device = {"uuid": mig.simulated_uuid(gpu_uuid, start, f"{profile}#{len(self.mig_changes)}"),
+                  "profile": profile, "start": start, "memory_mib": geometry.memory_mib}
+        self.mig[i] = sorted([*self.mig[i], device], key=lambda d: d["start"])
+        return device
 
     def sample(self) -> list[GpuSample]:
         now = self.clock()

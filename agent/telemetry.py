@@ -11,6 +11,7 @@ ignores a seq it already holds, so a request whose answer was lost can be resent
 """
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -149,8 +150,91 @@ def http_post(client) -> Callable[[dict], dict]:
     return lambda payload: client._post(PATH, payload)
 
 
+class SocketPost:
+    """Sends each request body as a text frame on `/ws/agent/telemetry/` and returns the portal's answer;
+    while the socket cannot be opened (an older portal without it answers 404, a proxy that blocks
+    WebSockets) it POSTs over HTTP instead and tries the socket again `retry_seconds` later.
+
+    Why a socket: the portal ingests the frames of many hosts together (monitoring.gather), where each
+    HTTP request pays the web server's per-request cost; at a thousand hosts sending every second that
+    cost is most of the portal's CPU. The answers are the HTTP answers' bodies, with the status of a
+    refusal inside: the sender treats both paths alike."""
+
+    def __init__(self, url: str, token: str, fallback: Callable[[dict], dict], *, timeout: float = 10.0,
+                 retry_seconds: float = 60.0, clock: Callable[[], float] = time.monotonic,
+                 open_event: threading.Event | None = None) -> None:
+        self.url = url
+        self.open_event = open_event or threading.Event()  # set while frames are answered on the socket
+        self.token = token
+        self.fallback = fallback
+        self.timeout = timeout
+        self.retry_seconds = retry_seconds
+        self.clock = clock
+        self.socket = None
+        self.retry_at = 0.0
+
+    def _open(self):
+        from websockets.exceptions import InvalidStatus, WebSocketException
+        from websockets.sync.client import connect
+
+        if self.socket is None and self.clock() >= self.retry_at:
+            try:
+                self.socket = connect(self.url, additional_headers={"Authorization": f"Host {self.token}"},
+                                      open_timeout=self.timeout, close_timeout=2, max_size=None)
+                log.info("telemetry: sending over %s", self.url)
+            except (OSError, TimeoutError, InvalidStatus, WebSocketException) as error:
+                log.warning("telemetry: no WebSocket at %s (%s); sending over HTTP, trying again in %.0f s",
+                            self.url, error, self.retry_seconds)
+                self.retry_at = self.clock() + self.retry_seconds
+        return self.socket
+
+    def close(self) -> None:
+        self.open_event.clear()
+        if self.socket is not None:
+            self.socket.close()
+            self.socket = None
+
+    def __call__(self, payload: dict) -> dict:
+        from websockets.exceptions import ConnectionClosed, WebSocketException
+
+        socket = self._open()
+        if socket is None:
+            return self.fallback(payload)
+        try:
+            socket.send(json.dumps(payload))
+            answer = json.loads(socket.recv(timeout=self.timeout))
+        except ConnectionClosed as error:
+            self.socket = None
+            self.open_event.clear()
+            code = error.rcvd.code if error.rcvd is not None else None
+            if code == 4401:
+                raise PortalError(401, "the portal closed the telemetry socket: token revoked or wrong") from error
+            raise PortalUnreachable(f"telemetry socket closed ({code})") from error
+        except (OSError, TimeoutError, WebSocketException, ValueError) as error:
+            self.close()  # an answer may still come on it: never read one request's answer for another's
+            raise PortalUnreachable(f"telemetry socket: {error}") from error
+        if answer.get("type") == "ack":
+            self.open_event.set()
+            return answer
+        status = int(answer.get("status") or 400)
+        if status >= 500:
+            raise PortalUnreachable(f"portal answered {status}: {answer.get('message', '')}")
+        raise PortalError(status, json.dumps(answer))
+
+
+def socket_url(lease_channel_url: str) -> str:
+    """The telemetry socket beside the lease channel (…/ws/agent/ → …/ws/agent/telemetry/)."""
+    return lease_channel_url.rstrip("/") + "/telemetry/"
+
+
 def start(client, backend: GpuBackend, stop: threading.Event, ready: Callable[[], bool],
-          interval: float = 1.0) -> TelemetrySender:
-    sender = TelemetrySender(backend, http_post(client), interval=interval)
+          interval: float = 1.0, socket: str | None = None,
+          socket_open: threading.Event | None = None) -> TelemetrySender:
+    """Sample and send in a thread of its own: over the WebSocket at `socket` when given (HTTP while it is
+    down; `socket_open` is set while frames are answered there), else over HTTP."""
+    post = http_post(client)
+    if socket:
+        post = SocketPost(socket, client.token, post, timeout=client.timeout, open_event=socket_open)
+    sender = TelemetrySender(backend, post, interval=interval)
     threading.Thread(target=sender.run, args=(stop, ready), name="telemetry", daemon=True).start()
     return sender

@@ -73,18 +73,36 @@ class WindowFilter(admin.SimpleListFilter):
         return queryset
 
 
+class KeptFilter(admin.SimpleListFilter):
+    """Staff see which reservations their teams keep from the idle reclaim (and why, on each)."""
+
+    title = _("kept from idle reclaim")
+    parameter_name = "kept"
+
+    def lookups(self, request, model_admin):
+        return [("yes", _("Kept")), ("no", _("Not kept"))]
+
+    def queryset(self, request, queryset):
+        if self.value() == "yes":
+            return queryset.filter(keep_at__isnull=False)
+        if self.value() == "no":
+            return queryset.filter(keep_at__isnull=True)
+        return queryset
+
+
 @admin.register(Reservation)
 class ReservationAdmin(admin.ModelAdmin):
     """Read-only here: reservations change through the services (release/extend), which keep the history."""
 
     list_display = ["id", "team", "requested_by", "pool", "gpus", "starts_at", "ends_at", "state"]
-    list_filter = ["state", "pool", "team", ("requested_by", admin.RelatedOnlyFieldListFilter),
+    list_filter = ["state", "pool", "team", ("requested_by", admin.RelatedOnlyFieldListFilter), KeptFilter,
                    WindowFilter, ("starts_at", admin.DateFieldListFilter)]
     list_select_related = ["team", "pool", "requested_by"]
     search_fields = ["=id", "requested_by__username", "team__slug", "team__name"]
     date_hierarchy = "starts_at"
     readonly_fields = ["team", "pool", "requested_by", "gpus", "starts_at", "ends_at", "state", "reason",
-                       "ended_at", "created_at", "updated_at"]
+                       "ended_at", "idle_warned_at", "idle_since", "keep_reason", "keep_by", "keep_at", "created_at",
+                       "updated_at"]
     inlines = [AllocationInline, EventInline]
 
     def has_add_permission(self, request) -> bool:

@@ -39,7 +39,7 @@ from allocations.placement import (
 )
 from allocations.models import AllocationQuerySet
 from common import sql
-from inventory.sharing import REPLICA_MODES, SharingMode, mig_layout_names, replicas_of
+from inventory.sharing import REPLICA_MODES, SharingMode, mig_dynamic, mig_layout_names, replicas_of
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +86,14 @@ class Grant:
     @property
     def is_vgpu(self) -> bool:
         return self.mode == SharingMode.VGPU
+
+    def ending_at(self, at: datetime) -> Grant:
+        """This grant ending at `at`: dataclasses.replace without its per-field round trip (the queue's
+        estimate moves the end of every grant of the pool, thousands a pass)."""
+        twin = object.__new__(Grant)
+        twin.__dict__.update(self.__dict__)
+        twin.__dict__["ends_at"] = at
+        return twin
 
 
 class BookingRefused(Exception):
@@ -159,21 +167,13 @@ class PoolSnapshot:
     gpus: tuple[PoolGpu, ...]
     grants: tuple[Grant, ...]
 
-    def state(self, extra_holdings: Sequence[Holding] = ()) -> ClusterState:
+    def state(self, extra_holdings: Sequence[Holding] = (), *, mig_capable: bool = False) -> ClusterState:
         """The snapshot as the placement engine takes it (plus `extra_holdings`, e.g. what a share
-        layout leaves unusable)."""
-        nodes: dict[int, list[PoolGpu]] = defaultdict(list)
-        for gpu in self.gpus:
-            nodes[gpu.node_id].append(gpu)
+        layout leaves unusable). `mig_capable`: the MIG-capable models' GPUs may be carved by the engine
+        (a dynamic MIG pool)."""
         node_of = {gpu.id: gpu.node_id for gpu in self.gpus}
         return ClusterState(
-            nodes=[NodeInfo(
-                id=node_id,
-                cpu_milli=node_gpus[0].node_cpu_milli or _UNKNOWN_CAPACITY,
-                memory_mib=node_gpus[0].node_memory_mib or _UNKNOWN_CAPACITY,
-                gpus=tuple(GpuInfo(id=g.id, index=g.index, model=g.model or "unknown", memory_mib=g.memory_mib,
-                                   healthy=g.usable) for g in node_gpus),
-            ) for node_id, node_gpus in nodes.items()],
+            nodes=engine_nodes(self.gpus, mig_capable=mig_capable),
             holdings=[*(_holding(grant, node_of[grant.gpu_id]) for grant in self.grants if grant.gpu_id in node_of),
                       *extra_holdings],
         )
@@ -188,6 +188,22 @@ class PoolSnapshot:
             if gpu.usable and arrays.gpu_free[node, slot] >= units.MILLI_PER_GPU:
                 free.append(gpu)
         return free
+
+
+def engine_nodes(gpus: Sequence[PoolGpu], *, mig_capable: bool = False) -> list[NodeInfo]:
+    """The pool's nodes as the engine takes them, in the order of their first GPU in `gpus`. `mig_capable`:
+    the MIG-capable models' GPUs may be carved by the engine (a dynamic MIG pool)."""
+    nodes: dict[int, list[PoolGpu]] = defaultdict(list)
+    for gpu in gpus:
+        nodes[gpu.node_id].append(gpu)
+    return [NodeInfo(
+        id=node_id,
+        cpu_milli=node_gpus[0].node_cpu_milli or _UNKNOWN_CAPACITY,
+        memory_mib=node_gpus[0].node_memory_mib or _UNKNOWN_CAPACITY,
+        gpus=tuple(GpuInfo(id=g.id, index=g.index, model=g.model or "unknown", memory_mib=g.memory_mib,
+                           healthy=g.usable, mig_capable=mig_capable and bool(mig.profiles_for(g.model)))
+                   for g in node_gpus),
+    ) for node_id, node_gpus in nodes.items()]
 
 
 def _holding(grant: Grant, node_id: int) -> Holding:
@@ -218,7 +234,8 @@ def pool_snapshot(pool_id: int, start: datetime, end: datetime, *,
         [pool_id],
     )
     grant_query = (
-        "SELECT a.gpu_id, a.reservation_id, a.starts_at, a.ends_at, a.milli, a.mig_profile, a.mig_start, a.mode, "
+        f"SELECT a.gpu_id, a.reservation_id, {sql.instant_column('a.starts_at')}, {sql.instant_column('a.ends_at')}, "
+        "a.milli, a.mig_profile, a.mig_start, a.mode, "
         "a.share_from, a.share_to, a.memory_mib, a.cores_pct "
         "FROM allocations_allocation a JOIN inventory_gpu g ON g.id = a.gpu_id "
         f"WHERE g.pool_id = %s AND {AllocationQuerySet.BOOKED_DURING_SQL}")
@@ -228,18 +245,41 @@ def pool_snapshot(pool_id: int, start: datetime, end: datetime, *,
         params.append(without_reservation)
     return PoolSnapshot(
         start=start, end=end,
-        gpus=tuple(PoolGpu(id=gpu_id, node_id=node_id, node_name=node_name, index=index, uuid=uuid, model=model,
-                           memory_mib=memory, usable=bool(usable), node_cpu_milli=cpu, node_memory_mib=node_memory,
-                           weight=1.0 if weight is None else float(weight),
-                           mig_devices=tuple(sql.json_value(devices) or ()))
-                   for (gpu_id, node_id, node_name, index, uuid, model, memory, usable, cpu, node_memory, weight,
-                        devices) in gpu_rows),
-        grants=tuple(Grant(gpu_id=gpu_id, reservation_id=rid, starts_at=sql.aware(a_start), ends_at=sql.aware(a_end),
+        gpus=tuple(_pool_gpu(row) for row in gpu_rows),
+        grants=tuple(Grant(gpu_id=gpu_id, reservation_id=rid, starts_at=sql.instant(a_start), ends_at=sql.instant(a_end),
                            milli=milli, mig_profile=mig_profile, mig_start=mig_start, mode=mode, share_from=share_from,
                            share_to=share_to, memory_mib=memory, cores_pct=cores)
                      for (gpu_id, rid, a_start, a_end, milli, mig_profile, mig_start, mode, share_from, share_to,
                           memory, cores) in sql.fetch_all(grant_query, params)),
     )
+
+
+_GPUS_KEPT = 100_000
+_gpu_of_row: dict[tuple, PoolGpu] = {}
+
+
+def _pool_gpu(row: tuple) -> PoolGpu:
+    """The PoolGpu of a row of pool_snapshot's GPU query, the same object for the same row while it reads the
+    same (PoolGpu is immutable): a pool's GPUs rarely change, and building thousands of them was a fifth of a
+    queue pass on a thousand nodes."""
+    try:
+        gpu = _gpu_of_row.get(row)
+    except TypeError:  # a driver that decodes the JSON column gives a list: no key, build it each time
+        return _new_pool_gpu(*row)
+    if gpu is None:
+        gpu = _new_pool_gpu(*row)
+        if len(_gpu_of_row) >= _GPUS_KEPT:
+            _gpu_of_row.clear()
+        _gpu_of_row[row] = gpu
+    return gpu
+
+
+def _new_pool_gpu(gpu_id, node_id, node_name, index, uuid, model, memory, usable, cpu, node_memory, weight,
+                  devices) -> PoolGpu:
+    return PoolGpu(id=gpu_id, node_id=node_id, node_name=node_name, index=index, uuid=uuid, model=model,
+                   memory_mib=memory, usable=bool(usable), node_cpu_milli=cpu, node_memory_mib=node_memory,
+                   weight=1.0 if weight is None else float(weight),
+                   mig_devices=tuple(sql.json_value(devices) or ()) if devices not in (None, "[]") else ())
 
 
 def policy_name(name: str | None) -> str:
@@ -253,24 +293,26 @@ def policy_name(name: str | None) -> str:
     return DEFAULT_POLICY
 
 
-def choose_whole_gpus(snapshot: PoolSnapshot, count: int, *, policy: str = DEFAULT_POLICY) -> list[int]:
+def choose_whole_gpus(snapshot: PoolSnapshot, count: int, *, policy: str = DEFAULT_POLICY,
+                      state: ClusterState | None = None, free: list[PoolGpu] | None = None,
+                      most_per_node: int | None = None) -> list[int]:
     """Pick `count` GPUs whose whole card is free for the snapshot's window.
 
     A request that fits on one node of the pool (count <= the most usable GPUs any node has)
     is placed on one node, because multi-GPU jobs want NVLink/PCIe locality; the engine
     picks the node and GPUs with the pool's policy, so the remnants stay usable. A larger
     request takes whole nodes, the emptiest first, to touch as few nodes as possible.
+    `state`: the snapshot's GPUs with what holds them, built already (the queue's plan keeps
+    one for all its windows); else built from the snapshot's grants. `free` (whole_gpus_free's answer)
+    and `most_per_node` (most_usable_on_a_node's): where the caller knows them already.
     """
-    state = snapshot.state()
-    free = snapshot.whole_gpus_free(state)
+    state = state or snapshot.state()
+    free = free if free is not None else snapshot.whole_gpus_free(state)
     if len(free) < count:
         raise BookingRefused("insufficient_capacity", Msg(
             gettext_noop("%(requested)d GPUs requested but only %(free)d are free for the whole window."),
             requested=count, free=len(free)))
-    usable_per_node: dict[int, int] = defaultdict(int)
-    for gpu in snapshot.gpus:
-        usable_per_node[gpu.node_id] += gpu.usable
-    if count <= max(usable_per_node.values()):
+    if count <= (most_per_node if most_per_node is not None else most_usable_on_a_node(snapshot.gpus)):
         decision = place(state, PlacementRequest(gpus=count, start=snapshot.start, end=snapshot.end),
                          policy_name(policy))
         if not decision.ok:
@@ -278,6 +320,14 @@ def choose_whole_gpus(snapshot: PoolSnapshot, count: int, *, policy: str = DEFAU
             raise BookingRefused(decision.code, engine_msg(first.code, first.message, first.details))
         return [assignment.gpu_id for assignment in decision.gpus]
     return _whole_nodes(free, count)
+
+
+def most_usable_on_a_node(gpus: Sequence[PoolGpu]) -> int:
+    """The most usable GPUs one node of `gpus` has."""
+    usable_per_node: dict[int, int] = defaultdict(int)
+    for gpu in gpus:
+        usable_per_node[gpu.node_id] += gpu.usable
+    return max(usable_per_node.values(), default=0)
 
 
 def _whole_nodes(free: list[PoolGpu], count: int) -> list[int]:
@@ -311,6 +361,7 @@ class Shape:
     mig_profile: str = ""
     mig_count: int = 0
     mig_layout: str | tuple[str, ...] = ()
+    mig_dynamic: bool = False  # the pool carves its GPUs on demand (mig_layout is then only the idle layout)
     memory_mib: int = 0
     memory_pct: int = 0
     cores_pct: int = 0
@@ -345,7 +396,7 @@ def shape_of(reservation, pool) -> Shape:
         return Shape(mode=reservation.mode, shares=reservation.shares or 1, replicas=replicas_of(config) or 1)
     if reservation.mode == SharingMode.MIG:
         return Shape(mode=reservation.mode, mig_profile=reservation.mig_profile, mig_count=reservation.mig_count or 1,
-                     mig_layout=mig_layout_names(config))
+                     mig_layout=mig_layout_names(config), mig_dynamic=mig_dynamic(config))
     if reservation.mode == SharingMode.VGPU:
         return Shape(mode=reservation.mode, gpus=reservation.gpus, memory_mib=reservation.gpu_memory_mib or 0,
                      cores_pct=reservation.gpu_cores_pct or 100)
@@ -374,7 +425,7 @@ def choose(snapshot: PoolSnapshot, shape: Shape, *, policy: str = DEFAULT_POLICY
     if shape.mode in REPLICA_MODES:
         return _choose_shares(snapshot, shape, policy)
     if shape.mode == SharingMode.MIG:
-        return _choose_mig(snapshot, shape)
+        return _choose_mig_dynamic(snapshot, shape, policy) if shape.mig_dynamic else _choose_mig(snapshot, shape)
     if shape.mode == SharingMode.VGPU:
         return _choose_vgpu(snapshot, shape, policy)
     weight = {gpu.id: gpu.weight for gpu in snapshot.gpus}
@@ -477,13 +528,25 @@ def layout_offered(model: str, layout: str | Sequence[str]) -> list[tuple[mig.Mi
         return []
 
 
-def layout_profiles(models: Iterable[str], layout: str | Sequence[str]) -> list[mig.MigProfile]:
-    """The profiles a MIG layout offers on GPUs of `models`, smallest first, each name once."""
+def layout_profiles(models: Iterable[str], layout: str | Sequence[str], *, dynamic: bool = False
+                    ) -> list[mig.MigProfile]:
+    """The profiles a MIG layout offers on GPUs of `models`, smallest first, each name once. A dynamic
+    layout offers every profile of the models but the +me ones (one media-engine instance per GPU is a
+    rule the slices alone do not keep)."""
     profiles: dict[str, mig.MigProfile] = {}
     for model in sorted(models):
+        if dynamic:
+            for profile in dynamic_profiles(model):
+                profiles.setdefault(profile.name, profile)
+            continue
         for profile, _ in layout_offered(model, layout):
             profiles.setdefault(profile.name, profile)
     return sorted(profiles.values(), key=lambda p: (p.size, p.memory_mib, p.name))
+
+
+def dynamic_profiles(model: str) -> list[mig.MigProfile]:
+    """The profiles a dynamic MIG pool carves on a GPU of `model`."""
+    return [profile for profile in mig.profiles_for(model).values() if not profile.single_per_gpu]
 
 
 def mig_layout_problem(layout: str | Sequence[str], models: Sequence[str]) -> str | None:
@@ -557,6 +620,108 @@ def _choose_mig(snapshot: PoolSnapshot, shape: Shape) -> list[NewGrant]:
                      share_from=mig_part(profile, start)[0], share_to=mig_part(profile, start)[1],
                      milli=profile.milli, mig_profile=profile.name, mig_start=start, memory_mib=profile.memory_mib)
             for gpu, profile, start in chosen]
+
+
+def slices_used(snapshot: PoolSnapshot) -> dict[int, int]:
+    """Per GPU, the memory slices (a mask) some grant holds at some instant of the window: a dynamic MIG
+    GPU's layout for the window is made of these instances, and only the other slices may be re-laid out.
+    A grant that is not a MIG instance (a whole card, a share) holds all of them."""
+    used: dict[int, int] = defaultdict(int)
+    for grant in snapshot.grants:
+        if grant.mig_profile and not grant.is_vgpu:
+            first, last = grant.share_from // MIG_SLICE_MILLI, -(-grant.share_to // MIG_SLICE_MILLI)
+            used[grant.gpu_id] |= ((1 << (last - first)) - 1) << first
+        else:
+            used[grant.gpu_id] |= mig.FULL_MASK
+    return used
+
+
+def _reported_free(snapshot: PoolSnapshot, profile: str, used: dict[int, int]
+                   ) -> list[tuple[PoolGpu, mig.MigProfile, int]]:
+    """Instances of `profile` a host reports its GPU already carved into (Gpu.mig_devices) whose slices no
+    grant holds in the window: taking one changes no layout."""
+    found = []
+    for gpu in snapshot.gpus:
+        geometry = mig.profile_for(gpu.model, profile) if gpu.usable else None
+        if geometry is None:
+            continue
+        for device in gpu.mig_devices:
+            start = device.get("start")
+            if (device.get("profile") == profile and start in geometry.starts
+                    and not used[gpu.id] & geometry.mask(start)):
+                found.append((gpu, geometry, start))
+    return found
+
+
+def _choose_mig_dynamic(snapshot: PoolSnapshot, shape: Shape, policy: str) -> list[NewGrant]:
+    """`mig_count` instances of the profile in a dynamic MIG pool, one at a time. A GPU's layout for the
+    window is the instances its overlapping grants hold (future bookings included); the rest of it may
+    be re-laid out. First an instance a host reports already carved and free (no change at all); else
+    the placement engine carves one with its start-slice geometry and the pool's policy: the most-used
+    GPU where the profile still fits at a legal start (its instances stay as they are), a wholly free GPU
+    only when none has room, and on that GPU the start that leaves it least fragmented."""
+    by_id = {gpu.id: gpu for gpu in snapshot.gpus}
+    state = snapshot.state(mig_capable=True)
+    used = slices_used(snapshot)
+    chosen: list[tuple[PoolGpu, mig.MigProfile, int]] = []
+    for _ in range(shape.mig_count):
+        reported = _reported_free(snapshot, shape.mig_profile, used)
+        if reported:
+            gpu, profile, start = max(reported, key=lambda item: (mig.occupied_slices(used[item[0].id]),
+                                                                   -item[0].index, item[2]))
+        else:
+            decision = place(state, PlacementRequest(mig_profile=shape.mig_profile, start=snapshot.start,
+                                                     end=snapshot.end), policy_name(policy))
+            if not decision.ok:
+                break
+            assignment = decision.gpus[0]
+            gpu, start = by_id[assignment.gpu_id], assignment.mig_start
+            profile = mig.profile_for(gpu.model, shape.mig_profile)
+        used[gpu.id] |= profile.mask(start)
+        state = state.with_holdings([Holding(node_id=gpu.node_id, gpu_id=gpu.id, start=snapshot.start,
+                                             end=snapshot.end, mig_profile=profile.name, mig_start=start,
+                                             reservation_id="new")])
+        chosen.append((gpu, profile, start))
+    if len(chosen) < shape.mig_count:
+        raise BookingRefused("insufficient_capacity", Msg(gettext_noop(
+            "%(count)d × %(profile)s requested but only %(total)d can be carved from the free slices for that "
+            "window."), count=shape.mig_count, profile=shape.mig_profile, total=len(chosen) + _carvable(
+                snapshot, shape.mig_profile, used)))
+    return [NewGrant(gpu_id=gpu.id, ge=profile.compute_slices / units.MIG_COMPUTE_SLICES * gpu.weight,
+                     mode=SharingMode.MIG, share_from=mig_part(profile, start)[0], share_to=mig_part(profile, start)[1],
+                     milli=profile.milli, mig_profile=profile.name, mig_start=start, memory_mib=profile.memory_mib)
+            for gpu, profile, start in chosen]
+
+
+def carvable_on(profile: mig.MigProfile, used_mask: int) -> int:
+    """How many more instances of `profile` fit in a GPU's free slices (each at the first legal start
+    left: the starts are aligned to the profile's size, so the first-fit count is the most)."""
+    count = 0
+    for start in profile.starts:
+        if not used_mask & profile.mask(start):
+            used_mask |= profile.mask(start)
+            count += 1
+    return count
+
+
+def _carvable(snapshot: PoolSnapshot, profile_name: str, used: dict[int, int] | None = None) -> int:
+    used = slices_used(snapshot) if used is None else used
+    total = 0
+    for gpu in snapshot.gpus:
+        profile = mig.profile_for(gpu.model, profile_name) if gpu.usable else None
+        if profile is not None:
+            total += carvable_on(profile, used[gpu.id])
+    return total
+
+
+def _carvable_per_node(snapshot: PoolSnapshot, profile_name: str) -> dict[int, int]:
+    used = slices_used(snapshot)
+    per_node: dict[int, int] = defaultdict(int)
+    for gpu in snapshot.gpus:
+        profile = mig.profile_for(gpu.model, profile_name) if gpu.usable else None
+        if profile is not None:
+            per_node[gpu.node_id] += carvable_on(profile, used[gpu.id])
+    return per_node
 
 
 def vgpu_memory(shape: Shape, gpu_memory_mib: int) -> int:
@@ -676,6 +841,9 @@ def room(snapshot: PoolSnapshot, shape: Shape) -> Room:
     if shape.mode in REPLICA_MODES:
         counts = [len(slots) for slots in _free_share_slots(snapshot, shape.replicas).values()]
         return Room(sum(counts), max(counts, default=0), "shares")
+    if shape.mode == SharingMode.MIG and shape.mig_dynamic:
+        counts = list(_carvable_per_node(snapshot, shape.mig_profile).values())
+        return Room(sum(counts), max(counts, default=0), "instances")
     if shape.mode == SharingMode.MIG:
         counts = [len(instances) for instances in _free_mig_instances(snapshot, shape)[0].values()]
         return Room(sum(counts), max(counts, default=0), "instances")

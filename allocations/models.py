@@ -125,6 +125,17 @@ class Reservation(models.Model):
     ended_at = models.DateTimeField(null=True, blank=True, help_text=_("When it was released, expired or failed"))
     expiry_warned_at = models.DateTimeField(null=True, blank=True,
                                             help_text=_("When its holders were mailed that its window ends soon"))
+    # Idle reclaim (monitoring.idle, a pool's opt-in policy): when its holders were warned that it sits idle
+    # (cleared when activity comes back), and a "keep" its team set with a reason, which the sweep respects.
+    idle_warned_at = models.DateTimeField(null=True, blank=True,
+                                          help_text=_("When its holders were warned that its GPUs sit idle"))
+    idle_since = models.DateTimeField(null=True, blank=True,
+                                      help_text=_("Idle since, as the warning's evidence said"))
+    keep_reason = models.CharField(_("keep reason"), max_length=200, blank=True, default="", db_default="",
+                                   help_text=_("Why its team keeps it although it may sit idle"))
+    keep_by = models.ForeignKey(settings.AUTH_USER_MODEL, verbose_name=_("kept by"), on_delete=models.SET_NULL,
+                                null=True, blank=True, related_name="+")
+    keep_at = models.DateTimeField(_("kept since"), null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -295,6 +306,8 @@ class QueueEntry(models.Model):
     moved_why_message = models.JSONField(null=True, blank=True, editable=False,
                                          help_text=_("moved_why's message and arguments (allocations.messages)"))
     planned_at = models.DateTimeField(null=True, blank=True, help_text=_("The last scheduling pass that planned it"))
+    planned_gpus = models.JSONField(null=True, blank=True, editable=False,
+                                    help_text=_("The GPUs the promise (start_by) holds for it, kept by the next pass"))
 
     class Meta:
         verbose_name = _("queue entry")

@@ -26,29 +26,34 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
+import json
 import logging
 import math
 import re
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
+import numpy as np
 from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
 from django.utils import timezone
 from django.utils.translation import gettext_noop
 
-from allocations import booking, notices, quotas, selectors
-from allocations.messages import Msg, json_param, msg_of, stored, stored_reason
+from allocations import booking, notices, quotas, selectors, units
+from allocations.messages import Msg, json_param, msg_of, stored
 from allocations.models import QueueEntry, Quota, Reservation
 from allocations.placement.queueing import ORDERINGS, QueuedItem, order_queue
+from allocations.placement.timeline import FreeTimeline, WholeGpuState
 from allocations.transitions import move, record
 from common import dispatch, sql
 from common.dispatch import enqueue_after_commit
 from common.errors import Conflict, instant
 from inventory.models import GpuPool
+from teams.models import Team
 from inventory.sharing import SharingMode
 
 log = logging.getLogger(__name__)
@@ -64,6 +69,8 @@ REASONS = {
     "not_before": gettext_noop("It asked not to start before its not_before time."),
     "no_model": gettext_noop("No usable GPU in the pool can take it now (unhealthy or drained)."),
     "no_start": gettext_noop("No start fits within the booking horizon, even if every booking ends on time."),
+    "not_planned": gettext_noop("Not planned yet: each pass plans only the first requests of the queue in full; "
+                                "it gets a promised start when it moves up."),
 }
 _ENGINE_CODES = {"insufficient_capacity": "not_enough", "no_gpu_model": "no_model", "too_large": "not_enough",
                  "mig_fragmented": "fragmented", "cpu_memory": "not_enough"}
@@ -105,6 +112,9 @@ class Waiting:
     not_before: datetime | None = None
     not_after: datetime | None = None
     priority: int = 0
+    # The last pass's promise: its start and the GPUs it was planned on (none before its first pass).
+    promised_at: datetime | None = None
+    promised_gpus: tuple[int, ...] = ()
 
 
 @dataclass
@@ -114,6 +124,9 @@ class TeamHolding:
     quota: quotas.QuotaLimits
     in_pool: list[quotas.Window]
     everywhere: list[quotas.Window]
+    # Windows the plan holds for the team's other promised requests while it plans one of them (plan's
+    # keep_promises): they count in the pool and everywhere.
+    promised: list[quotas.Window] = dataclasses.field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -176,16 +189,16 @@ def earliest_fit(*, gpus: Sequence[booking.PoolGpu], grants: Sequence[booking.Gr
     candidates = {earliest}
     candidates.update(g.ends_at for g in grants if earliest < g.ends_at <= latest)
     if team is not None:
-        candidates.update(end for _, end, _ in team.in_pool if earliest < end <= latest)
-        candidates.update(end for _, end, _ in team.everywhere if earliest < end <= latest)
+        candidates.update(end for _, end, _ in (*team.in_pool, *team.everywhere, *team.promised)
+                          if earliest < end <= latest)
     first_reason = ""
     for start in sorted(candidates):
         end = start + duration
         chosen, reason = _try(gpus, grants, shape, start, end, policy)
         if chosen is not None and team is not None:
             error = quotas.held_error(team.quota, ge=sum(g.ge for g in chosen), asked=shape.in_words(),
-                                      field="", start=start, end=end, in_pool=team.in_pool,
-                                      everywhere=team.everywhere, may_borrow=start == borrow_at)
+                                      field="", start=start, end=end, in_pool=[*team.in_pool, *team.promised],
+                                      everywhere=[*team.everywhere, *team.promised], may_borrow=start == borrow_at)
             if error is not None:
                 chosen, reason = None, "over_quota"
         if chosen is not None:
@@ -202,31 +215,328 @@ def _as_grants(reservation_id: int, chosen: Sequence[booking.NewGrant], start: d
                           cores_pct=g.cores_pct) for g in chosen]
 
 
+_MICROSECOND = timedelta(microseconds=1)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+class PoolFrame:
+    """A pool's GPUs as the plan's boards index them, built once per pass: the engine's nodes (in
+    booking.PoolSnapshot.state()'s order), each GPU's rank, node rank and weight."""
+
+    def __init__(self, gpus: Sequence[booking.PoolGpu], key: tuple | None = None) -> None:
+        self.gpus = tuple(gpus)
+        self.key = key if key is not None else self.key_of(self.gpus)
+        self.rank = {gpu.id: k for k, gpu in enumerate(self.gpus)}
+        node_rank: dict[int, int] = {}
+        self.node_of = [node_rank.setdefault(gpu.node_id, len(node_rank)) for gpu in self.gpus]
+        self.usable = [gpu.usable for gpu in self.gpus]
+        self.gpu_ids = np.array([gpu.id for gpu in self.gpus], dtype=object)
+        self.most_per_node = booking.most_usable_on_a_node(self.gpus)
+        self.weight = {gpu.id: gpu.weight for gpu in self.gpus}
+        self.state = WholeGpuState(booking.engine_nodes(self.gpus))
+        self.state.base_arrays()  # built once; every board's state shares it
+
+
+    @staticmethod
+    def key_of(gpus: Sequence[booking.PoolGpu]) -> tuple:
+        """What the frame is built from (a GPU's MIG devices play no part in whole-GPU plans)."""
+        return tuple((g.id, g.node_id, g.node_name, g.index, g.model, g.memory_mib, g.usable, g.node_cpu_milli,
+                      g.node_memory_mib, g.weight) for g in gpus)
+
+
+_frames: dict[int, PoolFrame] = {}  # per pool, the last pass's frame
+
+
+class WholeGpuBoard:
+    """The plan's pool when every request asks whole GPUs and every booking holds whole cards (an
+    exclusive pool): what is free when, kept up to date as the plan books, so each request's earliest
+    fit is one sweep (placement.timeline.FreeTimeline) and the engine scores each chosen start on
+    arrays masked from the same bookings (placement.timeline.WholeGpuState), not rebuilt per start.
+    It answers exactly what earliest_fit's walk over candidate starts answers (the tests compare them)."""
+
+    def __init__(self, frame: PoolFrame, grants: Sequence[booking.Grant], origin: datetime) -> None:
+        self.frame, self.gpus, self.origin = frame, frame.gpus, origin
+        self.most_per_node = frame.most_per_node
+        mine = [g for g in grants if g.gpu_id in frame.rank and g.ends_at > g.starts_at]
+        # Each window once as microseconds since the epoch: the timeline counts from `origin` in them, the
+        # engine in seconds (us / 1e6 is exactly what datetime.timestamp() gives).
+        starts = np.array([(g.starts_at - _EPOCH) // _MICROSECOND for g in mine], dtype=np.int64)
+        ends = np.array([(g.ends_at - _EPOCH) // _MICROSECOND for g in mine], dtype=np.int64)
+        ranks = np.array([frame.rank[g.gpu_id] for g in mine], dtype=np.int64)
+        at = (origin - _EPOCH) // _MICROSECOND
+        self.timeline = FreeTimeline(frame.node_of, frame.usable, (ranks, starts - at, ends - at))
+        self.state = frame.state.copy()
+        self.state.hold_columns(frame.gpu_ids[ranks], starts / 1e6, ends / 1e6, [g.reservation_id for g in mine])
+        # Where a gap opens (the starts earliest_fit tries), each with how many windows end there.
+        self.end_count: dict[datetime, int] = defaultdict(int)
+        for g in mine:
+            self.end_count[g.ends_at] += 1
+        self.ends = sorted(self.end_count)
+        self.quota_windows: dict[int, tuple[int, np.ndarray, np.ndarray, np.ndarray]] = {}
+
+    def copy(self) -> WholeGpuBoard:
+        """The board as it is now, to book on apart."""
+        twin = object.__new__(WholeGpuBoard)
+        twin.__dict__.update(self.__dict__)
+        twin.timeline, twin.state, twin.ends = self.timeline.copy(), self.state.copy(), list(self.ends)
+        twin.end_count = defaultdict(int, self.end_count)
+        twin.quota_windows = {}
+        return twin
+
+    @staticmethod
+    def fits(shapes: Sequence[booking.Shape], grants: Sequence[booking.Grant]) -> bool:
+        """Whether the board can plan these: whole-GPU requests among bookings of whole cards only."""
+        return (all(shape.mode == SharingMode.EXCLUSIVE for shape in shapes)
+                and all(not g.is_vgpu and not g.mig_profile and g.milli >= units.MILLI_PER_GPU for g in grants))
+
+    def _t(self, at: datetime) -> int:
+        return (at - self.origin) // _MICROSECOND
+
+    def book(self, reservation_id: int, chosen: Sequence[booking.NewGrant], start: datetime, end: datetime) -> None:
+        if end <= start:
+            return
+        for grant in chosen:
+            self.timeline.book(self.frame.rank[grant.gpu_id], self._t(start), self._t(end))
+        self.state.hold([(grant.gpu_id, start, end, reservation_id) for grant in chosen])
+        self.end_count[end] += len(chosen)
+        k = bisect.bisect_left(self.ends, end)
+        if k == len(self.ends) or self.ends[k] != end:
+            self.ends.insert(k, end)
+
+    def unbook(self, reservation_id: int, gpu_ids: Sequence[int], start: datetime, end: datetime) -> None:
+        """Take back what `book` booked for the reservation (a promise held for it, when it is planned anew)."""
+        for gpu_id in gpu_ids:
+            self.timeline.unbook(self.frame.rank[gpu_id], self._t(start), self._t(end))
+        self.state.release(reservation_id)
+        self.end_count[end] -= len(gpu_ids)
+        if self.end_count[end] <= 0:
+            del self.end_count[end]
+            self.ends.remove(end)
+
+    def free_on(self, gpu_ids: Sequence[int], start: datetime, end: datetime) -> bool:
+        """Whether each of these GPUs is usable and its whole card free over [start, end)."""
+        free = self.timeline.free_for(self._t(start), self._t(end))
+        return all(gpu_id in self.frame.rank and free[self.frame.rank[gpu_id]] for gpu_id in gpu_ids)
+
+    def short(self, count: int, start: datetime, end: datetime) -> str:
+        """_whole_gpus_short's answer, from the timeline."""
+        free = self.timeline.free_for(self._t(start), self._t(end))
+        per_node = np.bincount(self.timeline.gpu_node[free], minlength=1)
+        if int(free.sum()) < count:
+            return "not_enough"
+        if count <= self.most_per_node and int(per_node.max()) < count:
+            return "fragmented"
+        return ""
+
+    def choose(self, count: int, start: datetime, end: datetime, policy: str) -> tuple[list[booking.NewGrant] | None, str]:
+        window = booking.PoolSnapshot(start=start, end=end, gpus=self.gpus, grants=())
+        free = [self.gpus[k] for k in np.flatnonzero(self.timeline.free_for(self._t(start), self._t(end)))]
+        try:
+            ids = booking.choose_whole_gpus(window, count, policy=policy, state=self.state, free=free,
+                                            most_per_node=self.most_per_node)
+        except booking.BookingRefused as refused:
+            return None, _ENGINE_CODES.get(refused.code, refused.code)
+        return [booking.NewGrant(gpu_id=gpu_id, ge=self.frame.weight[gpu_id]) for gpu_id in ids], ""
+
+    def within_quota(self, team: TeamHolding, ge: float, start: datetime, end: datetime) -> bool:
+        """quotas.held_error(...) is None, asked only where the team's windows that overlap [start, end), added
+        up, could go over (their peak is at most their sum): a team holds thousands of windows, and the
+        peak over them is a sort in Python."""
+        quota = team.quota
+        promised = [w for w in team.promised if w[0] < end and w[1] > start]
+        held = sum(amount for _, _, amount in promised)
+        fine = (self._overlap_sum(team.quota.team_id * 2, team.in_pool, start, end) + held + ge
+                <= quota.max_ge + 1e-9)
+        if fine and quota.team_max_ge is not None:
+            fine = (self._overlap_sum(team.quota.team_id * 2 + 1, team.everywhere, start, end) + held + ge
+                    <= quota.team_max_ge + 1e-9)
+        if fine:
+            return True
+        in_pool = [w for w in team.in_pool if w[0] < end and w[1] > start] + promised
+        everywhere = [w for w in team.everywhere if w[0] < end and w[1] > start] + promised
+        return quotas.held_error(quota, ge=ge, asked="", field="", start=start, end=end, in_pool=in_pool,
+                                 everywhere=everywhere) is None
+
+    def _overlap_sum(self, key: int, windows: list[quotas.Window], start: datetime, end: datetime) -> float:
+        """The GE of `windows` that overlap [start, end), from arrays kept in step with the list (the plan
+        only appends to it)."""
+        seen, starts, ends, ge = self.quota_windows.get(key, (0, *(np.zeros(0, dtype=np.int64),) * 2,
+                                                              np.zeros(0)))
+        if len(windows) != seen:
+            tail = windows[seen:]
+            starts = np.append(starts, [self._t(a) for a, _, _ in tail])
+            ends = np.append(ends, [self._t(b) for _, b, _ in tail])
+            ge = np.append(ge, [float(amount) for _, _, amount in tail])
+            self.quota_windows[key] = (len(windows), starts, ends, ge)
+        return float(ge[(starts < self._t(end)) & (ends > self._t(start))].sum())
+
+    def earliest_fit(self, *, shape: booking.Shape, duration: timedelta, earliest: datetime, latest: datetime,
+                     policy: str, team: TeamHolding | None = None
+                     ) -> tuple[datetime | None, list[booking.NewGrant], str]:
+        """earliest_fit on the board: the timeline finds the first start where enough cards are free
+        (where the walk's room check would first pass); the engine and the quota check decide there, and
+        where either refuses, the search goes on from the walk's next candidate start."""
+        count, together = shape.gpus, shape.gpus <= self.most_per_node
+        first_reason: str | None = None
+        at = earliest
+        while at is not None:
+            found = self.timeline.earliest(count, duration // _MICROSECOND, self._t(at), self._t(latest),
+                                           together=together)
+            if found is None:
+                break
+            start = self.origin + found * _MICROSECOND
+            if first_reason is None and start > earliest:
+                first_reason = self.short(count, earliest, earliest + duration)
+            chosen, reason = self.choose(count, start, start + duration, policy)
+            if chosen is not None and team is not None and not self.within_quota(
+                    team, sum(g.ge for g in chosen), start, start + duration):
+                chosen, reason = None, "over_quota"
+            if chosen is not None:
+                return start, chosen, first_reason or ""
+            first_reason = first_reason or reason
+            at = self._next_candidate(start, latest, team)
+        if first_reason is None:
+            first_reason = self.short(count, earliest, earliest + duration)
+        return None, [], first_reason or "no_start"
+
+    def _next_candidate(self, after: datetime, latest: datetime, team: TeamHolding | None) -> datetime | None:
+        """The next start earliest_fit's walk tries after `after`: where a booking or the team's holding ends."""
+        k = bisect.bisect_right(self.ends, after)
+        options = [self.ends[k]] if k < len(self.ends) else []
+        if team is not None:
+            options.extend(end for _, end, _ in (*team.in_pool, *team.everywhere, *team.promised) if end > after)
+        nxt = min(options, default=None)
+        return nxt if nxt is not None and nxt <= latest else None
+
+
+@dataclass(frozen=True)
+class _Pin:
+    """A promise the plan holds for a request while the requests ahead of it are planned."""
+
+    start: datetime
+    end: datetime
+    gpu_ids: tuple[int, ...]
+    team_id: int
+    ge: float
+
+    def grants(self, reservation_id: int) -> list[booking.Grant]:
+        return [booking.Grant(gpu_id=gpu_id, reservation_id=reservation_id, starts_at=self.start, ends_at=self.end)
+                for gpu_id in self.gpu_ids]
+
+
+def _free_on(grants: Sequence[booking.Grant], usable: set[int], gpu_ids: Sequence[int], start: datetime,
+             end: datetime) -> bool:
+    """Whether each of these GPUs is usable and no grant holds it at some instant of [start, end)."""
+    wanted = set(gpu_ids)
+    return wanted <= usable and not any(g.gpu_id in wanted and g.starts_at < end and g.ends_at > start
+                                        and g.ends_at > g.starts_at for g in grants)
+
+
 def plan(*, gpus: Sequence[booking.PoolGpu], grants: Sequence[booking.Grant], waiting: Sequence[Waiting],
          now: datetime, horizon: datetime, policy: str, backfill: bool, teams: dict[int, TeamHolding],
-         hold_for: Callable[[Waiting], timedelta] | None = None) -> list[Planned]:
+         hold_for: Callable[[Waiting], timedelta] | None = None, depth: int | None = None,
+         board: bool = True, frame: PoolFrame | None = None, keep_promises: bool = False) -> list[Planned]:
     """Plan `waiting` (in queue order) one after the other, each at its earliest fit among `grants`
     and the plan's holdings of the requests before it. `hold_for` is how long a planned request
     holds what it gets (its duration unless given: the estimate shortens it). `teams` is updated
-    with the plan's holdings."""
+    with the plan's holdings.
+
+    `keep_promises`: a request's last promise (`promised_at` on `promised_gpus`, whole GPUs) is an upper
+    bound. Each request the last pass promised plans around the promises of the others, and where its
+    earliest fit is later than its promise it keeps the promise, on the same GPUs, if they are still free
+    for it then. So the plan only moves a promise later where a request new since the last pass is ordered
+    ahead of it (it plans as if no promise were held: the order decides) or capacity was lost (its GPUs
+    failed, or a failover put a booking on them). Reservations in Maui and Moab's backfill work the same
+    way: held from cycle to cycle, only ever moved earlier.
+
+    `depth`: only the first `depth` requests are planned; the rest get no start (reason
+    `not_planned`) and take nothing, as Slurm's backfill tests only its first bf_max_job_test jobs
+    each cycle: the pass's time stays bounded however long the queue grows. `board`: plan exclusive
+    pools on a WholeGpuBoard (the same answers, computed incrementally; False walks every candidate
+    start with booking.choose, the reference the tests compare it with); `frame`: the pool's GPUs
+    indexed for it, where the caller plans more than once."""
     taken = list(grants)
     latest_planned = now
     planned: list[Planned] = []
-    for item in waiting:
+    head = list(waiting[:depth] if depth is not None else waiting)
+    fast = board and WholeGpuBoard.fits([w.shape for w in waiting], grants)
+    frame = (frame or PoolFrame(gpus)) if fast else None
+    open_board = WholeGpuBoard(frame, grants, now) if fast else None  # bookings and the plan so far
+    bookings_board = open_board.copy() if open_board is not None else None  # the bookings alone
+    usable = {gpu.id for gpu in gpus if gpu.usable}
+    weight = {gpu.id: gpu.weight for gpu in gpus}
+    # The promises held, and (where the plan is on boards) a board with them booked too.
+    pins: dict[int, _Pin] = {}
+    pinned_board = open_board.copy() if open_board is not None and keep_promises else None
+    if keep_promises:
+        for item in head:
+            if (item.promised_at is None or item.promised_at <= now or item.shape.mode != SharingMode.EXCLUSIVE
+                    or len(item.promised_gpus) != item.shape.gpus):
+                continue
+            if not set(item.promised_gpus) <= usable:
+                continue
+            pin = _Pin(item.promised_at, item.promised_at + item.duration, item.promised_gpus, item.team_id,
+                       sum(weight[g] for g in item.promised_gpus))
+            if pinned_board is not None:
+                if pinned_board.free_on(pin.gpu_ids, pin.start, pin.end):
+                    pinned_board.book(item.reservation_id, [booking.NewGrant(gpu_id=g, ge=weight[g])
+                                                            for g in pin.gpu_ids], pin.start, pin.end)
+                    pins[item.reservation_id] = pin
+            elif _free_on([*grants, *(g for rid, p in pins.items() for g in p.grants(rid))], usable, pin.gpu_ids,
+                          pin.start, pin.end):
+                pins[item.reservation_id] = pin
+    for position, item in enumerate(waiting):
+        if depth is not None and position >= depth:
+            planned.append(Planned(waiting=item, start=None, grants=(), reason="not_planned"))
+            continue
         earliest = max(now, item.not_before or now)
         if not backfill:
             earliest = max(earliest, latest_planned)  # strict order: never before one ahead of it
         latest = min(horizon, item.not_after) if item.not_after else horizon
         team = teams.get(item.team_id)
-        start, chosen, reason = earliest_fit(gpus=gpus, grants=taken, shape=item.shape, duration=item.duration,
-                                             earliest=earliest, latest=latest, policy=policy, team=team)
+        own = pins.pop(item.reservation_id, None)
+        was_promised = keep_promises and item.promised_at is not None
+        if was_promised and team is not None:
+            # Its team's quota counts what is promised to the team's other requests, as the GPUs do.
+            team = dataclasses.replace(team, promised=[(p.start, p.end, p.ge) for p in pins.values()
+                                                       if p.team_id == item.team_id])
+        room = pinned_board if was_promised else open_board
+        if own is not None and pinned_board is not None:
+            pinned_board.unbook(item.reservation_id, own.gpu_ids, own.start, own.end)
+        others = [g for rid, pin in pins.items() for g in pin.grants(rid)] if was_promised else []
+        if room is not None and earliest <= latest:
+            start, chosen, reason = room.earliest_fit(shape=item.shape, duration=item.duration, earliest=earliest,
+                                                      latest=latest, policy=policy, team=team)
+        else:
+            start, chosen, reason = earliest_fit(gpus=gpus, grants=[*taken, *others], shape=item.shape,
+                                                 duration=item.duration, earliest=earliest, latest=latest,
+                                                 policy=policy, team=team)
+        if own is not None and (start is None or start > own.start) and earliest <= own.start <= latest:
+            free = (room.free_on(own.gpu_ids, own.start, own.end) if room is not None
+                    else _free_on([*taken, *others], usable, own.gpu_ids, own.start, own.end))
+            kept = [booking.NewGrant(gpu_id=g, ge=weight[g]) for g in own.gpu_ids]
+            if free and (team is None or quotas.held_error(
+                    team.quota, ge=sum(g.ge for g in kept), asked="", field="", start=own.start, end=own.end,
+                    in_pool=[*team.in_pool, *team.promised], everywhere=[*team.everywhere, *team.promised]) is None):
+                start, chosen = own.start, kept
         if start is not None and start > now:
-            reason = _why_later(item, now, reason, gpus, grants, policy, backfill, earliest)
+            reason = _why_later(item, now, reason, gpus, grants, policy, backfill, earliest, board=bookings_board)
         elif start is None:
             reason = reason or "no_start"
         if start is not None:
             end = start + (hold_for(item) if hold_for else item.duration)
             taken.extend(_as_grants(item.reservation_id, chosen, start, end))
+            if not was_promised:
+                # A request new since the last pass, ordered ahead: the promises it takes room from are void.
+                ids = {g.gpu_id for g in chosen}
+                for rid, pin in list(pins.items()):
+                    if pin.start < end and pin.end > start and ids & set(pin.gpu_ids):
+                        del pins[rid]
+                        if pinned_board is not None:
+                            pinned_board.unbook(rid, pin.gpu_ids, pin.start, pin.end)
+            for each in (open_board, pinned_board):
+                if each is not None:
+                    each.book(item.reservation_id, chosen, start, end)
             ge = sum(g.ge for g in chosen)
             if team is not None:
                 team.in_pool.append((start, end, ge))
@@ -258,15 +568,22 @@ def _borrow_idle(planned: list[Planned], taken: list[booking.Grant], *, gpus, no
     return planned
 
 
-def _why_later(item: Waiting, now: datetime, reason: str, gpus, grants, policy, backfill, earliest) -> str:
-    """The reason a request planned later than now waits, in the plan's terms."""
+def _why_later(item: Waiting, now: datetime, reason: str, gpus, grants, policy, backfill, earliest,
+               board: WholeGpuBoard | None = None) -> str:
+    """The reason a request planned later than now waits, in the plan's terms. `board`: the bookings
+    alone on a WholeGpuBoard, where the plan has one."""
     if item.not_before and item.not_before > now:
         return "not_before"
     if not backfill and earliest > now:
         return "behind"
     if reason in ("not_enough", "fragmented", ""):
         # Room now among the bookings alone, but not among the plan's holdings: promised ahead.
-        chosen, _ = _try(gpus, grants, item.shape, now, now + item.duration, policy)
+        if board is not None:
+            end = now + item.duration
+            chosen = (board.choose(item.shape.gpus, now, end, policy)[0]
+                      if not board.short(item.shape.gpus, now, end) else None)
+        else:
+            chosen, _ = _try(gpus, grants, item.shape, now, now + item.duration, policy)
         if chosen is not None:
             return "held_for_queue"
     return reason or "not_enough"
@@ -276,19 +593,47 @@ def _why_later(item: Waiting, now: datetime, reason: str, gpus, grants, policy, 
 
 @dataclass(frozen=True)
 class EarlyRelease:
-    """How much of its booked window each of the pool's recent ended bookings used (0-1, ascending)."""
+    """How much of its booked window each of the pool's recent ended bookings used (0-1, ascending), and
+    (`by_length`) each one's booked length in seconds with that share."""
 
     used: tuple[float, ...]
+    by_length: tuple[tuple[float, float], ...] = ()
 
     MIN_HISTORY = 10
+
+    def shares(self, length: timedelta) -> tuple[float, ...]:
+        """The used shares of bookings booked about as long as `length` (half to twice), where there are
+        MIN_HISTORY of them, else of all: a booking of 30 minutes and one of 30 days are not let go alike.
+        (Runtime predictors for batch queues condition on the requested time the same way.)"""
+        seconds = length.total_seconds()
+        lengths = self._lengths
+        first, last = bisect.bisect_left(lengths, seconds / 2), bisect.bisect_right(lengths, seconds * 2)
+        if last - first < self.MIN_HISTORY:
+            return self.used
+        if (first, last) not in self._alike:  # a pass asks for thousands of bookings of a few lengths
+            self._alike[first, last] = tuple(sorted(used for _, used in self._by_length_sorted[first:last]))
+        return self._alike[first, last]
+
+    @functools.cached_property
+    def _by_length_sorted(self) -> list[tuple[float, float]]:
+        return sorted(self.by_length)
+
+    @functools.cached_property
+    def _lengths(self) -> list[float]:
+        return [booked for booked, _ in self._by_length_sorted]
+
+    @functools.cached_property
+    def _alike(self) -> dict[tuple[int, int], tuple[float, ...]]:
+        return {}
 
     def expected_end(self, start: datetime, end: datetime, now: datetime) -> datetime:
         """When a booking of [start, end) is likely to end, given it runs at `now`: the median of the
         used shares above what it has run so far (the conditional median), never before now."""
         if len(self.used) < self.MIN_HISTORY or end <= start:
             return end
+        used = self.shares(end - start)
         ran = max(0.0, (now - start) / (end - start))
-        later = self.used[bisect.bisect_right(self.used, ran):]
+        later = used[bisect.bisect_right(used, ran):]
         if not later:
             return end
         share = later[(len(later) - 1) // 2]
@@ -297,7 +642,8 @@ class EarlyRelease:
     def expected_duration(self, duration: timedelta) -> timedelta:
         if len(self.used) < self.MIN_HISTORY:
             return duration
-        return duration * max(self.used[(len(self.used) - 1) // 2], 0.01)
+        used = self.shares(duration)
+        return duration * max(used[(len(used) - 1) // 2], 0.01)
 
 
 def early_release(pool_id: int, now: datetime) -> EarlyRelease:
@@ -307,9 +653,10 @@ def early_release(pool_id: int, now: datetime) -> EarlyRelease:
         "WHERE pool_id = %s AND state IN ('released', 'expired') AND ended_at IS NOT NULL AND ended_at > starts_at "
         "AND ends_at > starts_at AND ended_at <= %s ORDER BY ended_at DESC LIMIT %s",
         [pool_id, sql.db_datetime(now), settings.QUEUE_HISTORY])
-    used = sorted(min(1.0, (sql.aware(ended) - sql.aware(start)) / (sql.aware(end) - sql.aware(start)))
-                  for start, end, ended in rows)
-    return EarlyRelease(tuple(used))
+    pairs = [((sql.aware(end) - sql.aware(start)).total_seconds(),
+              min(1.0, (sql.aware(ended) - sql.aware(start)) / (sql.aware(end) - sql.aware(start))))
+             for start, end, ended in rows]
+    return EarlyRelease(tuple(sorted(used for _, used in pairs)), tuple(pairs))
 
 
 # --- reading a pool's queue -------------------------------------------------------------------------
@@ -323,21 +670,39 @@ class PoolQueue:
     horizon: datetime
     snapshot: booking.PoolSnapshot
     waiting: list[Waiting]
-    entries: dict[int, QueueEntry]
+    entries: dict[int, Entry]
     teams: dict[int, TeamHolding]
+    _frame: PoolFrame | None = dataclasses.field(default=None, init=False, repr=False)
+
+    def frame(self) -> PoolFrame:
+        """The pool's GPUs indexed for the plan's boards: kept from the last pass over the pool while its GPUs
+        read the same (building it is a tenth of a pass on a thousand nodes)."""
+        if self._frame is None or self._frame.gpus is not self.snapshot.gpus:
+            key = PoolFrame.key_of(self.snapshot.gpus)
+            kept = _frames.get(self.pool.pk)
+            self._frame = kept if kept is not None and kept.key == key else PoolFrame(self.snapshot.gpus, key)
+            _frames[self.pool.pk] = self._frame
+        return self._frame
 
     def promise(self) -> list[Planned]:
         return plan(gpus=self.snapshot.gpus, grants=self.snapshot.grants, waiting=self.waiting,
                     now=self.now, horizon=self.horizon, policy=self.pool.placement_policy,
-                    backfill=self.pool.backfill, teams=self._fresh_teams())
+                    backfill=self.pool.backfill, teams=self._fresh_teams(), depth=settings.QUEUE_PLAN_DEPTH,
+                    frame=self.frame(), keep_promises=True)
 
     def estimate(self) -> list[Planned]:
         history = early_release(self.pool.pk, self.now)
-        grants = [dataclasses.replace(g, ends_at=history.expected_end(g.starts_at, g.ends_at, self.now))
-                  for g in self.snapshot.grants]
+        grants = [g.ending_at(history.expected_end(g.starts_at, g.ends_at, self.now)) for g in self.snapshot.grants]
+        # The team's own bookings end as early as the pool's do: a request waiting on its team's quota waits
+        # for them, and kept to their booked ends its estimate was its promise.
+        teams = {team_id: TeamHolding(
+            quota=t.quota, in_pool=[(a, history.expected_end(a, b, self.now), ge) for a, b, ge in t.in_pool],
+            everywhere=[(a, history.expected_end(a, b, self.now), ge) for a, b, ge in t.everywhere])
+            for team_id, t in self.teams.items()}
         return plan(gpus=self.snapshot.gpus, grants=grants, waiting=self.waiting, now=self.now, horizon=self.horizon,
-                    policy=self.pool.placement_policy, backfill=self.pool.backfill, teams=self._fresh_teams(),
-                    hold_for=lambda item: history.expected_duration(item.duration))
+                    policy=self.pool.placement_policy, backfill=self.pool.backfill, teams=teams,
+                    hold_for=lambda item: history.expected_duration(item.duration), depth=settings.QUEUE_PLAN_DEPTH,
+                    frame=self.frame())
 
     def _fresh_teams(self) -> dict[int, TeamHolding]:
         return {team_id: TeamHolding(quota=t.quota, in_pool=list(t.in_pool), everywhere=list(t.everywhere))
@@ -356,25 +721,95 @@ def shape_from(data: dict) -> booking.Shape:
     return booking.Shape(**{**data, "mig_layout": layout if isinstance(layout, str) else tuple(layout)})
 
 
+@dataclass(frozen=True)
+class Entry:
+    """What a pass reads of a waiting request's QueueEntry (by hand: a queue of a thousand read through the
+    ORM, with its reservations and teams, took longer than planning it)."""
+
+    pk: int
+    team_id: int
+    duration: timedelta
+    queued_at: datetime
+    not_before: datetime | None
+    not_after: datetime | None
+    position: int | None
+    reason: str
+    start_by: datetime | None
+    likely_start: datetime | None
+    first_start_by: datetime | None
+    first_likely_start: datetime | None
+    moved_why_text: str
+    moved_why_message: dict | None
+
+    @property
+    def moved_why(self) -> Msg | str:
+        """As messages.stored_reason reads a StoredTextField: its message while it says what the text says."""
+        msg = Msg.of(self.moved_why_message)
+        return msg if msg is not None and msg.english() == self.moved_why_text else self.moved_why_text
+
+
+def _duration(value) -> timedelta:
+    """A DurationField read by hand: an interval on PostgreSQL, microseconds on SQLite."""
+    return value if isinstance(value, timedelta) else timedelta(microseconds=int(value))
+
+
 def read(pool_id: int, now: datetime, *, lock: bool = True) -> PoolQueue:
     """The pool (locked FOR UPDATE unless `lock` is False: the caller holds it) with its waiting requests."""
     pools = GpuPool.objects.filter(pk=pool_id)
     pool = (pools.select_for_update() if lock else pools).get()
     horizon = now + settings.RESERVATION_MAX_LEAD + settings.RESERVATION_MAX_DURATION
-    pending = list(Reservation.objects.filter(pool_id=pool_id, state=State.PENDING)
-                   .select_related("queue_entry", "team").order_by("pk"))
-    entries = {r.pk: r.queue_entry for r in pending}
-    waiting = [Waiting(reservation_id=r.pk, team_id=r.team_id, shape=shape_from(r.queue_entry.shape),
-                       duration=r.queue_entry.duration, queued_at=r.queue_entry.queued_at,
-                       not_before=r.queue_entry.not_before, not_after=r.queue_entry.not_after,
-                       priority=r.queue_entry.priority) for r in pending]
+    rows = sql.fetch_all(
+        "SELECT r.id, r.team_id, q.shape, q.duration, " + ", ".join(sql.instant_column(f"q.{name}") for name in (
+            "queued_at", "not_before", "not_after")) + ", q.priority, q.position, q.reason, " + ", ".join(
+            sql.instant_column(f"q.{name}") for name in ("start_by", "likely_start", "first_start_by",
+                                                          "first_likely_start")) + ", q.moved_why, q.moved_why_message, "
+        "q.planned_gpus "
+        "FROM allocations_reservation r JOIN allocations_queueentry q ON q.reservation_id = r.id "
+        "WHERE r.pool_id = %s AND r.state = %s ORDER BY r.id", [pool_id, State.PENDING])
+    entries, waiting = {}, []
+    for (pk, team_id, shape, duration, queued_at, not_before, not_after, priority, position, reason, start_by, likely,
+         first_start_by, first_likely, moved_text, moved_message, planned_gpus) in rows:
+        entry = Entry(pk=pk, team_id=team_id, duration=_duration(duration), queued_at=sql.instant(queued_at),
+                      not_before=sql.instant(not_before), not_after=sql.instant(not_after), position=position,
+                      reason=reason,
+                      start_by=sql.instant(start_by), likely_start=sql.instant(likely),
+                      first_start_by=sql.instant(first_start_by), first_likely_start=sql.instant(first_likely),
+                      moved_why_text=moved_text, moved_why_message=sql.json_value(moved_message))
+        entries[pk] = entry
+        waiting.append(Waiting(reservation_id=pk, team_id=team_id, shape=shape_from(sql.json_value(shape)),
+                               duration=entry.duration, queued_at=entry.queued_at, not_before=entry.not_before,
+                               not_after=entry.not_after, priority=priority, promised_at=entry.start_by,
+                               promised_gpus=tuple(sql.json_value(planned_gpus) or ())))
     snapshot = booking.pool_snapshot(pool_id, now, horizon) if waiting else booking.PoolSnapshot(
         start=now, end=horizon, gpus=(), grants=())
     snapshot = _cut_at_notice(snapshot, pool_id)
-    teams = _team_holdings(pool, {r.team for r in pending}, now, horizon)
+    teams = _team_holdings(pool, Team.objects.filter(pk__in={w.team_id for w in waiting}), now, horizon)
     waiting = _ordered(waiting, pool, now, teams)
     return PoolQueue(pool=pool, now=now, horizon=horizon, snapshot=snapshot, waiting=waiting, entries=entries,
                      teams=teams)
+
+
+class Locked:
+    """The waiting requests a pass holds row locks on (those still pending when it locked them, in id order,
+    as every writer locks), each read as a Reservation only when the pass writes it."""
+
+    def __init__(self, ids: Sequence[int]) -> None:
+        self.ids: set[int] = set()
+        if ids:
+            self.ids = {pk for (pk,) in sql.fetch_all(
+                f"SELECT id FROM allocations_reservation WHERE id IN ({', '.join(['%s'] * len(ids))}) AND state = %s "
+                f"ORDER BY id{sql.for_update_of('allocations_reservation')}", [*ids, State.PENDING])}
+        self._read: dict[int, Reservation] = {}
+
+    def __contains__(self, pk: int) -> bool:
+        return pk in self.ids
+
+    def __getitem__(self, pk: int) -> Reservation:
+        if pk not in self.ids:
+            raise KeyError(pk)
+        if pk not in self._read:
+            self._read[pk] = Reservation.objects.select_related("team", "requested_by").get(pk=pk)
+        return self._read[pk]
 
 
 def _cut_at_notice(snapshot: booking.PoolSnapshot, pool_id: int) -> booking.PoolSnapshot:
@@ -495,13 +930,15 @@ def queue_pass(*, pool_id: int, now: datetime | None = None, quiet: Sequence[int
     counts = {"started": 0, "failed": 0, "waiting": 0}
     if not state.waiting:
         return counts
-    locked = {r.pk: r for r in Reservation.objects.select_for_update(of=("self",)).filter(
-        pk__in=[w.reservation_id for w in state.waiting], state=State.PENDING).select_related("team", "requested_by")}
+    locked = Locked([w.reservation_id for w in state.waiting])
     for item in list(state.waiting):
-        entry, reservation = state.entries[item.reservation_id], locked.get(item.reservation_id)
-        if reservation is None:
+        entry = state.entries[item.reservation_id]
+        if item.reservation_id not in locked:
             state.waiting.remove(item)  # cancelled meanwhile
-        elif item.team_id not in state.teams:
+            continue
+        reservation = locked[item.reservation_id] if (item.team_id not in state.teams or (
+            entry.not_after is not None and entry.not_after < now)) else None
+        if item.team_id not in state.teams:
             _fail(reservation, Msg(gettext_noop("Team %(team)s no longer has a quota in pool %(pool)s."),
                                    team=reservation.team.name, pool=state.pool.name), now=now)
             state.waiting.remove(item)
@@ -535,16 +972,23 @@ def queue_pass(*, pool_id: int, now: datetime | None = None, quiet: Sequence[int
         promised = state.promise()
         counts["reclaiming"] = 1
     likely = {p.waiting.reservation_id: p.start for p in state.estimate()}
+    entry_rows, reservation_rows = [], []
     for position, planned in enumerate(promised, start=1):
-        reservation = locked[planned.waiting.reservation_id]
-        if planned.start is None and planned.waiting.not_after is not None:
-            _fail(reservation, Msg(gettext_noop(
+        if planned.start is None and planned.waiting.not_after is not None and planned.reason != "not_planned":
+            _fail(locked[planned.waiting.reservation_id], Msg(gettext_noop(
                 "It cannot start by its not_after time, even if every booking ends on time.")), now=now)
             counts["failed"] += 1
             continue
-        _write_entry(state.entries[reservation.pk], reservation, planned, likely.get(reservation.pk),
-                     position=position, now=now)
         counts["waiting"] += 1
+        entry = state.entries[planned.waiting.reservation_id]
+        if (planned.reason == entry.reason == "not_planned" and entry.position == position
+                and entry.start_by is None):
+            continue  # beyond the plan's depth as before, at the same place: nothing to write
+        entry_row, reservation_row = _entry_rows(entry, locked, planned, likely.get(planned.waiting.reservation_id),
+                                                 position=position, now=now)
+        entry_rows.append(entry_row)
+        reservation_rows.append(reservation_row)
+    _write_entries(entry_rows, reservation_rows)
     return counts
 
 
@@ -592,38 +1036,56 @@ def _fail(reservation: Reservation, why: Msg, *, now: datetime) -> None:
                           why, event="reservation.not_started")
 
 
-def _write_entry(entry: QueueEntry, reservation: Reservation, planned: Planned, likely: datetime | None, *,
-                 position: int, now: datetime) -> None:
+@functools.lru_cache(maxsize=64)
+def _reason_stored(code: str) -> tuple[str, dict | None]:
+    """stored(reason_words(code)), once per code (the same words for every request with that reason)."""
+    return stored(reason_words(code))
+
+
+def _entry_rows(entry: Entry, locked: Locked, planned: Planned, likely: datetime | None, *,
+                position: int, now: datetime) -> tuple[list, list]:
+    """What the pass writes for a waiting request (its entry's row, its reservation's), after recording a
+    promise that moved later."""
     start_by = planned.start
     if likely is not None and start_by is not None:
         likely = min(max(likely, now), start_by)
-    moved_why = stored_reason(entry, "moved_why")
+    moved_why = entry.moved_why
     if entry.start_by is not None and start_by is not None and start_by > entry.start_by + timedelta(seconds=1):
         ahead_before = entry.position or position
         moved_why = (Msg(gettext_noop("Requests ordered ahead of it joined the queue (position %(before)s → "
                                       "%(after)s)."), before=ahead_before, after=position)
                      if position > ahead_before else
-                     Msg(gettext_noop("The plan changed under it: requests ahead started sooner than planned, on GPUs "
-                                      "it was planned on, or the pool lost capacity (a node or GPU failed or was "
-                                      "drained).")))
-        record(reservation, from_state=State.PENDING, to_state=State.PENDING, actor=None,
-               reason=Msg(gettext_noop("Promised start moved from %(old)s to %(new)s: %(why)s"),
-                          old=instant(entry.start_by), new=instant(start_by), why=moved_why),
-               at=now)
+                     Msg(gettext_noop("The pool lost capacity it was planned on (a node or GPU failed or was drained, "
+                                      "or a failover moved a booking onto it), or a request ahead of it that had no "
+                                      "start before now has one.")))
+        moved = Msg(gettext_noop("Promised start moved from %(old)s to %(new)s: %(why)s"),
+                    old=instant(entry.start_by), new=instant(start_by), why=moved_why)
+        record(locked[entry.pk], from_state=State.PENDING, to_state=State.PENDING, actor=None, reason=moved, at=now)
+        notices.notify_owners(locked[entry.pk], Msg(gettext_noop("Reservation #%(id)s: its promised start moved later"),
+                                                    id=entry.pk), moved, event="reservation.promise_moved")
     moved_text, moved_message = stored(moved_why)
-    why_text, why_message = stored(reason_words(planned.reason))
-    QueueEntry.objects.filter(pk=entry.pk).update(
-        position=position, reason=planned.reason, reason_text=why_text, reason_text_message=why_message,
-        previous_start_by=entry.start_by, previous_likely_start=entry.likely_start,
-        start_by=start_by, likely_start=likely,
-        first_start_by=entry.first_start_by or start_by, first_likely_start=entry.first_likely_start or likely,
-        moved_why=moved_text, moved_why_message=moved_message, planned_at=now)
+    why_text, why_message = _reason_stored(planned.reason)
+    entry_row = [position, planned.reason, why_text, json_param(why_message), *map(sql.db_datetime, (
+        entry.start_by, entry.likely_start, start_by, likely, entry.first_start_by or start_by,
+        entry.first_likely_start or likely)), moved_text, json_param(moved_message), sql.db_datetime(now),
+        json.dumps([g.gpu_id for g in planned.grants]) if start_by is not None else None, entry.pk]
     # The reservation's window follows the plan, so lists sorted by start show it where it would run.
     start = start_by or now
-    sql.execute("UPDATE allocations_reservation SET starts_at = %s, ends_at = %s, reason = %s, reason_message = %s "
-                "WHERE id = %s",
-                [sql.db_datetime(start), sql.db_datetime(start + entry.duration), why_text, json_param(why_message),
-                 reservation.pk])
+    reservation_row = [sql.db_datetime(start), sql.db_datetime(start + entry.duration), why_text,
+                       json_param(why_message), entry.pk]
+    return entry_row, reservation_row
+
+
+def _write_entries(entry_rows: Sequence[list], reservation_rows: Sequence[list]) -> None:
+    """Write every waiting request's entry and window in two statements, each run for all rows (a pass over
+    a queue of a thousand wrote two thousand statements one by one)."""
+    sql.execute_many(
+        "UPDATE allocations_queueentry SET position = %s, reason = %s, reason_text = %s, reason_text_message = %s, "
+        "previous_start_by = %s, previous_likely_start = %s, start_by = %s, likely_start = %s, first_start_by = %s, "
+        "first_likely_start = %s, moved_why = %s, moved_why_message = %s, planned_at = %s, planned_gpus = %s "
+        "WHERE reservation_id = %s", entry_rows)
+    sql.execute_many("UPDATE allocations_reservation SET starts_at = %s, ends_at = %s, reason = %s, "
+                     "reason_message = %s WHERE id = %s", reservation_rows)
 
 
 def span(delta: timedelta) -> Msg:
@@ -722,13 +1184,26 @@ def _give_notice(victims: list[Reservation], item: Waiting, state: PoolQueue, *,
 
 # --- what creates and extensions must leave alone ---------------------------------------------------
 
-def promised_grants(pool_id: int, now: datetime, *, without: int | None = None) -> list[booking.Grant]:
+class Promised(list):
+    """promised_grants' answer: the grants the plan holds (a list of booking.Grant), and per team the windows
+    (start, end, GE) its waiting requests are promised, which a booking of that team must leave within its
+    quota as other bookings leave the GPUs."""
+
+    def __init__(self, grants=(), team_windows: dict[int, list[quotas.Window]] | None = None) -> None:
+        super().__init__(grants)
+        self.team_windows = team_windows or {}
+
+
+def promised_grants(pool_id: int, now: datetime, *, without: int | None = None) -> Promised:
     """What the queue's plan holds in the pool from now (the caller holds the pool's lock): a new
     fixed-window booking or an extension must fit around it, so the promises stay kept."""
     if not has_waiting(pool_id, besides=without):
-        return []
+        return Promised()
     state = read(pool_id, now, lock=False)
     state.waiting = [w for w in state.waiting if w.reservation_id != without]
-    return [grant for planned in state.promise() if planned.start is not None
-            for grant in _as_grants(planned.waiting.reservation_id, planned.grants, planned.start,
-                                    planned.start + planned.waiting.duration)]
+    planned = [p for p in state.promise() if p.start is not None]
+    windows: dict[int, list[quotas.Window]] = defaultdict(list)
+    for p in planned:
+        windows[p.waiting.team_id].append((p.start, p.start + p.waiting.duration, sum(g.ge for g in p.grants)))
+    return Promised([grant for p in planned for grant in _as_grants(p.waiting.reservation_id, p.grants, p.start,
+                                                                    p.start + p.waiting.duration)], dict(windows))

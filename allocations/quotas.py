@@ -128,13 +128,14 @@ def held_error(quota: QuotaLimits, *, ge: float, asked: Msg | str, field: str, s
 
 
 def check(quota: QuotaLimits, *, ge: float, asked: Msg | str, field: str, start: datetime, end: datetime,
-          exclude_reservation: int | None = None, may_borrow: bool = False) -> float:
+          exclude_reservation: int | None = None, may_borrow: bool = False, promised: Sequence[Window] = ()) -> float:
     """Refuse (Conflict) what held_error refuses, reading what the team holds, and more GE-hours in a
-    calendar month than the pool's monthly budget. Returns the GE it borrows beyond the quota (0: none)."""
+    calendar month than the pool's monthly budget. Returns the GE it borrows beyond the quota (0: none).
+    `promised`: windows the queue promises the team's waiting requests in the pool; they count as held."""
     in_pool = selectors.team_windows(quota.team_id, quota.pool_id, start, end, exclude_reservation)
-    everywhere = (selectors.team_windows(quota.team_id, None, start, end, exclude_reservation)
+    everywhere = ([*selectors.team_windows(quota.team_id, None, start, end, exclude_reservation), *promised]
                   if quota.team_max_ge is not None else ())
-    error = held_error(quota, ge=ge, asked=asked, field=field, start=start, end=end, in_pool=in_pool,
+    error = held_error(quota, ge=ge, asked=asked, field=field, start=start, end=end, in_pool=[*in_pool, *promised],
                        everywhere=everywhere, may_borrow=may_borrow)
     if error is not None:
         raise error

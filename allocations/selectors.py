@@ -27,7 +27,7 @@ from common import sql
 from common.errors import ValidationFailed
 from inventory.models import Cluster, Gpu, GpuPool
 from inventory.selectors import model_weights, weight_of
-from inventory.sharing import REPLICA_MODES, SharingMode, mig_layout_names
+from inventory.sharing import REPLICA_MODES, SharingMode, mig_dynamic, mig_layout_names
 from teams.models import Team
 from teams.selectors import team_ids_of, teams_of
 
@@ -363,7 +363,8 @@ def mig_profiles_offered(pool: GpuPool, snapshot: booking.PoolSnapshot) -> list[
 
 def _layout_profiles(pool: GpuPool, models: set[str]) -> list[mig.MigProfile]:
     """The profiles of the pool's MIG layout on GPUs of `models`, smallest first, each name once."""
-    return booking.layout_profiles(models, mig_layout_names(pool.sharing_config or {}))
+    config = pool.sharing_config or {}
+    return booking.layout_profiles(models, mig_layout_names(config), dynamic=mig_dynamic(config))
 
 
 @dataclass(frozen=True)
@@ -378,6 +379,7 @@ class PoolOffer:
     weight: float  # GE of one whole card (the heaviest model's, when the pool mixes models)
     default_memory_mib: int | None
     default_cores_pct: int | None
+    mig_dynamic: bool = False  # a MIG pool that carves its GPUs on demand (any profile of their models)
 
     @property
     def share_ge(self) -> float:
@@ -398,7 +400,8 @@ def pool_offer(pool: GpuPool) -> PoolOffer:
     return PoolOffer(mode=pool.sharing_mode, replicas=int(config.get("replicas") or 0), mig_profiles=profiles,
                      gpu_memory_mib=max((memory for _, memory in cards), default=0), weight=weight,
                      default_memory_mib=config.get("default_memory_mib"),
-                     default_cores_pct=config.get("default_cores_pct"))
+                     default_cores_pct=config.get("default_cores_pct"),
+                     mig_dynamic=pool.sharing_mode == SharingMode.MIG and mig_dynamic(config))
 
 
 
@@ -755,7 +758,8 @@ def team_windows(team_id: int, pool_id: int | None, start: datetime, end: dateti
     reservations took 3.2-4.0x as long as one for a team without before, 1.1x after)."""
     # Summed per window in the database: a reservation's grants share one window, and a share booking
     # may write several rows (runs of share slots, MIG instances), so this returns a row per window.
-    query = ("SELECT a.starts_at, a.ends_at, sum(a.ge) FROM allocations_allocation a "
+    query = (f"SELECT {sql.instant_column('a.starts_at')}, {sql.instant_column('a.ends_at')}, sum(a.ge) "
+             "FROM allocations_allocation a "
              "JOIN allocations_reservation r ON r.id = a.reservation_id "
              f"WHERE r.team_id = %s AND r.ends_at > %s AND {AllocationQuerySet.BOOKED_DURING_SQL}")
     params = [team_id, sql.db_datetime(start), sql.db_datetime(end), sql.db_datetime(start)]
@@ -766,7 +770,7 @@ def team_windows(team_id: int, pool_id: int | None, start: datetime, end: dateti
         query += " AND a.reservation_id <> %s"
         params.append(exclude_reservation)
     query += " GROUP BY a.starts_at, a.ends_at"
-    return [(sql.aware(a), sql.aware(b), ge) for a, b, ge in sql.fetch_all(query, params)]
+    return [(sql.instant(a), sql.instant(b), ge) for a, b, ge in sql.fetch_all(query, params)]
 
 
 # --- what each GPU of a pool is held by now (the pool page's bars) -------------------------------
@@ -920,6 +924,20 @@ def _free_parts(mode: str, replicas: int, model: str, config: dict, layouts: dic
         width = units.share_slot_width(replicas)
         return [(lo, hi, ngettext("%(count)d share free", "%(count)d shares free", (hi - lo) // width)
                  % {"count": (hi - lo) // width}) for lo, hi, _unused in free]
+    if mode == SharingMode.MIG and mig_dynamic(config):
+        # Laid out on demand: each run of slices nothing holds is free, to be carved as a booking needs.
+        runs: list[tuple[int, int]] = []
+        for slot in range(mig.MIG_SLICES):
+            lo, hi = slot * booking.MIG_SLICE_MILLI, (slot + 1) * booking.MIG_SLICE_MILLI
+            if not clear(lo, hi):
+                continue
+            if runs and runs[-1][1] == lo:
+                runs[-1] = (runs[-1][0], hi)
+            else:
+                runs.append((lo, hi))
+        return [(lo, hi, ngettext("%(count)d slice free (carved on demand)", "%(count)d slices free (carved on demand)",
+                                  (hi - lo) // booking.MIG_SLICE_MILLI) % {"count": (hi - lo) // booking.MIG_SLICE_MILLI})
+                for lo, hi in runs]
     if mode == SharingMode.MIG:
         if model not in layouts:
             layouts[model] = booking.layout_offered(model, mig_layout_names(config))

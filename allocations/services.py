@@ -365,7 +365,8 @@ def _book(asked: _Asked, actor: AbstractBaseUser, request: ReservationRequest, s
                            field=field, rule="promised_to_queue") from None
         raise Conflict(refused.message, field=field, rule=refused.code) from None
     borrowed = quotas.check(asked.quota, ge=sum(grant.ge for grant in grants), asked=shape.in_words(), field=field,
-                            start=starts_at, end=ends_at, may_borrow=starts_at <= now)
+                            start=starts_at, end=ends_at, may_borrow=starts_at <= now,
+                            promised=getattr(promised, "team_windows", {}).get(asked.quota.team_id, ()))
     reservation = _insert_reservation(asked=asked, actor=actor, shape=shape, grants=grants, starts_at=starts_at,
                                       ends_at=ends_at, now=now, borrowed_ge=borrowed,
                                       requeue=bool(request.requeue))
@@ -761,6 +762,133 @@ def due_reservation_ids(now: datetime | None = None) -> dict[str, list[int]]:
         "expire": list(live.filter(ends_at__lte=now).values_list("id", flat=True)[:1000]),
         "undo_again": jobs.releasing_without_undo_ids(),
     }
+
+
+
+# --- idle reclaim (a pool's opt-in policy; monitoring.idle decides from the telemetry) -------------
+
+@dataclass(frozen=True, kw_only=True)
+class IdleEvidence:
+    """What the telemetry says of a running reservation's GPUs (monitoring.idle.evidence): idle since
+    `since` (all of them), with these peaks since then."""
+
+    since: datetime
+    peak_util: int  # %
+    peak_memory_mib: int
+
+
+def _evidence_msg(evidence: IdleEvidence, now: datetime) -> Msg:
+    return Msg(gettext_noop("its GPUs have been idle since %(since)s (%(span)s): peak utilization %(util)d%%, "
+                            "peak memory %(memory)d MiB, no process of its own"),
+               since=instant(evidence.since), span=queue.span(now - evidence.since), util=evidence.peak_util,
+               memory=evidence.peak_memory_mib)
+
+
+@transaction.atomic
+def reservation_idle_warn(*, reservation_id: int, evidence: IdleEvidence, release_at: datetime,
+                          now: datetime | None = None) -> bool:
+    """Warn the holders of a running reservation (mail, channels, a banner on its page) that it is released
+    at `release_at` unless its GPUs are used or its team marks it keep. Once per idle spell (the claim is
+    a conditional update). Returns whether it warned."""
+    now = now or timezone.now()
+    claimed = Reservation.objects.filter(
+        pk=reservation_id, state=State.ACTIVE, idle_warned_at__isnull=True, keep_at__isnull=True,
+        ends_at__gt=now).update(idle_warned_at=now, idle_since=evidence.since)
+    if not claimed:
+        return False
+    reservation = Reservation.objects.select_related("team", "pool", "requested_by").get(pk=reservation_id)
+    why = _evidence_msg(evidence, now)
+    _record(reservation, from_state=reservation.state, to_state=reservation.state, actor=None, at=now,
+            reason=Msg(gettext_noop("Idle warning: %(why)s. It is released at %(at)s unless it is used or kept."),
+                       why=why, at=instant(release_at)))
+    notices.notify_owners(
+        reservation, Msg(gettext_noop("Reservation #%(id)s sits idle and will be released"), id=reservation.pk),
+        Msg(gettext_noop("Pool %(pool)s takes back idle GPUs: %(why)s. It is released at %(at)s unless its GPUs "
+                         "are used before then, or its team marks it keep (with a reason) on its page."),
+            pool=reservation.pool.name, why=why, at=instant(release_at)),
+        event="reservation.idle_warning")
+    return True
+
+
+@transaction.atomic
+def reservation_idle_cancel(*, reservation_id: int, active_at: datetime | None, now: datetime | None = None) -> bool:
+    """Activity (or a keep) after the idle warning: the pending release is called off, and recorded.
+    Returns whether a warning was pending."""
+    now = now or timezone.now()
+    reservation = Reservation.objects.select_for_update().filter(
+        pk=reservation_id, idle_warned_at__isnull=False).first()
+    if reservation is None:
+        return False
+    Reservation.objects.filter(pk=reservation_id).update(idle_warned_at=None, idle_since=None)
+    if active_at is not None:
+        reason = Msg(gettext_noop("Its GPUs were used again at %(at)s: the idle release is called off."),
+                     at=instant(active_at))
+    else:
+        reason = Msg(gettext_noop("Marked keep: the idle release is called off."))
+    _record(reservation, from_state=reservation.state, to_state=reservation.state, actor=None, at=now, reason=reason)
+    return True
+
+
+@transaction.atomic
+def reservation_idle_release(*, reservation_id: int, evidence: IdleEvidence, now: datetime | None = None) -> bool:
+    """Release a warned reservation still idle, through the normal undo path, with the evidence as its
+    reason. Not one that was kept, used again (the warning cleared) or has ended. Returns whether it acted."""
+    now = now or timezone.now()
+    reservation = (Reservation.objects.select_for_update(of=("self",)).select_related("team", "pool", "requested_by")
+                   .filter(pk=reservation_id, state=State.ACTIVE, idle_warned_at__isnull=False,
+                           keep_at__isnull=True, ends_at__gt=now).first())
+    if reservation is None:
+        return False
+    sql.execute("UPDATE allocations_allocation SET ends_at = %s WHERE reservation_id = %s AND ends_at > %s",
+                [sql.db_datetime(now), reservation.pk, sql.db_datetime(now)])
+    reason = Msg(gettext_noop("Released as idle by pool %(pool)s's policy: %(why)s; warned at %(warned)s."),
+                 pool=reservation.pool.slug, why=_evidence_msg(evidence, now),
+                 warned=instant(reservation.idle_warned_at))
+    _undo(reservation, final_state=State.RELEASED, now=now, reason=reason)
+    notices.notify_owners(
+        reservation, Msg(gettext_noop("Reservation #%(id)s was released as idle"), id=reservation.pk), reason,
+        event="reservation.idle_released")
+    queue.kick(reservation.pool_id)
+    return True
+
+
+@transaction.atomic
+def reservation_keep(*, actor: AbstractBaseUser, reservation_id: int, keep: bool, reason: str = "",
+                     now: datetime | None = None) -> Reservation:
+    """Mark a live reservation "keep" (the idle reclaim leaves it alone), with a reason staff see, or unmark
+    it. At most the pool's idle_keep_allowance of one team's live reservations are kept at once: the
+    pool's row is locked while they are counted, so two requests cannot both take the last one."""
+    now = now or timezone.now()
+    reservation = _locked_reservation(reservation_id, actor)
+    if not keep:
+        if reservation.keep_at is not None:
+            Reservation.objects.filter(pk=reservation.pk).update(keep_at=None, keep_by=None, keep_reason="")
+            _record(reservation, from_state=reservation.state, to_state=reservation.state, actor=actor, at=now,
+                    reason=Msg(gettext_noop("No longer kept, by %(who)s."), who=actor.get_username()))
+        reservation.refresh_from_db()
+        return reservation
+    reason = (reason or "").strip()
+    if not reason:
+        raise ValidationFailed(_("Say why it is kept."), field="reason", rule="required")
+    if reservation.state not in Reservation.LIVE_STATES:
+        raise Conflict(_("A %(state)s reservation cannot be kept.") % {
+            "state": str(reservation.get_state_display()).lower()}, field="state", rule="not_live")
+    pool = GpuPool.objects.select_for_update().get(pk=reservation.pool_id)
+    kept = (Reservation.objects.filter(team_id=reservation.team_id, pool_id=pool.pk, keep_at__isnull=False,
+                                       state__in=Reservation.LIVE_STATES).exclude(pk=reservation.pk).count())
+    if reservation.keep_at is None and kept >= pool.idle_keep_allowance:
+        raise Conflict(_("Team %(team)s already keeps %(kept)d reservation(s) in pool %(pool)s, its allowance "
+                         "there (%(allowance)d): unmark one first.") % {
+            "team": reservation.team.name, "kept": kept, "pool": pool.name, "allowance": pool.idle_keep_allowance},
+            field="keep", rule="keep_allowance")
+    Reservation.objects.filter(pk=reservation.pk).update(keep_at=now, keep_by=actor, keep_reason=reason[:200])
+    _record(reservation, from_state=reservation.state, to_state=reservation.state, actor=actor, at=now,
+            reason=Msg(gettext_noop("Marked keep by %(who)s: %(reason)s"), who=actor.get_username(),
+                       reason=reason[:200]))
+    if reservation.idle_warned_at is not None:
+        reservation_idle_cancel(reservation_id=reservation.pk, active_at=None, now=now)
+    reservation.refresh_from_db()
+    return reservation
 
 
 # --- quotas (staff) ------------------------------------------------------------------------

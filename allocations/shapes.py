@@ -13,7 +13,7 @@ from allocations import booking
 from allocations.placement import mig
 from common.errors import FieldError, ValidationFailed
 from inventory.models import GpuPool
-from inventory.sharing import REPLICA_MODES, SharingMode, mig_layout_names
+from inventory.sharing import REPLICA_MODES, SharingMode, mig_dynamic, mig_layout_names
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,9 @@ def shape_for(pool: GpuPool, request: Amounts, snapshot: booking.PoolSnapshot) -
         if not request.mig_profile:
             raise required("mig_profile")
         layout = mig_layout_names(config)
-        offered = {profile.name for profile in booking.layout_profiles({gpu.model for gpu in usable}, layout)}
+        dynamic = mig_dynamic(config)
+        offered = {profile.name for profile in booking.layout_profiles({gpu.model for gpu in usable}, layout,
+                                                                       dynamic=dynamic)}
         if request.mig_profile not in offered:
             known = set().union(*(mig.profiles_for(gpu.model) for gpu in usable)) if usable else set()
             rule = "not_in_layout" if request.mig_profile in known else "unknown_profile"
@@ -107,7 +109,7 @@ def shape_for(pool: GpuPool, request: Amounts, snapshot: booking.PoolSnapshot) -
                                            "offered": ", ".join(sorted(offered)) or _("none")},
                                    field="mig_profile", rule=rule)
         return booking.Shape(mode=mode, mig_profile=request.mig_profile, mig_count=request.count or 1,
-                             mig_layout=layout)
+                             mig_layout=layout, mig_dynamic=dynamic)
     if mode == SharingMode.VGPU:
         if request.gpu_memory_mib is not None and request.gpu_memory_pct is not None:
             raise ValidationFailed(_("Give gpu_memory_mib or gpu_memory_pct, not both."), field="gpu_memory_pct",

@@ -268,20 +268,48 @@ async def _lease_channel(session, ws_base: str, host: dict, stats: dict, window:
         stats["errors"][f"lease:{type(error).__name__}"] = stats["errors"].get(f"lease:{type(error).__name__}", 0) + 1
 
 
-async def run_agents(http_base: str, ws_base: str, hosts: list[dict], window: Window, period: float = 1.0) -> dict:
+async def _heartbeats(session, http_base: str, host: dict, stats: dict, every: float, rng: random.Random) -> None:
+    """A host's HTTP heartbeats, as `python -m agent` sends them: every AGENT_HEARTBEAT_SECONDS (10), or every
+    sixth of those while its telemetry frames are answered on the socket (agent.__main__.HEARTBEATS_WHILE_STREAMING).
+    Without them the portal takes the hosts for silent after HOST_SILENCE_TIMEOUT_SECONDS and fails their GPUs
+    over (what refused the first runs' creates `insufficient_capacity`)."""
+    headers = {"Authorization": f"Host {host['key']}", "Content-Type": "application/json"}
+    await asyncio.sleep(rng.random() * every)
+    while time.time() < stats["stop"]:
+        try:
+            async with session.post(f"{http_base}/api/v1/agent/heartbeat/", data=b"{}", headers=headers) as response:
+                await response.read()
+                if response.status != 200:
+                    stats["heartbeat_errors"][response.status] = stats["heartbeat_errors"].get(response.status, 0) + 1
+                elif stats["measuring"]:
+                    stats["heartbeats"] += 1
+        except Exception as error:  # noqa: BLE001 - count and go on, as an agent would
+            stats["errors"][f"heartbeat:{type(error).__name__}"] = stats["errors"].get(
+                f"heartbeat:{type(error).__name__}", 0) + 1
+        await asyncio.sleep(every)
+
+
+async def run_agents(http_base: str, ws_base: str, hosts: list[dict], window: Window, period: float = 1.0,
+                     over: str = "websocket") -> dict:
     import aiohttp
 
     from benchmarks.telemetry import agent_loop
 
     stats = {"accepted": 0, "ticks_skipped": 0, "ingest_ms": [], "http_errors": {}, "errors": {},
              "measuring": False, "stop": window.end, "lease_connected": 0, "lease_messages": 0,
-             "lease_closed_early": 0}
+             "lease_closed_early": 0, "heartbeats": 0, "heartbeat_errors": {}}
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout,
                                      cookie_jar=aiohttp.DummyCookieJar()) as session:
         leases = [asyncio.create_task(_lease_channel(session, ws_base, h, stats, window)) for h in hosts]
-        agents = [asyncio.create_task(agent_loop(session, http_base, h, stats, random.Random(i), period))
+        socket_base = ws_base if over == "websocket" else None
+        from agent.__main__ import HEARTBEATS_WHILE_STREAMING
+
+        every = 10.0 * (HEARTBEATS_WHILE_STREAMING if socket_base else 1)
+        beats = [asyncio.create_task(_heartbeats(session, http_base, h, stats, every, random.Random(-i)))
+                 for i, h in enumerate(hosts)]
+        agents = [asyncio.create_task(agent_loop(session, http_base, h, stats, random.Random(i), period, socket_base))
                   for i, h in enumerate(hosts)]
         await asyncio.sleep(max(0.0, window.begin - time.time()))
         stats["measuring"] = True
@@ -291,9 +319,9 @@ async def run_agents(http_base: str, ws_base: str, hosts: list[dict], window: Wi
         stats["measuring"] = False
         stats["cpu_s"] = time.process_time() - cpu0
         await asyncio.gather(*agents, return_exceptions=True)
-        for task in leases:
+        for task in [*leases, *beats]:
             task.cancel()
-        await asyncio.gather(*leases, return_exceptions=True)
+        await asyncio.gather(*leases, *beats, return_exceptions=True)
     return stats
 
 
@@ -466,6 +494,13 @@ def _recreate_database(url: str) -> None:
         connection.execute(f'CREATE DATABASE "{name}"')
 
 
+def _unhealthy_hosts(url: str) -> int:
+    import psycopg
+
+    with psycopg.connect(url) as connection:
+        return connection.execute("SELECT count(*) FROM inventory_node WHERE NOT healthy").fetchone()[0]
+
+
 def _machine_busy() -> tuple[int, int]:
     """(busy, total) jiffies of all cores, from /proc/stat."""
     fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
@@ -524,7 +559,8 @@ def run_portal(label: str, database_url: str, redis_url: str, sizes: dict, args)
         window = Window(start, args.warmup, args.seconds)
         common_args = ["--http", http_base, "--ws", ws_base, "--fleet-file", str(fleet_file), "--start", str(start),
                        "--warmup", str(args.warmup), "--seconds", str(args.seconds)]
-        for role, extra in (("agents", ["--telemetry-period", str(args.telemetry_period)]), ("users", ["--users", str(sizes["load_users"]), "--think",
+        for role, extra in (("agents", ["--telemetry-period", str(args.telemetry_period),
+                                                       "--telemetry-over", args.telemetry_over]), ("users", ["--users", str(sizes["load_users"]), "--think",
                                                         str(args.think), "--watchers", str(args.watchers),
                                                         "--seed", str(args.seed)])):
             out = Path(var_dir) / f"load-{role}.json"
@@ -579,6 +615,9 @@ def run_portal(label: str, database_url: str, redis_url: str, sizes: dict, args)
         "lease_channels": {"hosts": hosts, "open_at_start": agents["lease_connected_at_start"],
                            "opened": agents["lease_connected"], "closed_early": agents["lease_closed_early"],
                            "leases_messages": agents["lease_messages"]},
+        "heartbeats": {"answered": agents["heartbeats"], "refused": agents["heartbeat_errors"]},
+        # Hosts the portal took for silent by the end (they would have failed their bookings over).
+        "hosts_unhealthy_at_end": _unhealthy_hosts(database_url),
         "users": {"clients": sizes["load_users"], "think_s_mean": args.think, "actions": users["actions"],
                   "watchers": args.watchers, "watchers_connected": users["watchers_connected"],
                   "watcher_messages": users["watcher_messages"]},
@@ -648,6 +687,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--empty-redis-url", help="the baseline's Redis (default: REDIS_URL's database number - 1)")
     parser.add_argument("--telemetry-period", type=float, default=1.0,
                         help="seconds between an agent's batches (the agent's default and the issue's: 1)")
+    parser.add_argument("--telemetry-over", choices=["websocket", "http"], default="websocket",
+                        help="how agents send: frames on /ws/agent/telemetry/ (the agent's default) or HTTP POSTs")
     parser.add_argument("--seed", type=int, default=24)
     parser.add_argument("--json", type=Path, help="write the results here")
     # Children: the builder and the two load processes.
@@ -668,7 +709,8 @@ def main(argv: list[str] | None = None) -> int:
         fleet = json.loads(args.fleet_file.read_text())
         window = Window(args.start, args.warmup, args.seconds)
         if args.load == "agents":
-            stats = _loop_runner()(run_agents(args.http, args.ws, fleet["hosts"], window, args.telemetry_period))
+            stats = _loop_runner()(run_agents(args.http, args.ws, fleet["hosts"], window, args.telemetry_period,
+                                              args.telemetry_over))
             stats.pop("stop")
         else:
             stats = _loop_runner()(run_users(args.http, args.ws, fleet, args.users, args.think, args.watchers,
@@ -694,6 +736,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python -m benchmarks.fleet " + " ".join(sys.argv[1:] if argv is None else argv),
         "gpus": args.gpus, "teams": args.teams, "users": args.users, "seconds": args.seconds,
         "warmup": args.warmup, "think_s": args.think, "telemetry_period_s": args.telemetry_period,
+        "telemetry_over": args.telemetry_over,
         "cpu_count": os.cpu_count(),
         "web_workers": args.web_workers, "web_threads": args.web_threads, "ws_workers": args.ws_workers,
         "targets_ms": {"page_p95": TARGET_MS["page"], "api_p95": TARGET_MS["api"]},
@@ -707,7 +750,8 @@ def main(argv: list[str] | None = None) -> int:
         t = portal["telemetry"]
         print(f"[{label}] telemetry: offered {t['offered_samples_per_s']} samples/s, achieved "
               f"{t['achieved_samples_per_s']}, refused {t['refused_samples']}, late {t['late_samples']}; lease "
-              f"channels open {portal['lease_channels']['open_at_start']}/{t['hosts']}; machine busy "
+              f"channels open {portal['lease_channels']['open_at_start']}/{t['hosts']}; heartbeats "
+              f"{portal['heartbeats']['answered']}, hosts silent at the end {portal['hosts_unhealthy_at_end']}; machine busy "
               f"{portal['machine_busy_fraction']:.0%}; celery queue at end {portal['celery_queue_at_end']}")
         print(f"[{label}] processes: " + ", ".join(
             f"{name} {p['cpu_s']} CPU s ({p['cores']} cores), peak RSS {p['peak_rss_mib']} MiB"

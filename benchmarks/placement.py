@@ -109,18 +109,25 @@ def summarise(runs: list[RunResult]) -> dict[str, Any]:
     lat = [r.latency_s for r in runs]
     decisions = sum(len(x) for x in lat)
     decision_time = sum(float(x.sum()) for x in lat)
+    cpu_time = sum(float(r.cpu_s.sum()) for r in runs)
     return {
         "unallocated_pct_at_90": float(np.mean([r.unallocated_at(90) for r in runs])),
         "unallocated_pct_at_100": float(np.mean([r.unallocated_at(100) for r in runs])),
         "unallocated_pct_at_130": float(np.mean([r.unallocated_at(130) for r in runs])),
         "frag_pct_at_90": float(np.mean([r.frag_at(90) for r in runs])),
         "placements_per_s": decisions / decision_time if decision_time else float("inf"),
+        # The same in thread CPU time: what the decisions cost, without the time other
+        # processes on a loaded machine took the core away.
+        "cpu_placements_per_s": decisions / cpu_time if cpu_time else float("inf"),
         "latency_ms_p50": float(np.mean([np.percentile(x, 50) for x in lat]) * 1000),
         "latency_ms_p99": float(np.mean([np.percentile(x, 99) for x in lat]) * 1000),
+        "cpu_ms_p50": float(np.mean([np.percentile(r.cpu_s, 50) for r in runs]) * 1000),
+        "cpu_ms_p99": float(np.mean([np.percentile(r.cpu_s, 99) for r in runs]) * 1000),
         "unallocated_pct_at_100_sd": float(np.std([r.unallocated_at(100) for r in runs])),
         "failed_tasks": float(np.mean([r.failed for r in runs])),
         "tasks": float(np.mean([len(r.arrived_pct) for r in runs])),
         "wall_s": float(sum(r.wall_s for r in runs)),
+        "prepare_s": float(sum(r.prepare_s for r in runs)),
     }
 
 
@@ -142,17 +149,21 @@ def compare_policies(
     verbose: bool = False,
     label: str = "",
 ) -> dict[str, dict[str, Any]]:
-    """Each policy on ``trace`` for every seed: summaries (means over seeds, per-seed figures)."""
+    """Each policy on ``trace`` for every seed: summaries (means over seeds, per-seed figures).
+
+    Seeds are the outer loop, policies the inner one, so policies compared in one run see
+    the same drift in machine load (their timings sit side by side, not minutes apart)."""
     profile = profile_of(trace)
     measure = ShapeTable(trace.typical_shapes(), nodes.models)
     out: dict[str, dict[str, Any]] = {}
-    for name, make in policies.items():
-        runs = []
-        for seed in seeds:
-            runs.append(replay(nodes, trace, make(), seed, measure, profile, use_cache=use_cache))
+    all_runs: dict[str, list[RunResult]] = {name: [] for name in policies}
+    for seed in seeds:
+        for name, make in policies.items():
+            all_runs[name].append(replay(nodes, trace, make(), seed, measure, profile, use_cache=use_cache))
             if verbose:
-                r = runs[-1]
+                r = all_runs[name][-1]
                 print(f"  {label}{name} seed {seed}: {r.unallocated_at(100):.2f}% ({r.wall_s:.1f}s)", flush=True)
+    for name, runs in all_runs.items():
         summary = summarise(runs)
         for pct in ARRIVED_POINTS:
             summary[f"per_seed_unallocated_pct_at_{pct}"] = {str(r.seed): r.unallocated_at(pct) for r in runs}
@@ -173,11 +184,10 @@ def run_trace(args: argparse.Namespace, policies: list[str], seeds: list[int]) -
     )
     out: dict = {"trace": source, "nodes": str(nodes_path), "seeds": seeds, "policies": {}}
     started = time.perf_counter()
+    makers = {name: functools.partial(get_policy, name) for name in policies}
+    results = compare_policies(nodes, trace, makers, seeds, use_cache=not args.no_cache, verbose=args.verbose)
     for name in policies:
-        summary = compare_policies(
-            nodes, trace, {name: functools.partial(get_policy, name)}, seeds,
-            use_cache=not args.no_cache, verbose=args.verbose,
-        )[name]
+        summary = results[name]
         if name in published:
             summary["published_unallocated_pct_at_100"] = published[name]
             summary["delta_vs_published"] = summary["unallocated_pct_at_100"] - published[name]
@@ -244,7 +254,7 @@ def print_row(name: str, s: dict, header: bool) -> None:
     if header:
         print(
             f"{'policy':12s} {'unalloc@100':>11s} {'±sd':>5s} {'published':>9s} {'delta':>6s} {'unalloc@130':>11s} "
-            f"{'frag@90':>8s} {'decisions/s':>11s} {'p50 ms':>7s} {'p99 ms':>7s}"
+            f"{'frag@90':>8s} {'decisions/s':>11s} {'cpu dec/s':>9s} {'p50 ms':>7s} {'p99 ms':>7s} {'cpu p99':>7s}"
         )
     pub = s.get("published_unallocated_pct_at_100")
     pub_s = f"{pub:9.2f}" if pub is not None else f"{'-':>9s}"
@@ -252,7 +262,8 @@ def print_row(name: str, s: dict, header: bool) -> None:
     print(
         f"{name:12s} {s['unallocated_pct_at_100']:11.2f} {s['unallocated_pct_at_100_sd']:5.2f} {pub_s} {delta_s} "
         f"{s['unallocated_pct_at_130']:11.2f} {s['frag_pct_at_90']:8.2f} {s['placements_per_s']:11.0f} "
-        f"{s['latency_ms_p50']:7.3f} {s['latency_ms_p99']:7.3f}",
+        f"{s['cpu_placements_per_s']:9.0f} "
+        f"{s['latency_ms_p50']:7.3f} {s['latency_ms_p99']:7.3f} {s['cpu_ms_p99']:7.3f}",
         flush=True,
     )
 

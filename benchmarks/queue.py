@@ -470,12 +470,13 @@ def analyze() -> None:
         cursor.execute("ANALYZE allocations_reservation, allocations_allocation, allocations_queueentry")
 
 
-def add_waiters(pool, users, team_ids, tasks: list[Task], count: int, now: datetime) -> None:
-    """`count` pending requests with their queue entries, as a create that waits writes them (in bulk)."""
+def add_waiters(pool, users, team_ids, tasks: list[Task], count: int, now: datetime, first: int = 0) -> None:
+    """`count` pending requests with their queue entries, as a create that waits writes them (in bulk): the
+    trace's tasks from #`first` on, round again when the queue is longer than the replay's tasks."""
     from allocations import booking, queue
     from allocations.models import QueueEntry, Reservation
 
-    picked = [tasks[k % len(tasks)] for k in range(count)]
+    picked = [tasks[(first + k) % len(tasks)] for k in range(count)]
     waiting = Reservation.objects.bulk_create(
         Reservation(team_id=team_ids[task.team], pool=pool, requested_by=users[task.team][0], gpus=task.gpus, ge=0,
                     starts_at=now, ends_at=now + task.booked, state="pending") for task in picked)
@@ -515,7 +516,7 @@ def time_pass(tasks: list[Task], nodes: list[tuple[str, str, int]], *, queue_siz
             if results["passes"] and max(p["pass_ms_median"] for p in results["passes"].values()) > 1000 * budget_s:
                 results["skipped_queue_sizes"].append(size)
                 continue
-            add_waiters(pool, users, team_ids, tasks[have:], size - have, now)
+            add_waiters(pool, users, team_ids, tasks, size - have, now, first=have)
             have = size
             runs = []
             for _ in range(passes):

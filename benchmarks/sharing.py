@@ -8,6 +8,8 @@ on PostgreSQL) into one pool per sharing mode:
 * time_slicing, 4 replicas: a task of m milli-GPU asks for ceil(m / 250) shares;
 * mig, every A100 80GB carved all-balanced (1g, 1g, 2g, 3g): the smallest of 1g.10gb,
   2g.20gb and 3g.40gb whose compute covers m (tasks above 3/7 of a card skipped);
+* mig_dynamic: the same requests on a pool with a dynamic MIG layout (each GPU carved on
+  demand, per window, at the engine's start slices);
 * vgpu: m/10 % of the memory and of the cores.
 
 Requests arrive in the trace's order, all for the same window, until what they ask for
@@ -49,7 +51,7 @@ def as_request(mode: str, milli: int) -> tuple[dict, int] | None:
     if mode == "time_slicing":
         shares = math.ceil(milli / 250)
         return {"shares": shares}, shares * 250
-    if mode == "mig":
+    if mode in ("mig", "mig_dynamic"):
         for profile, compute in MIG_PROFILES:
             if milli <= round(1000 * compute / 7):
                 return {"mig_profile": profile}, round(1000 * compute / 7)
@@ -58,7 +60,10 @@ def as_request(mode: str, milli: int) -> tuple[dict, int] | None:
     return {"gpu_memory_pct": pct, "gpu_cores_pct": pct}, pct * 10
 
 
-CONFIG = {"time_slicing": {"replicas": 4}, "mig": {"mig_layout": "all-balanced"}, "vgpu": {}, "exclusive": {}}
+CONFIG = {"time_slicing": {"replicas": 4}, "mig": {"mig_layout": "all-balanced"}, "vgpu": {}, "exclusive": {},
+          "mig_dynamic": {"dynamic": True}}
+# The pool's sharing mode per benchmark row (the rows are modes, and the dynamic MIG layout).
+POOL_MODE = {"mig_dynamic": "mig"}
 
 
 def make_pool(mode: str, nodes: int, gpus_per_node: int, tag: str):
@@ -75,7 +80,8 @@ def make_pool(mode: str, nodes: int, gpus_per_node: int, tag: str):
     cluster, _ = Cluster.objects.get_or_create(slug=f"{BENCH_PREFIX}-lab", defaults={
         "name": "Benchmark fleet", "kind": Cluster.Kind.BAREMETAL})
     Node.objects.filter(cluster=cluster, name__startswith=f"{slug}-").delete()
-    pool = GpuPool.objects.create(name=slug, slug=slug, sharing_mode=mode, sharing_config=CONFIG[mode])
+    pool = GpuPool.objects.create(name=slug, slug=slug, sharing_mode=POOL_MODE.get(mode, mode),
+                                  sharing_config=CONFIG[mode])
     for n in range(nodes):
         node = Node.objects.create(cluster=cluster, name=f"{slug}-{n:03d}", cpu_milli=96000, memory_mib=786432)
         Gpu.objects.bulk_create(Gpu(node=node, pool=pool, index=i, uuid=f"GPU-{slug}-{n}-{i}", model_name=MODEL,
@@ -135,7 +141,7 @@ def engine_replay(mode: str, tasks: list[int], nodes: int, gpus_per_node: int) -
         if asked + held > capacity:
             break
         asked += held
-        if mode == "mig":
+        if mode in ("mig", "mig_dynamic"):
             ask = PlacementRequest(mig_profile=amount["mig_profile"], start=0, end=1)
         elif mode == "vgpu":
             ask = PlacementRequest(milli=held, gpu_memory_mib=MEMORY_MIB * amount["gpu_memory_pct"] // 100,
@@ -230,7 +236,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"{len(tasks)} fractional one-GPU tasks from gpushare40; pools of {args.nodes} x {args.gpus_per_node} "
           f"{MODEL}\n")
     print(f"{'mode':<14}{'service: unallocated':>22}{'engine alone':>14}{'loss (pp)':>11}{'placed':>9}")
-    for mode in ("time_slicing", "mig", "vgpu"):
+    for mode in ("time_slicing", "mig", "mig_dynamic", "vgpu"):
         service = service_replay(mode, tasks, args.nodes, args.gpus_per_node)
         engine = engine_replay(mode, tasks, args.nodes, args.gpus_per_node)
         loss = service["unallocated_pct"] - engine["unallocated_pct"]
@@ -241,7 +247,7 @@ def main(argv: list[str] | None = None) -> dict:
     # in turn, `--rounds` times, so a drift in the machine's speed touches them alike.
     print(f"\n{'create path':<14}{'creates/s':>11}{'cost vs whole-GPU':>20}   (per round)")
     whole_count = min(args.timed, int(0.7 * args.nodes * args.gpus_per_node))
-    runs: dict[str, list[float]] = {"exclusive": [], "time_slicing": [], "mig": [], "vgpu": []}
+    runs: dict[str, list[float]] = {"exclusive": [], "time_slicing": [], "mig": [], "mig_dynamic": [], "vgpu": []}
     for round_ in range(args.rounds):
         for mode in runs:
             count = whole_count if mode == "exclusive" else args.timed

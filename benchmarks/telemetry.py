@@ -130,10 +130,39 @@ def _percentile(values: list[float], p: float) -> float | None:
     return round(ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))], 1)
 
 
-async def agent_loop(session, base: str, agent: dict, stats: dict, rng: random.Random, period: float = 1.0) -> None:
-    """One host: every `period` seconds (the agent's default: 1), one batch of all its GPUs, POSTed like
-    `python -m agent` does."""
+async def agent_loop(session, base: str, agent: dict, stats: dict, rng: random.Random, period: float = 1.0,
+                     socket_base: str | None = None) -> None:
+    """One host: every `period` seconds (the agent's default: 1), one batch of all its GPUs, sent as
+    `python -m agent` sends it: a text frame on /ws/agent/telemetry/ of `socket_base` (the ws process)
+    when given, awaiting its answer, else a POST to the web process."""
     headers = {"Authorization": f"Host {agent['key']}", "Content-Type": "application/json"}
+    socket = None
+    if socket_base is not None:
+        socket = await session.ws_connect(socket_base.replace("http", "ws", 1) + "/ws/agent/telemetry/",
+                                          headers={"Authorization": f"Host {agent['key']}"}, heartbeat=None,
+                                          max_msg_size=0)
+
+    async def send(body: dict) -> tuple[int, dict]:
+        if socket is not None:
+            await socket.send_str(orjson.dumps(body).decode())
+            # As the agent waits (agent.telemetry.SocketPost: its HTTP timeout, 10 s) before it gives up.
+            message = await asyncio.wait_for(socket.receive(), 10)
+            if message.type != 1:  # TEXT; anything else: the portal closed the socket
+                raise ConnectionError(f"telemetry socket: {message.type!r} {message.data!r}")
+            answer = orjson.loads(message.data)
+            return (200 if answer.get("type") == "ack" else answer.get("status", 0)), answer
+        async with session.post(f"{base}/api/v1/agent/telemetry/", data=orjson.dumps(body),
+                                headers=headers) as response:
+            return response.status, await response.json(content_type=None)
+
+    try:
+        await _agent_ticks(send, agent, stats, rng, period)
+    finally:
+        if socket is not None:
+            await socket.close()
+
+
+async def _agent_ticks(send, agent: dict, stats: dict, rng: random.Random, period: float) -> None:
     stream = f"bench-{rng.getrandbits(48):x}"
     util = [rng.uniform(0, 100) for _ in agent["uuids"]]
     seq = 0
@@ -152,16 +181,14 @@ async def agent_loop(session, base: str, agent: dict, stats: dict, rng: random.R
         body = {"stream": stream, "batches": [{"seq": seq, "t": t, "gpus": gpus}]}
         try:
             # orjson: the load generator shares the machine with the portal, so it should cost little.
-            async with session.post(f"{base}/api/v1/agent/telemetry/", data=orjson.dumps(body),
-                                    headers=headers) as response:
-                answer = await response.json(content_type=None)
-                elapsed = (time.time() - t) * 1000
-                if response.status == 200:
-                    if stats["measuring"]:
-                        stats["accepted"] += answer["accepted"]
-                        stats["ingest_ms"].append(elapsed)
-                else:
-                    stats["http_errors"][response.status] = stats["http_errors"].get(response.status, 0) + 1
+            status, answer = await send(body)
+            elapsed = (time.time() - t) * 1000
+            if status == 200:
+                if stats["measuring"]:
+                    stats["accepted"] += answer["accepted"]
+                    stats["ingest_ms"].append(elapsed)
+            else:
+                stats["http_errors"][status] = stats["http_errors"].get(status, 0) + 1
         except Exception as error:  # noqa: BLE001 - count and go on, as an agent would
             stats["errors"][type(error).__name__] = stats["errors"].get(type(error).__name__, 0) + 1
         # As `python -m agent` does (agent/telemetry.py: TelemetrySender.run): the next sample is

@@ -11,7 +11,9 @@ GET /api/v1/usage/ does for staff (accounting.selectors: the rows, the totals, r
 a year (the last 365 days: 11 whole months and edge days) grouped by team and by team,month, beside
 the same two over one month (the last 30 days; the ratio); a window of
 hours (not whole days, so read from the entries) over a week; and rebuilding one day's summary
-from its entries, as closing an hour does.
+from its entries, as closing an hour does. Reports carry their cost: the prices (_prices: a few per
+model, a pool's own, one starting mid-month) are set first; the year by team is timed again without
+any price (the baseline of what pricing costs).
 
 Needs DATABASE_URL (PostgreSQL; REDIS_URL and SECRET_KEY as for the other benchmarks). It empties the
 ledger's tables of that database and adds teams, users and pools prefixed `ub-`: point it at a
@@ -130,6 +132,31 @@ def fill(teams: int, gpus: int, end_day: datetime) -> dict[str, int]:
             "entry_rows_a_year_would_hold": round(entry_rows * 365 / ENTRY_DAYS)}
 
 
+def _prices(end_day: datetime) -> int:
+    """Chargeback prices as a site might keep them: each model priced from a year back, two models repriced on
+    the 1st of a month half a year ago, one pool's own price for a model, and one price starting mid-month
+    (that month is then read from the day sums). Returns how many."""
+    from decimal import Decimal
+
+    from accounting.models import Price
+    from inventory.models import GpuPool
+
+    Price.objects.all().delete()
+    start = (end_day - timedelta(days=400)).date().replace(day=1)
+    half = (end_day - timedelta(days=180)).date().replace(day=1)
+    mid = (end_day - timedelta(days=100)).date().replace(day=15)
+    names = ["NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3", "NVIDIA L4", "NVIDIA H200"]
+    pool = GpuPool.objects.get(slug=f"{PREFIX}-pool-1")
+    rows = [Price(gpu_model=name, price_per_ge_hour=Decimal(2 + i), currency="CNY", valid_from=start)
+            for i, name in enumerate(names)]
+    rows += [Price(gpu_model=name, price_per_ge_hour=Decimal(3 + i), currency="CNY", valid_from=half)
+             for i, name in enumerate(names[:2])]
+    rows += [Price(gpu_model=names[1], pool=pool, price_per_ge_hour=Decimal("9.5"), currency="CNY", valid_from=start),
+             Price(gpu_model=names[2], price_per_ge_hour=Decimal("1.25"), currency="CNY", valid_from=mid)]
+    Price.objects.bulk_create(rows)
+    return len(rows)
+
+
 def _report(query) -> int:
     """What the API view does for JSON: rows, totals, rendered; returns the rows' count."""
     from accounting import selectors
@@ -184,6 +211,13 @@ def measure(calls: int, end_day: datetime) -> dict:
 
     ms, rows = _time(refresh, max(1, calls // 2))
     out["day_summary_rebuild"] = {"ms": round(ms, 1), "rows": rows}
+    # The baseline of the cost: the same year by team with no price at all (no cost to compute).
+    from accounting.models import Price
+
+    Price.objects.all().delete()
+    ms, rows = _time(lambda: _report(UsageQuery(*year, ("team",), None)), calls)
+    out["year_by_team_without_prices"] = {"ms": round(ms, 1), "rows": rows}
+    out["ratio_year_by_team_priced_to_unpriced"] = round(out["year_by_team"]["ms"] / ms, 2)
     return out
 
 
@@ -208,8 +242,10 @@ def main(argv: list[str] | None = None) -> None:
         cursor.execute("SELECT pg_size_pretty(pg_total_relation_size('accounting_ledgerday')), "
                        "pg_size_pretty(pg_total_relation_size('accounting_ledgerentry'))")
         day_size, entry_size = cursor.fetchone()
+    prices = _prices(end_day)
     timings = measure(args.calls, end_day)
     result = {"teams": args.teams, "gpus": args.gpus, "calls": args.calls, "built_seconds": round(built_s, 1),
+              "prices": prices,
               "ledger": {**rows, "day_table_size": day_size, "entry_table_size": entry_size},
               "timings_ms_median": timings, "target": "one-year report under 1000 ms"}
     print(json.dumps(result, indent=2))

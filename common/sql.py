@@ -17,7 +17,7 @@ settings serialize writers instead).
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, Sequence
 
 from django.db import connection
@@ -33,6 +33,26 @@ def aware(value: datetime | None) -> datetime | None:
     if value is None or value.tzinfo is not None:
         return value
     return value.replace(tzinfo=timezone.utc)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def instant_column(column: str) -> str:
+    """A datetime column for a query that reads thousands of them (read each back with `instant`): on
+    PostgreSQL as whole microseconds since the epoch, exact, because the timestamptz loader Django installs
+    is Python and costs microseconds a value (a third of a queue pass went to reading its grants' windows);
+    elsewhere the column itself."""
+    if connection.vendor == "postgresql":
+        return f"(extract(epoch from {column}) * 1000000)::bigint"
+    return column
+
+
+def instant(value: Any) -> datetime | None:
+    """A column selected through `instant_column`, as an aware datetime."""
+    if isinstance(value, int):
+        return _EPOCH + timedelta(microseconds=value)
+    return aware(value)
 
 
 def json_value(value: Any) -> Any:
@@ -72,6 +92,14 @@ def execute(sql: str, params: Sequence[Any] = ()) -> int:
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.rowcount
+
+
+def execute_many(sql: str, rows: Sequence[Sequence[Any]]) -> None:
+    """Run one statement for each row of parameters (psycopg sends them together, in a pipeline)."""
+    if not rows:
+        return
+    with connection.cursor() as cursor:
+        cursor.executemany(sql, rows)
 
 
 def values_rows(count: int, width: int) -> str:

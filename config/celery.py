@@ -22,6 +22,7 @@ PERIODIC_TASKS = (
     ("RECONCILE_SECONDS", "allocations.tasks.reconcile_clusters", "reconcile clusters"),
     ("TELEMETRY_ROLLUP_SECONDS", "monitoring.tasks.rollup_telemetry", "roll up and prune telemetry"),
     ("ALERT_EVALUATE_SECONDS", "monitoring.tasks.evaluate_alerts", "evaluate alert rules"),
+    ("IDLE_RECLAIM_SWEEP_SECONDS", "monitoring.tasks.reclaim_idle", "warn and release idle reservations"),
     ("TELEMETRY_K8S_TICK_SECONDS", "monitoring.tasks.read_kubernetes_telemetry", "read Kubernetes GPU telemetry"),
     ("NOTIFY_SWEEP_SECONDS", "teams.tasks.deliveries_due", "send due notifications"),
     ("USAGE_CLOSE_SECONDS", "accounting.tasks.close_usage_hours", "close finished hours into the usage ledger"),

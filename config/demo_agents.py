@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from inventory import services
 from inventory.models import HostToken, Node
-from inventory.sharing import mig_layout_names
+from inventory.sharing import mig_dynamic, mig_layout_names
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ SPEC_BY_MODEL = {"NVIDIA H100 80GB HBM3": "H100", "NVIDIA L40S": "L40S", "NVIDIA
 
 
 @transaction.atomic
-def _tokens() -> list[tuple[Node, str, str, list[str]]]:
+def _tokens() -> list[tuple[Node, str, str, list[str], bool]]:
     """(node, key, simulate spec, uuids) for every bare-metal demo host whose GPUs we can simulate."""
     admin = get_user_model().objects.filter(is_superuser=True).order_by("pk").first()
     if admin is None:
@@ -47,12 +47,15 @@ def _tokens() -> list[tuple[Node, str, str, list[str]]]:
             revoked_at=timezone.now())
         _, key = services.host_token_create(actor=admin, cluster=node.cluster, host_name=node.name)
         spec = f"{len(gpus)}x{models.pop()}"
+        dynamic = False
         pools = {g.pool for g in gpus}
         if len(pools) == 1 and (pool := pools.pop()) is not None and pool.sharing_mode == "mig":
             # The simulated cards are carved as the pool's layout, as mig-parted would have done on a host.
             layout = mig_layout_names(pool.sharing_config)
-            spec += ":mig=" + (layout if isinstance(layout, str) else "+".join(layout))
-        out.append((node, key, spec, [g.uuid for g in gpus]))
+            # A dynamic pool without an idle layout: MIG mode, no instances yet (its agent carves them).
+            spec += ":mig=" + ((layout if isinstance(layout, str) else "+".join(layout)) or "all-enabled")
+            dynamic = mig_dynamic(pool.sharing_config)
+        out.append((node, key, spec, [g.uuid for g in gpus], dynamic))
     return out
 
 
@@ -65,12 +68,15 @@ def start_demo_agents(base_url: str) -> list:
     from agent.simulated import SimulatedBackend
 
     agents = []
-    for node, key, spec, uuids in _tokens():
+    for node, key, spec, uuids, dynamic in _tokens():
         backend = SimulatedBackend(spec, node.name, seed=node.pk, uuids=uuids)
         client = PortalClient(base_url, key)
         # simulated: an MPS lease records the daemon it would start, never starts a real one on the demo machine
         leases = LeaseStore(Path(settings.VAR_DIR) / "demo-agents" / node.name, simulated=True)
-        agent = Agent(client, backend, node.name, heartbeat=10.0, max_backoff=5.0, leases=leases)
+        # A simulated host of a dynamic MIG pool carves its instances as the leases ask (the opt-in a real host
+        # would be started with).
+        agent = Agent(client, backend, node.name, heartbeat=10.0, max_backoff=5.0, leases=leases,
+                      allow_mig_reconfigure=dynamic)
         threading.Thread(target=agent.run, name=f"demo-agent-{node.name}", daemon=True).start()
         channel = lease_channel.LeaseChannel(base_url, key, agent.take_leases, agent.stop,
                                              ready=lambda agent=agent: agent.registered)

@@ -3,7 +3,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.urls import path, re_path
 
 from allocations.consumers import AgentLeaseConsumer
-from monitoring.consumers import NodeConsumer, PoolConsumer, TeamConsumer
+from monitoring.consumers import AgentTelemetryConsumer, NodeConsumer, PoolConsumer, TeamConsumer
 
 NO_SUCH_SOCKET = 4404
 
@@ -20,5 +20,6 @@ websocket_urlpatterns: list = [
     path("ws/nodes/<int:key>/", NodeConsumer.as_asgi()),
     path("ws/teams/<slug:key>/", TeamConsumer.as_asgi()),
     path("ws/agent/", AgentLeaseConsumer.as_asgi()),  # host agents: their GPU leases
+    path("ws/agent/telemetry/", AgentTelemetryConsumer.as_asgi()),  # host agents: their samples
     re_path(r"", NoSuchSocket.as_asgi()),  # last: everything no route above took
 ]

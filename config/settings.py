@@ -251,6 +251,7 @@ AUDIT_TRACKED_MODELS = {
     "inventory.hosttoken": ["key_hash"],
     "allocations.priorityclass": [],
     "allocations.quota": [],
+    "accounting.price": [],
     # Its state changes are written by hand with their events (allocations.transitions.record); this
     # catches what changes through a save (an extension's new end, a field edited in the admin).
     "allocations.reservation": ["expiry_warned_at"],
@@ -341,6 +342,10 @@ USAGE_CLOSE_DELAY_SECONDS = env.int("USAGE_CLOSE_DELAY_SECONDS", default=180)
 USAGE_LATE_TELEMETRY_SECONDS = env.int("USAGE_LATE_TELEMETRY_SECONDS", default=2 * 3600)
 USAGE_BUSY_MEMORY_MIB = env.float("USAGE_BUSY_MEMORY_MIB", default=64.0)
 ALERT_EVALUATE_SECONDS = env.float("ALERT_EVALUATE_SECONDS", default=15.0)
+# Idle reclaim (monitoring.idle; each pool opts in and sets its minutes): how often beat sweeps.
+IDLE_RECLAIM_SWEEP_SECONDS = env.float("IDLE_RECLAIM_SWEEP_SECONDS", default=60.0)
+# Right-sizing advice (accounting.advice): how many of a team's or user's last ended reservations it reads.
+ADVICE_RESERVATIONS = env.int("ADVICE_RESERVATIONS", default=20)
 # Links in mails (alerts, failovers) point here. Unset: this machine on the port the portal serves on
 # (PORT, which `make run` and the web server read), not a fixed 8000 that may be another program's.
 PORTAL_BASE_URL = (env.str("PORTAL_BASE_URL", default="").rstrip("/")
@@ -365,6 +370,9 @@ PREEMPTION_MIN_RUNTIME = timedelta(seconds=env.int("PREEMPTION_MIN_RUNTIME_SECON
 QUEUE_MAX_DURATION = timedelta(days=env.int("QUEUE_MAX_DURATION_DAYS", default=30))
 # How many of a pool's ended bookings the estimate (likely_start) learns early releases from.
 QUEUE_HISTORY = env.int("QUEUE_HISTORY", default=500)
+# How many of a pool's waiting requests, from the head of its queue, each pass plans in full (a start_by,
+# a likely start, room held for them); the rest wait with a position, "not planned yet" (Slurm's bf_max_job_test).
+QUEUE_PLAN_DEPTH = env.int("QUEUE_PLAN_DEPTH", default=100)
 # Fair-share ordering: how fast a team's past use fades (Slurm's PriorityDecayHalfLife is 7 days).
 QUEUE_FAIRSHARE_HALF_LIFE = timedelta(hours=env.float("QUEUE_FAIRSHARE_HALF_LIFE_HOURS", default=24.0))
 # Kicks of one pool's pass within this many seconds share one pass (its start clears the mark).

@@ -17,7 +17,8 @@ from allocations.api.views import (
     ReservationViewSet,
     TeamUsageView,
 )
-from accounting.api.views import UsageView
+from accounting.api.advice import AdviceView
+from accounting.api.views import PriceViewSet, StatementView, UsageView
 from allocations.webhooks import urlpatterns as kube_webhooks
 from audit.api.views import AuditEntryListView
 from config import health, metrics
@@ -51,6 +52,7 @@ router.register("host-tokens", HostTokenViewSet, basename="host-token")
 router.register("alert-rules", AlertRuleViewSet, basename="alert-rule")
 router.register("alerts", AlertViewSet, basename="alert")
 router.register("silences", SilenceViewSet, basename="silence")
+router.register("prices", PriceViewSet, basename="price")
 
 api = [
     path("auth/token/", TokenView.as_view(), name="token"),
@@ -65,6 +67,8 @@ api = [
     path("teams/<slug:slug>/usage/", TeamUsageView.as_view(), name="team-usage"),
     path("audit/", AuditEntryListView.as_view(), name="audit"),
     path("usage/", UsageView.as_view(), name="usage"),
+    path("advice/", AdviceView.as_view(), name="advice"),
+    path("teams/<slug:slug>/statements/<str:month>/", StatementView.as_view(), name="team-statement"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
     path("", include(router.urls)),
@@ -93,6 +97,7 @@ urlpatterns = [
     path("reservations/<int:reservation_id>/row/", views.reservation_row, name="reservation-row"),
     path("reservations/<int:reservation_id>/release/", views.reservation_release, name="reservation-release"),
     path("reservations/<int:reservation_id>/extend/", views.reservation_extend, name="reservation-extend"),
+    path("reservations/<int:reservation_id>/keep/", views.reservation_keep, name="reservation-keep"),
     path("teams/<slug:slug>/", views.team_detail, name="team"),
     path("preferences/", preferences.preferences, name="preferences"),
     path("language/", preferences.switch_language, name="language"),
@@ -107,6 +112,7 @@ urlpatterns = [
     # Single sign-on (teams/oidc.py): /oidc/authenticate/ and /oidc/callback/, off until configured.
     path("oidc/", include("mozilla_django_oidc.urls")),
     path("", include("monitoring.urls")),
+    path("", include("accounting.urls")),
     path("admin/", admin.site.urls),
     # Namespaced: the router's names (reservation-release, ...) must not shadow the pages'.
     path("api/v1/", include((api, "api"), namespace="api")),

@@ -111,10 +111,22 @@ class NodeAdmin(admin.ModelAdmin):
     search_fields = ["name"]
 
 
+class GpuPoolAdminForm(forms.ModelForm):
+    class Meta:
+        model = GpuPool
+        fields = "__all__"
+        help_texts = {"sharing_config": _(
+            "The mode's parameters (JSON). time_slicing and mps: {\"replicas\": 4}. mig: {\"mig_layout\": "
+            "\"all-balanced\"} or {\"profiles\": [\"3g.40gb\", \"2g.20gb\"]}; add \"dynamic\": true to carve each "
+            "GPU on demand (the layout is then optional: what an idle GPU is set to; hosts need their agent started "
+            "with --allow-mig-reconfigure). vgpu: {\"default_memory_mib\": 8192, \"default_cores_pct\": 25}.")}
+
+
 @admin.register(GpuPool)
 class GpuPoolAdmin(admin.ModelAdmin):
-    list_display = ["slug", "name", "sharing_mode", "placement_policy"]
-    list_filter = ["sharing_mode"]
+    form = GpuPoolAdminForm
+    list_display = ["slug", "name", "sharing_mode", "placement_policy", "idle_reclaim"]
+    list_filter = ["sharing_mode", "idle_reclaim"]
     prepopulated_fields = {"slug": ["name"]}
 
 

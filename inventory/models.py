@@ -6,6 +6,7 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
@@ -149,6 +150,20 @@ class GpuPool(models.Model):
         _("borrowing"), default=False,
         help_text=_("A team may start a booking beyond its quota on idle GPUs; what is beyond its quota is borrowed "
                     "and may be reclaimed, after a notice, for a request within quota"))
+    # Idle reclaim (monitoring.idle): opt-in per pool. A running reservation whose GPUs all sat idle for
+    # idle_warn_minutes is warned; still idle idle_release_minutes after the warning, it is released.
+    idle_reclaim = models.BooleanField(
+        _("idle reclaim"), default=False,
+        help_text=_("Warn, then release, running reservations whose GPUs all sit idle"))
+    idle_warn_minutes = models.PositiveIntegerField(
+        _("idle minutes before the warning"), default=60, validators=[MinValueValidator(1)],
+        help_text=_("How long all of a reservation's GPUs must be idle before its holders are warned"))
+    idle_release_minutes = models.PositiveIntegerField(
+        _("minutes from the warning to the release"), default=60, validators=[MinValueValidator(1)],
+        help_text=_("How long after the warning a reservation still idle is released"))
+    idle_keep_allowance = models.PositiveSmallIntegerField(
+        _("keep allowance"), default=1,
+        help_text=_("How many running reservations of one team may be marked keep at once in this pool"))
     created_at = models.DateTimeField(_("created at"), auto_now_add=True)
 
     class Meta:

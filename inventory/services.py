@@ -187,6 +187,24 @@ def host_heartbeat(*, token: HostToken, now: datetime | None = None) -> Node | N
     return node
 
 
+# How stale a live host's last_seen_at may get before its telemetry writes it again: each host sends a batch a
+# second, and rewriting 1,250 rows a second would buy nothing against a silence timeout of a minute.
+SEEN_RESOLUTION = timedelta(seconds=5)
+
+
+def hosts_seen(*, node_ids: list[int], now: datetime | None = None) -> None:
+    """These hosts' telemetry arrived (on their agents' telemetry socket): they are alive, as a heartbeat says,
+    so an agent whose socket is open sends no HTTP heartbeats. A host marked silent rejoins, recorded as a
+    heartbeat records it."""
+    if not node_ids:
+        return
+    now = now or timezone.now()
+    Node.objects.filter(pk__in=node_ids, healthy=True, last_seen_at__lt=now - SEEN_RESOLUTION).update(last_seen_at=now)
+    for node_id, name in Node.objects.filter(pk__in=node_ids, healthy=False).values_list("pk", "name"):
+        if Node.objects.filter(pk=node_id, healthy=False).update(last_seen_at=now, healthy=True):
+            audit_record(model=Node, object_id=node_id, object_repr=name, changes={"healthy": [False, True]})
+
+
 def nodes_mark_silent(*, timeout: timedelta, now: datetime | None = None) -> list[int]:
     """Bare-metal hosts whose agent has not reported within `timeout` become unhealthy. Returns their ids.
 

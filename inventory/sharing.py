@@ -3,7 +3,9 @@
 exclusive: whole GPUs, no parameters. time_slicing and mps: {"replicas": N} (2..64): each
 GPU is offered as N shares. mig: each GPU's layout, {"mig_layout": "<mig-parted config name>"}
 (all-1g.10gb, all-balanced, ...) or {"profiles": ["3g.40gb", "2g.20gb", "1g.10gb", ...]} (one
-GPU's instances; {"1g.10gb": 7} counts are accepted too). Whether a layout fits the pool's GPU
+GPU's instances; {"1g.10gb": 7} counts are accepted too), and {"dynamic": true} for a dynamic layout:
+each GPU is carved on demand, per booking window, at the placement engine's start slices (the
+layout, optional then, is only what an idle GPU is set to). Whether a layout fits the pool's GPU
 models is checked where pools are written (allocations), which knows the MIG geometry. vgpu
 (HAMi-style): optional {"default_memory_mib": int, "default_cores_pct": 1..100}.
 """
@@ -48,6 +50,11 @@ def mig_layout_names(config: dict) -> tuple[str, ...] | str:
     return tuple(profiles)
 
 
+def mig_dynamic(config: Any) -> bool:
+    """Whether a mig pool's GPUs are laid out on demand ({"dynamic": true}) rather than by a fixed layout."""
+    return isinstance(config, dict) and config.get("dynamic") is True
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -60,7 +67,7 @@ def validate_sharing_config(mode: str, config: Any) -> list[str]:
         SharingMode.EXCLUSIVE: set(),
         SharingMode.TIME_SLICING: {"replicas"},
         SharingMode.MPS: {"replicas"},
-        SharingMode.MIG: {"mig_layout", "profiles"},
+        SharingMode.MIG: {"mig_layout", "profiles", "dynamic"},
         SharingMode.VGPU: {"default_memory_mib", "default_cores_pct"},
     }
     if mode not in allowed:
@@ -73,8 +80,11 @@ def validate_sharing_config(mode: str, config: Any) -> list[str]:
             problems.append(_("replicas must be an integer from 2 to 64"))
     elif mode == SharingMode.MIG:
         layout, profiles = config.get("mig_layout"), config.get("profiles")
-        if layout is None and profiles is None:
-            problems.append(_("mig needs mig_layout (a config name) or profiles ({profile: count})"))
+        dynamic = config.get("dynamic", False)
+        if not isinstance(dynamic, bool):
+            problems.append(_("dynamic must be true or false"))
+        if layout is None and profiles is None and dynamic is not True:
+            problems.append(_("mig needs mig_layout (a config name), profiles ({profile: count}) or dynamic: true"))
         if layout is not None and (not isinstance(layout, str) or not layout):
             problems.append(_("mig_layout must be a non-empty string"))
         if layout is not None and profiles is not None:

@@ -22,6 +22,7 @@ from monitoring.ws_auth import current_user
 
 # Close codes in the 4000 range are ours: refused before the handshake completes.
 REFUSED = 4403
+UNAUTHORIZED = 4401  # a host token unknown or revoked (as the agents' lease channel closes)
 # How stale a socket's permission may get: one database read per socket per interval, at most. The
 # telemetry ingest's host map (which GPUs feed which team group) is cached as long.
 RECHECK_SECONDS = 30
@@ -100,3 +101,72 @@ class NodeConsumer(LiveConsumer):
 
 class TeamConsumer(LiveConsumer):
     kind = "team"
+
+
+class AgentTelemetryConsumer(AsyncWebsocketConsumer):
+    """`/ws/agent/telemetry/` with `Authorization: Host <key>`: a host agent's telemetry, one text frame per
+    request body as `POST /api/v1/agent/telemetry/` takes it; each is answered `{"type": "ack", "accepted",
+    "ack", "rejected", "clamped"}` or `{"type": "error", "status", "field", "rule", "message"}` (the status
+    the HTTP answer would have had). Frames are ingested together with other agents' (monitoring.gather).
+    The token is looked at again every RECHECK_SECONDS; a revoked one closes the socket with 4401."""
+
+    token = None
+
+    async def connect(self) -> None:
+        self.token = await self._token()
+        if self.token is None:
+            await self.close(code=UNAUTHORIZED)
+            return
+        self.recheck_at = _next_recheck()
+        await self.accept()
+
+    async def _token(self):
+        from inventory import services
+
+        for key, value in self.scope.get("headers", []):
+            if key.lower() == b"authorization":
+                parts = value.decode("latin-1").split()
+                if len(parts) == 2 and parts[0] == "Host":
+                    return await database_sync_to_async(services.host_token_for_key)(parts[1])
+        return None
+
+    async def dispatch(self, message: dict) -> None:
+        # Frames come here straight, not through Channels' dispatch: it closes stale database connections
+        # before every handler, a thread hop per frame; the ingest's own thread does that.
+        if message["type"] == "websocket.receive":
+            await self.frame(message.get("text"), message.get("bytes"))
+        else:
+            await super().dispatch(message)
+
+    async def frame(self, text: str | None, data: bytes | None) -> None:
+        from django.conf import settings
+        from django.utils.translation import gettext as _
+
+        from monitoring import gather, ingest
+
+        if self.token is None:
+            return
+        if time.monotonic() >= self.recheck_at:
+            self.recheck_at = _next_recheck()
+            if await self._token() is None:
+                self.token = None
+                await self.close(code=UNAUTHORIZED)
+                return
+        body = data if data is not None else (text or "").encode()
+        if len(body) > settings.TELEMETRY_MAX_BODY_BYTES:
+            answer = {"type": "error", "status": 413, "field": "body", "rule": "too_large",
+                      "message": _("The request body is larger than %(limit)d bytes; send fewer batches at once.")
+                      % {"limit": settings.TELEMETRY_MAX_BODY_BYTES}}
+        else:
+            try:
+                payload = ingest.decode_body(body)
+            except ValueError as error:
+                payload = None
+                answer = {"type": "error", "status": 400, "field": "body", "rule": "parse_error",
+                          "message": _("JSON parse error - %(error)s") % {"error": error}}
+            if payload is not None:
+                try:
+                    answer = {"type": "ack", **(await gather.gatherer().ingest(self.token, payload)).as_dict()}
+                except Exception as error:  # noqa: BLE001 - answered, as the HTTP view would answer it
+                    answer = gather.refusal(error)
+        await self.send(text_data=json.dumps(answer))

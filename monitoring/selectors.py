@@ -14,7 +14,7 @@ from allocations.models import Allocation
 from allocations.selectors import pools_visible_to, with_occupancy
 from common import sql
 from inventory.models import Gpu, GpuPool, Node
-from monitoring import hot, live
+from monitoring import hot, idle, live
 from monitoring.models import Alert, HourRollup, MinuteRollup, Sample
 from teams.models import Team
 from teams.selectors import can_act_for_team, teams_of
@@ -253,7 +253,6 @@ def pool_activity(pools: QuerySet[GpuPool], now=None) -> list[PoolActivity]:
     whole, its booked part with it. Three queries and one cache read, whatever the fleet size.
     """
     now = now or timezone.now()
-    idle_at = settings.TELEMETRY_IDLE_UTIL_PCT
     pool_list = list(pools.order_by("slug").values_list("pk", "name", "slug"))
     by_pool = {pk: PoolActivity(name, slug, 0) for pk, name, slug in pool_list}
     gpus = list(Gpu.objects.filter(pool_id__in=by_pool).order_by("node__name", "index")
@@ -276,22 +275,16 @@ def pool_activity(pools: QuerySet[GpuPool], now=None) -> list[PoolActivity]:
         if sample is None:
             summary.no_data += 1
             continue
-        card_busy = sample.util > idle_at or bool(sample.processes)
-        used = {r: mib for r, _, mib, _ in sample.shares if r is not None}
         outside = any(r is None and mib > 0 for r, _, mib, _ in sample.shares)
         label = f"{node_name}:{index}"
         for reservation_id, part in booked.items():
-            if sample.processes and reservation_id in used:
-                busy = used[reservation_id] > 0
-            else:  # no process data, or a booking newer than the ingest's holder map: the card decides
-                busy = card_busy
-            if busy:
+            if idle.share_busy(sample, reservation_id):
                 summary.booked_busy += part
             else:
                 summary.booked_idle += part
                 summary.idle_bookings.append(GpuActivity(gpu_id, label, summary.slug, holders[reservation_id][0],
                                                          reservation_id, sample.util, len(sample.processes)))
-        if outside or (not holders and card_busy):
+        if outside or (not holders and idle.card_busy(sample)):
             summary.unbooked_busy += unbooked
             teams = ", ".join(sorted({team for team, _ in holders.values()})) or None
             summary.outside_use.append(GpuActivity(gpu_id, label, summary.slug, teams, None, sample.util,

@@ -37,3 +37,11 @@ def read_cluster_telemetry(cluster_id: int) -> None:
     cluster = Cluster.objects.filter(pk=cluster_id).first()
     if cluster is not None:
         cluster_telemetry_read(cluster=cluster)
+
+
+@shared_task(name="monitoring.tasks.reclaim_idle")
+def reclaim_idle() -> dict:
+    """Warn, then release, idle reservations in the pools that opted in (monitoring.idle)."""
+    from monitoring.idle import idle_reclaim_sweep
+
+    return idle_reclaim_sweep()

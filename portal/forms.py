@@ -159,6 +159,11 @@ class ExtendForm(forms.Form):
     ends_at = forms.DateTimeField(widget=DateTimeLocalInput(), label=_InPageZone(_("New end")))
 
 
+class KeepForm(forms.Form):
+    reason = forms.CharField(max_length=200, required=False, label=_("Why keep it"),
+                             widget=forms.TextInput(attrs={"placeholder": _("e.g. interactive debugging tonight")}))
+
+
 class MemberAddForm(forms.Form):
     username = forms.CharField(max_length=150, label=_("Username"))
     role = forms.ChoiceField(choices=Membership.Role.choices, initial=Membership.Role.MEMBER, label=_("Role"))

@@ -22,6 +22,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import pgettext
 from django.views.decorators.http import require_POST
 
+from accounting.advice import advice, advice_for_reservation
 from allocations import quotas as alloc_quotas
 from allocations import selectors as alloc_selectors
 from allocations import services as alloc_services
@@ -32,10 +33,11 @@ from audit.filters import AuditEntryFilterSet
 from audit.selectors import audit_entries
 from common.errors import ApplicationError
 from monitoring import views as monitoring_views
-from portal.forms import AvailabilityForm, ExtendForm, MemberAddForm, MemberRemoveForm, ReservationForm
+from portal.forms import AvailabilityForm, ExtendForm, KeepForm, MemberAddForm, MemberRemoveForm, ReservationForm
 from portal.templatetags.portal_units import booked_words, ge
 from portal.timezones import INPUT_FORMAT, people_times, when, zone_label
 from teams import services as team_services
+from teams.models import Team
 from teams.selectors import can_manage_team, teams_of
 
 LIVE_RESERVATIONS_PER_PAGE = 50
@@ -317,10 +319,38 @@ def reservation_detail(request: HttpRequest, reservation_id: int) -> HttpRespons
         "events": reservation.events.select_related("actor"),
         "apply_jobs": reservation.apply_jobs.select_related("cluster"),
         "extend_form": ExtendForm(initial={"ends_at": timezone.localtime(reservation.ends_at + timedelta(hours=1))}),
+        "keep_form": KeepForm(),
+        # Outside the part HTMX asks for again while it moves: read once per page, not per poll.
+        "advice": [] if request.headers.get("HX-Request") else advice_for_reservation(reservation),
+        # While a warning is pending: when the pool's idle reclaim releases it.
+        "idle_release_at": (reservation.idle_warned_at + timedelta(minutes=reservation.pool.idle_release_minutes)
+                            if reservation.idle_warned_at and reservation.keep_at is None else None),
         "now": timezone.now(),
     })
     patch_vary_headers(response, ["HX-Request"])  # a cache must not answer the page with the body alone
     return response
+
+
+@login_required
+@require_POST
+def reservation_keep(request: HttpRequest, reservation_id: int) -> HttpResponse:
+    """Mark a reservation keep (with a reason), or unmark it (`unkeep`): the pool's idle reclaim leaves it alone."""
+    reservation = _visible_reservation(request, reservation_id)
+    form = KeepForm(request.POST)
+    try:
+        if "unkeep" in request.POST:
+            alloc_services.reservation_keep(actor=request.user, reservation_id=reservation.pk, keep=False)
+            messages.success(request, _("Reservation #%(id)s is no longer kept.") % {"id": reservation.pk})
+        elif not form.is_valid():
+            messages.error(request, _("Why keep it: %(error)s") % {"error": form.errors["reason"][0]})
+        else:
+            alloc_services.reservation_keep(actor=request.user, reservation_id=reservation.pk, keep=True,
+                                            reason=form.cleaned_data["reason"])
+            messages.success(request, _("Reservation #%(id)s is kept: idle reclaim leaves it alone.") % {
+                "id": reservation.pk})
+    except ApplicationError as error:
+        messages.error(request, people_times(error.message))
+    return redirect("reservation", reservation_id=reservation.pk)
 
 
 @login_required
@@ -424,6 +454,7 @@ def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
         "breakdown": [(pool_use.pool, share) for pool_use in use.pools for share in pool_use.breakdown],
         "can_manage": manager,
         "form": form,
+        "advice": advice(teams=Team.objects.filter(pk=team.pk)),
     }, status=400 if form.errors else 200)
 
 

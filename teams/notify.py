@@ -59,6 +59,9 @@ EVENTS = {
     "reservation.preempted": gettext_lazy("Borrowed GPUs are being taken back"),
     "reservation.queued_started": gettext_lazy("A queued request started"),
     "reservation.not_started": gettext_lazy("A queued request gave up"),
+    "reservation.idle_warning": gettext_lazy("A reservation sits idle and will be released"),
+    "reservation.idle_released": gettext_lazy("A reservation was released as idle"),
+    "reservation.promise_moved": gettext_lazy("A queued request's promised start moved later"),
     "alert.firing": gettext_lazy("An alert fired"),
     "alert.resolved": gettext_lazy("An alert resolved"),
 }

@@ -1,9 +1,9 @@
-"""GET /api/v1/usage/: sums of the usage ledger over a window, grouped, as JSON or streamed CSV."""
+"""GET /api/v1/usage/ (sums of the usage ledger, grouped, JSON or streamed CSV), the prices, the statements."""
 from __future__ import annotations
 
 import csv
 import re
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 
 from django.http import StreamingHttpResponse
 from django.utils import timezone
@@ -14,12 +14,15 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework import viewsets
 from rest_framework.views import APIView
 
-from accounting import selectors
-from accounting.api.serializers import UsageReportSerializer
-from common.api import RefusesUnknownQueryParameters
-from common.errors import FieldError, ValidationFailed
+from accounting import selectors, services
+from accounting.api.serializers import PriceSerializer, StatementSerializer, UsageReportSerializer
+from accounting.models import Price
+from common.api import IsStaffOrReadOnly, RefusesUnknownQueryParameters
+from common.errors import FieldError, NotFound, ValidationFailed
+from teams.selectors import teams_of
 
 # The longest window a report may cover.
 MAX_DAYS = 3 * 366
@@ -151,3 +154,52 @@ class UsageView(RefusesUnknownQueryParameters, APIView):
             "totals": selectors.usage_totals(query),
             "rows": [dict(zip(columns, row)) for row in selectors.usage_rows(query)],
         })
+
+
+class PriceViewSet(viewsets.ModelViewSet):
+    """Chargeback prices per GE-hour, per GPU model and optionally per pool, each from a day on. Everyone
+    signed in reads them; staff add them (POST) and correct one not yet in force (PATCH). A price in force
+    is history: a change of price is a new price from a later day."""
+
+    serializer_class = PriceSerializer
+    permission_classes = [IsStaffOrReadOnly]
+    queryset = Price.objects.select_related("pool", "created_by")
+    http_method_names = ["get", "post", "patch", "head", "options"]
+
+    def perform_create(self, serializer: PriceSerializer) -> None:
+        data = dict(serializer.validated_data)
+        serializer.instance = services.price_create(actor=self.request.user, pool=data.pop("pool", None), **data)
+
+    def perform_update(self, serializer: PriceSerializer) -> None:
+        serializer.instance = services.price_update(actor=self.request.user, price=serializer.instance,
+                                                    **serializer.validated_data)
+
+
+def parse_month(raw: str) -> date:
+    """YYYY-MM as the month's first day; anything else a 400 naming `month`."""
+    try:
+        year, month = (int(part) for part in raw.split("-"))
+        if len(raw) != 7:
+            raise ValueError(raw)
+        return date(year, month, 1)
+    except ValueError:
+        raise ValidationFailed(_("Give the month as YYYY-MM, e.g. 2026-03."), field="month", rule="invalid") from None
+
+
+def statement_body(statement: selectors.TeamStatement) -> dict:
+    return {"team": statement.team.slug, "month": f"{statement.month:%Y-%m}", "status": statement.status,
+            "closed_at": statement.closed_at, "lines": statement.lines, "totals": statement.totals}
+
+
+class StatementView(APIView):
+    """A team's monthly statement: booked, used and idle (booked - used) GE-hours, GPU-hours and cost per pool,
+    GPU model and sharing mode. `closed` once the month is final in the ledger (frozen, with the prices then in
+    force); `provisional` before (computed from the ledger now). Members and staff read it; for anyone else
+    the team does not exist (404)."""
+
+    @extend_schema(responses=StatementSerializer)
+    def get(self, request: Request, slug: str, month: str) -> Response:
+        team = teams_of(request.user).filter(slug=slug).first()
+        if team is None:
+            raise NotFound(_("Team '%(slug)s' does not exist.") % {"slug": slug}, field="slug", rule="does_not_exist")
+        return Response(statement_body(selectors.team_statement(team, parse_month(month))))

@@ -16,12 +16,13 @@ from allocations.models import ApplyJob, PriorityClass, Quota, Reservation, Rese
 from allocations.booking import mig_layout_problem
 from allocations.queue import parse_duration
 from allocations.placement import DEFAULT_POLICY, POLICY_NAMES
+from allocations.placement.mig import profiles_for
 from allocations import selectors
 from allocations.selectors import LATEST_INSTANT
 from allocations.shapes import AMOUNT_LIMITS
 from common.api import CleanModelSerializer, RefusesUnknownFields, SlugLookupField
 from inventory.models import GpuPool
-from inventory.sharing import SharingMode, mig_layout_names
+from inventory.sharing import SharingMode, mig_dynamic, mig_layout_names
 from teams.models import Team
 
 
@@ -40,7 +41,8 @@ class PoolSerializer(RefusesUnknownFields, CleanModelSerializer):
     class Meta:
         model = GpuPool
         fields = ["id", "slug", "name", "description", "sharing_mode", "sharing_config", "placement_policy",
-                  "queueing", "queue_ordering", "backfill", "borrowing", "gpus_total", "gpus_healthy", "gpus_allocated", "gpus_free", "created_at"]
+                  "queueing", "queue_ordering", "backfill", "borrowing", "idle_reclaim",
+                  "idle_warn_minutes", "idle_release_minutes", "idle_keep_allowance", "gpus_total", "gpus_healthy", "gpus_allocated", "gpus_free", "created_at"]
 
     def validate(self, attrs: dict) -> dict:
         attrs = super().validate(attrs)  # the config's shape (GpuPool.clean)
@@ -50,6 +52,9 @@ class PoolSerializer(RefusesUnknownFields, CleanModelSerializer):
             models = (sorted(set(self.instance.gpus.values_list("model_name", flat=True)))
                       if self.instance is not None else [])
             problem = mig_layout_problem(mig_layout_names(config), models)
+            if not problem and mig_dynamic(config):
+                problem = next((_("a dynamic MIG layout needs MIG-capable GPUs; %(model)s has no MIG profiles")
+                                % {"model": model} for model in models if not profiles_for(model)), None)
             if problem:
                 raise serializers.ValidationError(
                     {"sharing_config": serializers.ErrorDetail(problem, code="layout_does_not_fit")})
@@ -332,8 +337,19 @@ class JobEnvironmentSerializer(serializers.Serializer):
         "(MPS pipes, HAMi limits) are in the agent's reservation-<id>.env on the host")))
 
 
+class ReservationKeepInput(RefusesUnknownFields, serializers.Serializer):
+    reason = serializers.CharField(max_length=200, help_text=gettext_lazy(
+        "Why it is kept although it may sit idle (staff see it)"))
+
+
 class ReservationDetailSerializer(ReservationSerializer):
     events = ReservationEventSerializer(many=True, read_only=True)
+    idle_warned_at = _time(allow_null=True, help_text=gettext_lazy(
+        "Set while it sits idle in a pool with idle reclaim: when its holders were warned"))
+    keep_reason = serializers.CharField(read_only=True, help_text=gettext_lazy(
+        "Why its team keeps it (the pool's idle reclaim leaves it alone); '' when not kept"))
+    keep_by = serializers.CharField(source="keep_by.username", default=None, read_only=True, allow_null=True)
+    keep_at = _time(allow_null=True)
     environment = serializers.SerializerMethodField(help_text=gettext_lazy("How a job uses it, once it is active; else null"))
     apply_jobs = ApplyJobSerializer(many=True, read_only=True,
                                     help_text=gettext_lazy("Work done on the cluster or host to apply and undo it"))

@@ -23,6 +23,7 @@ from allocations.api.serializers import (
     ReservationCreateInput,
     ReservationDetailSerializer,
     ReservationExtendInput,
+    ReservationKeepInput,
     ReservationSerializer,
     SlotSerializer,
     TeamUseSerializer,
@@ -104,6 +105,24 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
         data.is_valid(raise_exception=True)
         reservation = services.reservation_extend(actor=request.user, reservation_id=self._id(pk),
                                                   ends_at=data.validated_data["ends_at"])
+        return self._answer(reservation, detail=True)
+
+    @extend_schema(methods=["POST"], request=ReservationKeepInput, responses=ReservationDetailSerializer,
+                   description=(
+        "Mark it keep, with a reason (staff see it): the pool's idle reclaim leaves it alone, and a pending idle "
+        "release is called off. 409 `keep_allowance` when its team already keeps the pool's allowance of live "
+        "reservations there; `not_live` once it is over. DELETE unmarks it."))
+    @extend_schema(methods=["DELETE"], request=None, responses={200: ReservationDetailSerializer},
+                   description="Unmark it: the pool's idle reclaim may release it again once it sits idle.")
+    @action(detail=True, methods=["post", "delete"])
+    def keep(self, request: Request, pk: str) -> Response:
+        if request.method == "DELETE":
+            reservation = services.reservation_keep(actor=request.user, reservation_id=self._id(pk), keep=False)
+        else:
+            data = ReservationKeepInput(data=request.data)
+            data.is_valid(raise_exception=True)
+            reservation = services.reservation_keep(actor=request.user, reservation_id=self._id(pk), keep=True,
+                                                    reason=data.validated_data["reason"])
         return self._answer(reservation, detail=True)
 
     def _id(self, pk: str) -> int:

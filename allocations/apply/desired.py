@@ -82,6 +82,9 @@ class PoolDesired:
     # profiles depend on the model (all-balanced is 1g.10gb, 2g.20gb and 3g.40gb instances on an
     # H100, 1g.18gb, 2g.35gb and 3g.71gb on an H200).
     gpu_models: tuple[str, ...] = ()
+    # A dynamic MIG pool's layout now, per GPU: (node, GPU index, model, the profiles its current grants
+    # hold). Its nodes get a mig-parted config of their own (empty for a pool with a fixed layout).
+    mig_gpus: tuple[tuple[str, int, str, tuple[str, ...]], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """Reads for applying: what should exist on a cluster right now, from the database."""
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from collections.abc import Collection, Iterable
 from datetime import datetime
@@ -12,7 +13,7 @@ from allocations import units
 from allocations.apply.desired import ClusterDesired, Grant, PoolDesired, TeamDesired
 from allocations.models import Allocation, Quota, Reservation
 from inventory.models import Cluster, Gpu, GpuPool
-from inventory.sharing import REPLICA_MODES, replicas_of
+from inventory.sharing import REPLICA_MODES, mig_dynamic, replicas_of
 
 # Reservations a cluster should enforce: being applied or applied. Releasing ones are being
 # undone, so they are already absent from what should exist.
@@ -56,6 +57,7 @@ def cluster_desired(cluster: Cluster, *, now: datetime | None = None,
                                gpu_models=tuple(sorted(models_of_pool[pool_id])))
              for pool_id, slug, mode, config in GpuPool.objects.filter(pk__in=list(nodes_of_pool))
              .values_list("pk", "slug", "sharing_mode", "sharing_config")}
+    _add_dynamic_layouts(cluster, pools, now)
     quotas = Quota.objects.filter(pool_id__in=list(nodes_of_pool))
     if teams is not None:
         quotas = quotas.filter(team__slug__in=list(teams))
@@ -64,6 +66,29 @@ def cluster_desired(cluster: Cluster, *, now: datetime | None = None,
         cluster_id=cluster.pk, cluster_slug=cluster.slug, kind=cluster.kind,
         teams=_teams_desired(team_slugs, grants), pools=tuple(pools[slug] for slug in sorted(pools)),
     )
+
+
+def _add_dynamic_layouts(cluster: Cluster, pools: dict[str, PoolDesired], now: datetime) -> None:
+    """Fill each dynamic MIG pool's `mig_gpus`: every GPU of it on `cluster` with the profiles its grants
+    hold at `now`, every team's (an apply for one team still writes the whole node's layout). Two queries,
+    only when such a pool exists."""
+    dynamic = [slug for slug, pool in pools.items() if pool.sharing_mode == "mig" and mig_dynamic(pool.sharing_config)]
+    if not dynamic:
+        return
+    held: dict[tuple[str, str, int], list[str]] = defaultdict(list)
+    for slug, node, index, profile in (
+            Allocation.objects.filter(gpu__node__cluster=cluster, gpu__pool__slug__in=dynamic, mode="mig",
+                                      reservation__state__in=ENFORCED_STATES, starts_at__lte=now, ends_at__gt=now)
+            .order_by("gpu__node__name", "gpu__index", "mig_start")
+            .values_list("gpu__pool__slug", "gpu__node__name", "gpu__index", "mig_profile")):
+        held[(slug, node, index)].append(profile)
+    gpus: dict[str, list] = defaultdict(list)
+    for slug, node, index, model in (Gpu.objects.filter(node__cluster=cluster, pool__slug__in=dynamic)
+                                     .order_by("node__name", "index")
+                                     .values_list("pool__slug", "node__name", "index", "model_name")):
+        gpus[slug].append((node, index, model, tuple(held[(slug, node, index)])))
+    for slug in dynamic:
+        pools[slug] = dataclasses.replace(pools[slug], mig_gpus=tuple(gpus[slug]))
 
 
 # The grant row's columns a Grant is made of, in the order _grants_from_rows reads them.

@@ -126,6 +126,10 @@ class FragmentTerms:
         self.total = free.sum(axis=1)
         self.cpu = np.asarray(cpu_free, dtype=np.int64)
         self.model_idx = np.asarray(model_idx, dtype=np.int64)
+        if table.p_model_gpu is not None:
+            # Per-model frequencies, gathered once per row here rather than in every value().
+            self.p_rows_gpu = table.p_model_gpu[self.model_idx]
+            self.p_rows_cpu = table.p_model_cpu_only[self.model_idx]
         self.access = table.access[np.asarray(model_idx, dtype=np.int64)][:, table.needs_gpu]
         # ge[b, m, g]: GPU g of node b has room for one GPU of shape m.
         ge = free[:, None, :] >= self.milli[None, :, None]
@@ -148,8 +152,7 @@ class FragmentTerms:
         fits = (cpu[:, None] >= self.shape_cpu[None, :]) & (count >= self.shape_num[None, :]) & self.access[rows]
         frag = np.where(fits, small, total[:, None]).astype(np.float64)
         if self.table.p_model_gpu is not None:
-            model = self.model_idx[rows]
-            p_gpu, p_cpu = self.table.p_model_gpu[model], self.table.p_model_cpu_only[model]
+            p_gpu, p_cpu = self.p_rows_gpu[rows], self.p_rows_cpu[rows]
             return np.einsum("bm,bm->b", frag, p_gpu) + total * p_cpu
         return frag @ self.table.p_gpu + total * self.table.p_cpu_only
 

@@ -171,4 +171,4 @@ def test_the_beat_closes_the_ledger():
 
     assert ("USAGE_CLOSE_SECONDS", "accounting.tasks.close_usage_hours",
             "close finished hours into the usage ledger") in PERIODIC_TASKS
-    assert close_usage_hours.run() == {"hours": 0, "entries": 0}
+    assert close_usage_hours.run() == {"hours": 0, "entries": 0, "statements": 0}

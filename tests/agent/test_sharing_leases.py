@@ -182,7 +182,9 @@ def test_a_mig_lease_names_its_instances_and_one_the_gpu_does_not_have_is_refuse
     held, failed = portal.reports[-1]
     assert held == sorted(f"11:{d['uuid']}" for d in (first, second))
     assert failed == {f"12:{gpu.uuid}/4": f"MIG instance {gpu.uuid}/4 (3g.40gb at slice 4) is not on GPU "
-                                          f"{gpu.uuid} of host h"}
+                                          f"{gpu.uuid} of host h; this agent does not change MIG layouts (start it "
+                                          "with --allow-mig-reconfigure to let a dynamic MIG pool carve instances "
+                                          "here)"}
     values = env(tmp_path / "reservation-11.env")
     assert values["CUDA_VISIBLE_DEVICES"] == f"{first['uuid']},{second['uuid']}"
     assert values["GPUPOOL_MODE"] == "mig"

@@ -139,3 +139,33 @@ def test_the_agent_resends_to_the_real_portal_after_an_outage(live_server, world
     assert len(s.buffer) == 0
     assert Sample.objects.count() == 2 * 16
     assert sorted(set(Sample.objects.values_list("ts", flat=True))) == [int(base) + i for i in range(16)]
+
+
+def test_while_frames_are_answered_on_the_socket_only_every_sixth_heartbeat_goes_over_http():
+    """The portal takes each telemetry frame as a sign of life; an HTTP heartbeat now and then still tells
+    the agent whether the portal knows its host."""
+    import threading
+
+    from agent.__main__ import HEARTBEATS_WHILE_STREAMING, Agent
+
+    class Portal:
+        beats = 0
+
+        def register(self, **_):
+            return {"heartbeat_seconds": 0.001}
+
+        def heartbeat(self):
+            Portal.beats += 1
+            if Portal.beats == 3:
+                agent.stop.set()
+            return {}
+
+    agent = Agent(Portal(), SimulatedBackend("1xL4", "h"), "h", heartbeat=0.001)
+    agent.telemetry_socket_open.set()
+    ticks = []
+    original = agent.stop.wait
+    agent.stop.wait = lambda t: ticks.append(t) or original(0)
+    threading.Thread(target=agent.run, daemon=True).start()
+    assert original(5) or agent.stop.is_set()
+    # register, then 3 heartbeats: one every HEARTBEATS_WHILE_STREAMING intervals after the registration's
+    assert len(ticks) in (3 * HEARTBEATS_WHILE_STREAMING, 3 * HEARTBEATS_WHILE_STREAMING + 1)

@@ -175,3 +175,57 @@ def test_a_simulated_mig_hosts_agent_gets_its_instances_in_cuda_visible_devices(
     assert f"CUDA_VISIBLE_DEVICES={devices[0]},{devices[3]}\n" in env
     assert sorted(HostLeaseReport.objects.get(node=node).held) == sorted(f"{r.pk}:{devices[s]}" for s in (0, 3))
     AgentBackend(cluster).sync(cluster_desired(cluster), teams=["ml"])  # the apply sees them held
+
+
+def test_a_dynamic_mig_instance_is_carved_only_by_an_agent_that_opted_in(tmp_path):
+    """A dynamic pool's grant names an instance the simulated host (MIG mode, no instances) lacks: the apply
+    is refused with the agent's reason unless it was started with --allow-mig-reconfigure; with it, the agent
+    carves the instance, registers again, and the portal's lease then names the new MIG device UUID."""
+    from allocations.apply.backends.base import BackendRejected
+
+    staff = UserFactory(username="root", is_staff=True)
+    cluster = ClusterFactory(slug="lab")
+    _, key = inventory_services.host_token_create(actor=staff, cluster=cluster, host_name="sim-02")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Host {key}")
+
+    class Portal:  # the agent's HTTP exchange, answered by the portal itself
+        def register(self, **body):
+            answer = client.post("/api/v1/agent/register/", body, format="json")
+            assert answer.status_code == 200, answer.content
+            return answer.json()
+
+        def leases(self, *, held, failed=None, unleased_in_use=None):
+            host_lease_report(node=Node.objects.get(), held=held, failed=failed or {})
+            return {"leases": host_leases(Node.objects.get())}
+
+    def agent(backend, **options) -> Agent:
+        agent = Agent(Portal(), backend, "sim-02", heartbeat=1, leases=LeaseStore(tmp_path, simulated=True), **options)
+        agent.register()
+        return agent
+
+    plain = agent(SimulatedBackend("1xA100-80GB:mig=all-enabled", "sim-02"))
+    gpu = Gpu.objects.get()
+    assert gpu.mig_devices == []
+    pool = gpu.pool
+    pool.sharing_mode, pool.sharing_config = "mig", {"dynamic": True}
+    pool.save()
+    r = book(pool, TeamFactory(slug="ml"), UserFactory(username="ann"), [mig_row(gpu, "3g.40gb", 4, 4, 3, 40960)],
+             mode="mig")
+    plain.sync_leases()
+    with pytest.raises(BackendRejected) as refused:
+        AgentBackend(cluster).sync(cluster_desired(cluster), teams=["ml"])
+    assert "--allow-mig-reconfigure" in str(refused.value) and f"{r.pk}:{gpu.uuid}/4" in str(refused.value)
+
+    backend = SimulatedBackend("1xA100-80GB:mig=all-enabled", "sim-02")
+    carving = agent(backend, allow_mig_reconfigure=True)
+    carving.sync_leases()
+    assert backend.mig_changes == [("create", gpu.uuid, "3g.40gb", 4)]
+    assert not carving.registered
+    carving.register()  # what its run loop does next: the portal learns the instance's UUID
+    (device,) = Gpu.objects.get().mig_devices
+    assert (device["profile"], device["start"]) == ("3g.40gb", 4) and device["uuid"].startswith("MIG-")
+    carving.sync_leases()
+    assert HostLeaseReport.objects.get().held == [f"{r.pk}:{device['uuid']}"]
+    AgentBackend(cluster).sync(cluster_desired(cluster), teams=["ml"])  # confirmed: no refusal, no wait
+    assert f"CUDA_VISIBLE_DEVICES={device['uuid']}\n" in (tmp_path / f"reservation-{r.pk}.env").read_text()

@@ -179,14 +179,18 @@ def test_a_request_that_cannot_start_by_not_after_fails_and_is_mailed(world, api
     assert mailoutbox[-1].subject == f"[GPU Pool] Reservation #{data['id']} did not start"
 
 
-def test_a_promise_moved_by_lost_capacity_is_explained(world, api):
+def test_a_promise_moved_by_lost_capacity_is_explained_and_mailed(world, api, mailoutbox,
+                                                                   django_capture_on_commit_callbacks):
     fill(world, api, gpus=4, hours=2)
     waiting = ask(world, api, gpus=4, duration="1h").json()
     assert waiting["state"] == "scheduled"  # node-b was free
     head = ask(world, api, gpus=4, duration="1h").json()
     assert head["state"] == "pending"
     world.pool.gpus.filter(node__name="node-b").update(healthy=False)  # where the head was promised
-    queue.queue_pass(pool_id=world.pool.pk)
+    mailoutbox.clear()
+    with django_capture_on_commit_callbacks(execute=True):
+        queue.queue_pass(pool_id=world.pool.pk)
+    assert [m.subject for m in mailoutbox] == [f"[GPU Pool] Reservation #{head['id']}: its promised start moved later"]
     entry = QueueEntry.objects.get(pk=head["id"])
     assert entry.start_by > entry.previous_start_by and "lost capacity" in entry.moved_why
     assert ReservationEvent.objects.filter(reservation_id=head["id"], from_state="pending", to_state="pending",
@@ -392,3 +396,26 @@ def test_fair_share_puts_the_team_that_used_less_of_its_quota_first(world, api, 
     second = ask(world, api, gpus=2, who=world.staff, team="infra").json()
     positions = {r: QueueEntry.objects.get(pk=r).position for r in (first["id"], second["id"])}
     assert positions == {second["id"]: 1, first["id"]: 2}
+
+
+def test_the_pass_keeps_the_gpus_it_promised_and_the_next_pass_holds_them(world, api):
+    fill(world, api, gpus=8, hours=2)
+    waiting = ask(world, api, gpus=2, duration="1h").json()
+    entry = QueueEntry.objects.get(pk=waiting["id"])
+    assert entry.start_by is not None and len(entry.planned_gpus) == 2
+    queue.queue_pass(pool_id=world.pool.pk)
+    again = QueueEntry.objects.get(pk=waiting["id"])
+    assert again.start_by == entry.start_by and again.planned_gpus == entry.planned_gpus
+
+
+def test_a_create_leaves_the_quota_its_teams_promises_need(world, api):
+    """ml's quota is 6: 4 GPUs are promised to its waiting request from +1 h, so 3 more now for 2 h would
+    hold 7 then. The new request waits instead of starting, and the promise holds."""
+    fill(world, api, gpus=1, hours=3)
+    later = (timezone.now() + timedelta(hours=1)).isoformat()
+    promised = ask(world, api, gpus=4, duration="1h", not_before=later).json()
+    assert promised["state"] == "pending"
+    start_by = QueueEntry.objects.get(pk=promised["id"]).start_by
+    now = ask(world, api, gpus=3, duration="2h").json()
+    assert now["state"] == "pending"
+    assert QueueEntry.objects.get(pk=promised["id"]).start_by == start_by

@@ -127,3 +127,14 @@ def test_durations(text, expected):
 @pytest.mark.parametrize("text", ["", "4", "h", "P", "PT", "4 hours", "-4h", "P1Y", "4h4d"])
 def test_not_durations(text):
     assert parse_duration(text) is None
+
+
+def test_the_estimate_learns_from_bookings_of_about_the_same_length():
+    # Short bookings run to their end, long ones are let go at a tenth.
+    history = EarlyRelease(tuple(sorted([1.0] * 10 + [0.1] * 10)),
+                           tuple([(1800.0, 1.0)] * 10 + [(86400.0, 0.1)] * 10))
+    assert history.expected_end(T0, T0 + timedelta(minutes=30), T0) == T0 + timedelta(minutes=30)
+    assert history.expected_end(T0, T0 + timedelta(days=1), T0) == T0 + timedelta(hours=2.4)
+    assert history.expected_duration(timedelta(days=1)) == timedelta(hours=2.4)
+    # A length nobody booked learns from all of them.
+    assert history.expected_end(T0, T0 + 10 * H, T0) == T0 + H

@@ -140,6 +140,34 @@ def test_mig_instances_come_from_the_layout_with_stable_names(api, member):
     assert "MIG-aaaa" in instances or all(i.startswith(body["grants"][0]["uuid"] + "/") for i in instances)
 
 
+def test_a_dynamic_pool_carves_what_its_static_layout_would_not_offer(api, member):
+    shared_pool("dmig", "mig", {"dynamic": True, "mig_layout": "all-balanced"}, gpus=1)
+    response = reserve(api, member, "dmig", mig_profile="3g.40gb", count=2)  # all-balanced has one 3g
+    assert response.status_code == 201, response.content
+    assert sorted(grant["mig_instance"].rsplit("/", 1)[1] for grant in response.json()["grants"]) == ["0", "4"]
+    assert sorted(Allocation.objects.values_list("mig_start", "share_from", "share_to")) == [(0, 0, 500),
+                                                                                              (4, 500, 1000)]
+    refused = reserve(api, member, "dmig", mig_profile="1g.10gb")
+    assert refused.status_code == 409 and errors_of(refused)[0][1] == "insufficient_capacity"
+    assert errors_of(reserve(api, member, "dmig", mig_profile="1g.10gb+me"))[0] == ("mig_profile", "not_in_layout")
+
+
+def test_a_dynamic_pools_queue_carves_the_waiting_instance_when_the_slices_free_up(api, member):
+    from allocations import queue
+
+    shared_pool("dmig", "mig", {"dynamic": True}, gpus=1)
+    whole = reserve(api, member, "dmig", mig_profile="7g.80gb")
+    assert whole.status_code == 201
+    waiting = api(member).post(URL, {"pool": "dmig", "team": "vision", "mig_profile": "3g.40gb", "count": 2,
+                                     "duration": "1h"}, format="json")
+    assert waiting.status_code == 201 and waiting.json()["state"] == "pending", waiting.content
+    assert api(member).post(f"{URL}{whole.json()['id']}/release/").status_code == 200
+    queue.queue_pass(pool_id=Reservation.objects.get(pk=waiting.json()["id"]).pool_id)
+    started = Reservation.objects.get(pk=waiting.json()["id"])
+    assert started.state == "scheduled"
+    assert sorted(Allocation.objects.filter(reservation=started).values_list("mig_start", flat=True)) == [0, 4]
+
+
 def test_mig_count_beyond_the_free_instances_is_refused_with_the_count(api, member):
     shared_pool("mig", "mig", {"profiles": ["3g.40gb", "3g.40gb"]}, gpus=1)
     assert reserve(api, member, "mig", mig_profile="3g.40gb", count=2).status_code == 201
@@ -301,6 +329,10 @@ def test_postgresql_refuses_overlapping_share_slots_and_vgpu_overcommit_whatever
     ({"profiles": ["3g.40gb", "3g.40gb", "1g.10gb"]}, False),  # 7 compute slices used, no memory left
     ({"profiles": ["1g.5gb"]}, False),  # an A100-40GB profile on 80 GB cards
     ({"mig_layout": "all-9g.90gb"}, False),
+    ({"dynamic": True}, True),
+    ({"dynamic": True, "mig_layout": "all-balanced"}, True),  # the layout an idle GPU is set to
+    ({"dynamic": "yes"}, False),
+    ({"dynamic": False}, False),  # neither a layout nor dynamic
 ])
 def test_a_mig_layout_must_fit_the_pools_gpus(api, db, config, ok):
     staff = UserFactory(username="root", is_staff=True)

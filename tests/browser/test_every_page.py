@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 from django.test import Client
+from django.utils import timezone
 
 from allocations.models import Reservation
 from inventory import services
@@ -46,7 +47,7 @@ def _paths(ids: dict) -> list[tuple[str, int]]:
     return [("/", 200), ("/reserve/", 200), ("/reservations/", 200), (f"/reservations/{ids['reservation']}/", 200),
             ("/teams/ml/", 200), ("/pools/a100/", 200), ("/pools/a100/queue/", 200), (f"/nodes/{ids['node']}/", 200),
             ("/telemetry/", 200), ("/tokens/", 200), ("/notifications/", 200), ("/api/v1/docs/", 200),
-            ("/no/such/page/", 404)]
+            ("/reports/", 200), (f"/teams/ml/statements/{timezone.now():%Y-%m}/", 200), ("/no/such/page/", 404)]
 
 
 def test_every_page_fits_and_stays_quiet_for_every_role(world, asgi_server, page, api):

@@ -127,8 +127,16 @@ def test_a_member_books_a_mig_slice_and_half_a_gpu_and_releases_them(shared, liv
 
 
 def test_the_shared_pages_fit_a_phone(shared, live_server, page, api):
+    # And a pool with a dynamic MIG layout (here only: the form's first pool stays the MIG one above).
+    pool = PoolFactory(slug="a100-dmig", name="A100 MIG on demand", sharing_mode="mig", sharing_config={"dynamic": True})
+    node = NodeFactory(cluster=ClusterFactory(slug="lab"), name="a100-dmig-node")
+    for index in range(2):
+        GpuFactory(node=node, pool=pool, index=index, model_name=A100, memory_mib=81920)
+    QuotaFactory(team=TeamFactory(slug="vision"), pool=pool, max_ge=4)
     for pool, amount in (("a100-mig", {"mig_profile": "1g.10gb", "count": 2}), ("a100-ts", {"shares": 3}),
-                         ("a100-hami", {"gpu_memory_mib": 30720, "gpu_cores_pct": 40})):
+                         ("a100-hami", {"gpu_memory_mib": 30720, "gpu_cores_pct": 40}),
+                         ("a100-dmig", {"mig_profile": "3g.40gb", "count": 2}),
+                         ("a100-dmig", {"mig_profile": "1g.10gb", "count": 1})):
         answer = api(shared).post("/api/v1/reservations/", {"pool": pool, "team": "vision", **amount,
                                                             "ends_at": (timezone.now() + timedelta(hours=2)).isoformat()},
                                   format="json")
@@ -139,11 +147,19 @@ def test_the_shared_pages_fit_a_phone(shared, live_server, page, api):
         sign_in(page, live_server.url)
         for path, name in (("/reserve/?pool=a100-mig", "reserve-mig"), ("/reserve/?pool=a100-ts", "reserve-ts"),
                            ("/reserve/?pool=a100-hami", "reserve-hami"), ("/pools/a100-mig/", "pool-mig"),
+                           ("/reserve/?pool=a100-dmig", "reserve-dmig"), ("/pools/a100-dmig/", "pool-dmig"),
                            ("/pools/a100-ts/", "pool-ts"), ("/pools/a100-hami/", "pool-hami"),
                            ("/reservations/", "reservations"), (f"/reservations/{first.pk}/", "reservation")):
             page.goto(f"{live_server.url}{path}")
             page.wait_for_load_state("load")
             shoot(page, f"phone-{name}" if width == 390 else name)
+            if name == "pool-dmig":  # one GPU carved 3g + 3g, the 1g on the other (the fuller one had no room) at slice 6
+                held = page.locator(".seg.held").all_inner_texts()
+                assert sum("3g.40gb" in text for text in held) == 2 and sum("1g.10gb" in text for text in held) == 1
+                assert page.locator(".seg.free", has_text=re.compile("6 slices free")).count() == 1
+            if name == "reserve-dmig":
+                page.wait_for_selector("select[name=mig_profile]")
+                assert len(page.locator("select[name=mig_profile] option").all_inner_texts()) == 6
             scroll = page.evaluate("document.documentElement.scrollWidth")
             assert scroll <= width, f"{path} is {scroll} px wide at {width}"
         page.context.clear_cookies()

@@ -1,11 +1,12 @@
 """Fixtures of the API-wide tests (the schema's conformance, unknown fields)."""
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import date, timedelta
 
 import pytest
 from django.utils import timezone
 
+from accounting.models import Price
 from allocations.models import ApplyJob, PriorityClass, Quota, Reservation
 from inventory import services as inventory_services
 from inventory.models import HostToken, Node
@@ -43,7 +44,10 @@ def fleet(world, api) -> dict[str, object]:
     channel = channel_create(actor=world.staff, name="hook", kind="webhook", team=world.team,
                              url="https://example.com/hook", events=["alert.firing"])
     spare_token, _ = api_token_create(user=world.staff, name="one to revoke")
+    price = Price.objects.create(gpu_model=node.gpus.first().model_name, price_per_ge_hour=1, currency="USD",
+                                 valid_from=date(2099, 1, 1))
     return {
+        "prices": price.pk,
         "priority-classes": priority.name, "tokens": spare_token.prefix, "group-mappings": mapping.pk,
         "notification-channels": channel.pk,
         "alert-rules": rule.pk, "alerts": alert.pk, "apply-jobs": job.pk, "clusters": node.cluster_id,

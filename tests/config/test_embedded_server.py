@@ -63,10 +63,11 @@ def test_the_embedded_server_books_releases_and_lists_on_sqlite(embedded):
         assert [g["uuid"] for g in released.json()["allocated_gpus"]] == [
             g["uuid"] for g in first.json()["allocated_gpus"]]
 
-        listed = client.get("/api/v1/reservations/?limit=20", headers=headers).json()
-        assert listed["count"] == 2
+        # The demo's history holds bob's past bookings too (config.demo_history): look at this test's own.
+        listed = client.get("/api/v1/reservations/?limit=100", headers=headers).json()
         states = {r["id"]: r["state"] for r in listed["results"]}
-        assert states == {first.json()["id"]: "released", second.json()["id"]: "scheduled"}
+        assert {i: states.get(i) for i in (first.json()["id"], second.json()["id"])} == {
+            first.json()["id"]: "released", second.json()["id"]: "scheduled"}
         again = client.post("/api/v1/reservations/", json=body, headers=headers)
         assert again.status_code == 201, "the released GPUs are free again"
 

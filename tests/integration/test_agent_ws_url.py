@@ -1,5 +1,6 @@
-"""An agent whose --portal is the WSGI web process (no WebSockets there) opens its lease channel on the
-ws process named by --ws-url; without it, it says why the channel is refused and keeps to the HTTP poll."""
+"""An agent whose --portal is the WSGI web process (no WebSockets there) opens its lease channel and its
+telemetry socket on the ws process named by --ws-url; without it, it says why the channel is refused, keeps to
+the HTTP poll and sends its samples over HTTP."""
 from __future__ import annotations
 
 import subprocess
@@ -8,7 +9,8 @@ import sys
 import pytest
 
 from inventory import services as inventory_services
-from inventory.models import Node
+from inventory.models import Gpu, Node
+from monitoring.models import Sample
 from tests.conftest import BASE_DIR, free_port, healthz_answers, start_server, stop_process_group, wait_for
 from tests.factories import ClusterFactory, UserFactory
 
@@ -31,7 +33,7 @@ def test_the_lease_channel_goes_to_ws_url_while_http_goes_to_the_web_process(wor
             log = tmp_path / f"{host}.log"
             agents.append((subprocess.Popen(
                 [sys.executable, "-m", "agent", "--portal", web, f"--token={key}", "--simulate", "1xL4",
-                 "--hostname", host, "--heartbeat", "0.5", "--telemetry-interval", "0",
+                 "--hostname", host, "--heartbeat", "0.5", "--telemetry-interval", "1",
                  "--state-dir", str(tmp_path / host), *extra],
                 cwd=BASE_DIR, stdout=open(log, "wb"), stderr=subprocess.STDOUT), log))
         wait_for(lambda: Node.objects.filter(cluster=cluster).count() == 2, message="both hosts register over HTTP")
@@ -40,6 +42,12 @@ def test_the_lease_channel_goes_to_ws_url_while_http_goes_to_the_web_process(wor
         wait_for(lambda: b"(404): nothing serves WebSockets" in plain_log.read_bytes(), timeout=20,
                  message="the 404 explained")
         assert b"--ws-url" in plain_log.read_bytes()
+        assert b"telemetry: sending over ws://" in split_log.read_bytes()
+        assert b"telemetry: no WebSocket at" in plain_log.read_bytes()
+        for host in ("split", "plain"):  # samples arrive both ways
+            gpus = list(Gpu.objects.filter(node__cluster=cluster, node__name=host).values_list("pk", flat=True))
+            wait_for(lambda: Sample.objects.filter(gpu_id__in=gpus).count() >= 2, timeout=20,
+                     message=f"samples of {host}")
     finally:
         for process, _ in agents:
             process.kill()

@@ -1,4 +1,4 @@
-"""Property: whatever mix of share, MIG and vGPU requests arrives at once, in whatever windows, nothing is
+"""Property: whatever mix of share, MIG (static and dynamic layouts) and vGPU requests arrives at once, in whatever windows, nothing is
 over-granted and every reservation is charged the sum of its grants. Real PostgreSQL, concurrent writers."""
 from __future__ import annotations
 
@@ -46,7 +46,8 @@ def fleet(transactional_db):
     GpuModel.objects.create(name=A100, weight="0.6")
     cluster = ClusterFactory(slug="lab")
     for slug, mode, config in (("ts", "time_slicing", {"replicas": 4}), ("mps", "mps", {"replicas": 3}),
-                               ("mig", "mig", {"mig_layout": "all-balanced"}), ("hami", "vgpu", {})):
+                               ("mig", "mig", {"mig_layout": "all-balanced"}), ("hami", "vgpu", {}),
+                               ("dmig", "mig", {"dynamic": True})):
         pool = PoolFactory(slug=slug, sharing_mode=mode, sharing_config=config)
         for n in range(2):
             node = NodeFactory(cluster=cluster, name=f"{slug}-{n}")
@@ -59,6 +60,10 @@ request = st.one_of(
     st.fixed_dictionaries({"pool": st.just("ts"), "shares": st.integers(1, 4)}),
     st.fixed_dictionaries({"pool": st.just("mps"), "shares": st.integers(1, 3)}),
     st.fixed_dictionaries({"pool": st.just("mig"), "mig_profile": st.sampled_from(["1g.10gb", "2g.20gb", "3g.40gb"]),
+                           "count": st.integers(1, 3)}),
+    # A dynamic MIG pool: every GPU's layout is carved per window, so the slices are the only guard.
+    st.fixed_dictionaries({"pool": st.just("dmig"), "mig_profile": st.sampled_from(["1g.10gb", "2g.20gb", "3g.40gb",
+                                                                                   "4g.40gb", "7g.80gb"]),
                            "count": st.integers(1, 3)}),
     st.fixed_dictionaries({"pool": st.just("hami"), "gpu_memory_mib": st.integers(1000, 60000),
                            "gpu_cores_pct": st.integers(1, 70), "gpus": st.integers(1, 1)}),
@@ -111,7 +116,7 @@ def test_concurrent_share_mig_and_vgpu_bookings_never_over_grant(fleet, asks):
 
     rows = list(Allocation.objects.values_list("gpu_id", "starts_at", "ends_at", "mode", "share_from", "share_to",
                                                "memory_mib", "cores_pct", "ge", "reservation_id", "milli",
-                                               "mig_profile", "reservation__pool__sharing_config"))
+                                               "mig_profile", "reservation__pool__sharing_config", "mig_start"))
     by_gpu = defaultdict(list)
     for row in rows:
         by_gpu[row[0]].append(row)
@@ -127,6 +132,10 @@ def test_concurrent_share_mig_and_vgpu_bookings_never_over_grant(fleet, asks):
             start, end = min(g[1] for g in vgpus), max(g[2] for g in vgpus)
             assert units.peak(((g[1], g[2], g[6]) for g in vgpus), start, end).amount <= MEMORY
             assert units.peak(((g[1], g[2], g[7]) for g in vgpus), start, end).amount <= 100
+    for row in rows:  # a MIG instance sits at a legal start and holds exactly its memory slices
+        if row[3] == "mig":
+            profile = mig.profile_for(A100, row[11])
+            assert row[13] in profile.starts and (row[4], row[5]) == (row[13] * 125, (row[13] + profile.size) * 125)
     charged = defaultdict(float)
     for row in rows:
         replicas = (row[12] or {}).get("replicas")

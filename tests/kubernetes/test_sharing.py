@@ -22,7 +22,7 @@ from inventory.kubernetes.nodes import parse_node
 from inventory.models import Node
 from tests.factories import QuotaFactory, TeamFactory
 from tests.kubernetes.conftest import make_gpu_node, unique, validate_manifest
-from tests.kubernetes.sharing import H100, active, mig_team, share_rows, shared_pool, vgpu_row
+from tests.kubernetes.sharing import H100, active, mig_rows, mig_team, share_rows, shared_pool, vgpu_row
 from tests.kubernetes.test_webhooks import MUTATE, VALIDATE, apply_patch, post, response_of, review
 
 ENDS = timezone.now() + timedelta(hours=2)
@@ -343,3 +343,63 @@ def test_discovery_stores_mig_and_shared_capacity(kube_cluster, core):
     assert mig["profiles"]["3g.40gb"] == {"count": 1, "memory_mib": 40448, "slices_gi": 3, "capacity": 1,
                                           "allocatable": 1}
     assert mig["profiles"]["1g.10gb"] == {"capacity": 2, "allocatable": 2}
+
+
+# --- dynamic MIG layout ---------------------------------------------------------------------------
+
+def test_a_dynamic_mig_pools_nodes_each_get_their_layout_as_a_mig_parted_config():
+    pool = PoolDesired(pool_slug="d", sharing_mode="mig", sharing_config={"dynamic": True}, node_names=("a", "b", "c"),
+                       gpu_models=(H100,), mig_gpus=(("a", 0, H100, ("3g.40gb", "1g.10gb")), ("a", 1, H100, ()),
+                                                     ("b", 0, H100, ("1g.10gb", "3g.40gb")), ("b", 1, H100, ()),
+                                                     ("c", 0, H100, ("7g.80gb",)), ("c", 1, H100, ())))
+    assert m.pool_resource_names(pool) == {f"nvidia.com/mig-{p}" for p in (
+        "1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb")}
+    labels = m.node_labels([pool])
+    assert labels["a"]["nvidia.com/mig.config"] == labels["b"]["nvidia.com/mig.config"]  # the same layout
+    assert labels["c"]["nvidia.com/mig.config"] != labels["a"]["nvidia.com/mig.config"]
+    assert all(label["nvidia.com/mig.config"].startswith("gpupool-d-") for label in labels.values())
+    parted = m.mig_parted_configmap_manifest([pool])
+    validate_manifest(parted)
+    configs = yaml.safe_load(parted["data"]["config.yaml"])["mig-configs"]
+    assert configs[labels["a"]["nvidia.com/mig.config"]] == [
+        {"devices": [0], "mig-enabled": True, "mig-devices": {"1g.10gb": 1, "3g.40gb": 1}},
+        {"devices": [1], "mig-enabled": True, "mig-devices": {}}]  # idle, no layout of its own: all-enabled
+    idle_balanced = PoolDesired(pool_slug="d", sharing_mode="mig", node_names=("a",), gpu_models=(H100,),
+                                sharing_config={"dynamic": True, "mig_layout": "all-balanced"},
+                                mig_gpus=(("a", 0, H100, ()),))
+    (config,) = yaml.safe_load(m.mig_parted_configmap_manifest([idle_balanced])["data"]["config.yaml"])[
+        "mig-configs"].values()
+    assert config == [{"devices": [0], "mig-enabled": True,
+                       "mig-devices": {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1}}]
+
+
+def test_a_dynamic_mig_nodes_label_follows_its_grants_on_the_api_server(kube_cluster, core):
+    team = TeamFactory(slug=unique("dmig"))
+    pool, node = shared_pool(kube_cluster, "dmig", "mig", {"dynamic": True}, gpus=2)
+    QuotaFactory(team=team, pool=pool, max_ge=4)
+    make_gpu_node(core, node.name, gpus=2)
+    backend = KubernetesBackend(kube_cluster)
+    backend.sync(cluster_desired(kube_cluster), teams=None)
+    idle = core.read_node(node.name).metadata.labels["nvidia.com/mig.config"]
+
+    def parted(name: str) -> list[dict]:
+        document = core.read_namespaced_config_map(m.MIG_PARTED_CONFIGMAP, m.SYSTEM_NAMESPACE).data["config.yaml"]
+        return yaml.safe_load(document)["mig-configs"][name]
+
+    assert [entry["mig-devices"] for entry in parted(idle)] == [{}, {}]
+    reservation = active(team, pool, mode="mig", gpus=1, mig_profile="3g.40gb", mig_count=2, ge=6 / 7)
+    gpu = node.gpus.order_by("index").first()
+    mig_rows(reservation, gpu, "3g.40gb", ["3g.40gb", "3g.40gb"], 2)
+    backend.sync(cluster_desired(kube_cluster), teams=[team.slug])  # one team's apply writes the node's layout
+    for manifest in backend.sent:
+        validate_manifest(manifest)
+    carved = core.read_node(node.name).metadata.labels["nvidia.com/mig.config"]
+    assert carved != idle and parted(carved) == [
+        {"devices": [0], "mig-enabled": True, "mig-devices": {"3g.40gb": 2}},
+        {"devices": [1], "mig-enabled": True, "mig-devices": {}}]
+    hard = core.read_namespaced_resource_quota(m.QUOTA_NAME, f"gpupool-{team.slug}").spec.hard
+    assert hard["requests.nvidia.com/mig-3g.40gb"] == "2" and hard["requests.nvidia.com/mig-7g.80gb"] == "0"
+    assert backend.sync(cluster_desired(kube_cluster), teams=None).changes == []  # idempotent
+    reservation.delete()  # the grants end: the node goes back to its idle layout
+    backend.sync(cluster_desired(kube_cluster), teams=None)
+    assert core.read_node(node.name).metadata.labels["nvidia.com/mig.config"] == idle

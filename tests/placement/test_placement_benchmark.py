@@ -76,6 +76,8 @@ def test_headline_metric_averages_the_rounded_bin() -> None:
         allocated_pct=np.array([98.0, 99.0, 96.0, 94.0, 94.0]),
         frag_pct=np.zeros(5),
         latency_s=np.zeros(5),
+        cpu_s=np.zeros(5),
+        prepare_s=0.0,
         placed=5,
         failed=0,
         wall_s=0.0,

@@ -26,11 +26,14 @@ device-plugin ConfigMap (``sharing.timeSlicing`` / ``sharing.mps`` with the pool
 an entry with ``flags.migStrategy: mixed`` and the ``nvidia.com/mig.config`` label: a named
 layout (``all-1g.10gb``, ``all-balanced``) as it is, a profile list equal to a named
 ``all-<profile>`` layout by that name, any other list as ``gpupool-<pool>``, a layout the
-portal writes into its mig-parted ConfigMap. Every object carries the portal's managed-by
+portal writes into its mig-parted ConfigMap. A dynamic mig pool's nodes each get a config of
+their own in that ConfigMap (per GPU, the instances its grants hold now) and a label naming
+it, which changes with the layout (dynamic_node_configs). Every object carries the portal's managed-by
 label; team objects also the team label and the reservations annotation.
 """
 from __future__ import annotations
 
+import hashlib
 import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable
@@ -46,8 +49,8 @@ from allocations.apply.desired import (
     PoolDesired,
     TeamDesired,
 )
-from allocations.placement.mig import LayoutError, named_layout
-from inventory.sharing import REPLICA_MODES, mig_layout_names
+from allocations.placement.mig import LayoutError, named_layout, profiles_for
+from inventory.sharing import REPLICA_MODES, mig_dynamic, mig_layout_names
 
 QUOTA_NAME = "gpupool"
 SYSTEM_NAMESPACE = "gpupool-system"
@@ -103,6 +106,10 @@ def mig_layout_profiles(pool: PoolDesired) -> list[str]:
     A named layout is expanded for each GPU model of the pool (the union, when models differ);
     a model the layout does not fit adds nothing, and an ``all-<profile>`` name on a pool whose
     models are unknown still names its profile, so the quota lists it."""
+    if mig_dynamic(pool.sharing_config):  # carved on demand: any profile of its models (no +me ones)
+        offered = {p.name: p for model in pool.gpu_models for p in profiles_for(model).values()
+                   if not p.single_per_gpu}
+        return [p.name for p in sorted(offered.values(), key=lambda p: (p.size, p.memory_mib, p.name))]
     layout = mig_layout_names(pool.sharing_config)
     if not isinstance(layout, str):
         return list(layout)
@@ -246,17 +253,50 @@ def custom_mig_layout(pool: PoolDesired) -> dict[str, int] | None:
     if pool.sharing_mode != "mig":
         return None
     layout = mig_layout_names(pool.sharing_config)
-    if isinstance(layout, str) or not layout or _named_equivalent(pool, layout):
+    if mig_dynamic(pool.sharing_config) or isinstance(layout, str) or not layout or _named_equivalent(pool, layout):
         return None
     return dict(sorted(Counter(layout).items()))
 
 
+def _idle_devices(pool: PoolDesired, model: str) -> dict[str, int]:
+    """What an idle GPU of a dynamic MIG pool is set to: the pool's layout, when it names one that fits
+    the model, else MIG mode with no instances (mig-parted's all-enabled)."""
+    layout = mig_layout_names(pool.sharing_config)
+    try:
+        names = named_layout(model, layout) if isinstance(layout, str) else list(layout)
+    except LayoutError:
+        return {}
+    return dict(sorted(Counter(names).items())) if all(n in profiles_for(model) for n in names) else {}
+
+
+def dynamic_node_configs(pool: PoolDesired) -> dict[str, tuple[str, list[dict]]]:
+    """node -> (its mig-parted config name, the config) for a dynamic MIG pool: one entry per GPU, with the
+    instances its grants hold now (an idle GPU: _idle_devices). The name is the pool's and a digest of
+    the layout, so the node's ``nvidia.com/mig.config`` label changes exactly when its layout does, which
+    is what NVIDIA's MIG manager watches to apply it; nodes with the same layout share one config.
+
+    mig-parted takes counts per GPU, not start slices: it places the instances itself."""
+    per_node: dict[str, list[dict]] = defaultdict(list)
+    for node, index, model, held in pool.mig_gpus:
+        devices = dict(sorted(Counter(held).items())) if held else _idle_devices(pool, model)
+        per_node[node].append({"devices": [index], "mig-enabled": True, "mig-devices": devices})
+    configs = {}
+    for node, entries in per_node.items():
+        digest = hashlib.sha256(yaml.safe_dump(entries, sort_keys=True).encode()).hexdigest()[:10]
+        configs[node] = (label_value(f"gpupool-{pool.pool_slug}"[:50] + f"-{digest}"), entries)
+    return configs
+
+
 def mig_parted_configmap_manifest(pools: Iterable[PoolDesired], namespace: str = SYSTEM_NAMESPACE, *,
                                   empty: bool = False) -> dict | None:
-    """mig-parted layouts for mig pools with a layout of their own (None when no pool needs one,
-    unless `empty`: then a ConfigMap with no layouts, to clear one the portal wrote before)."""
+    """mig-parted layouts for mig pools with a layout of their own, and one per node layout of the dynamic
+    ones (None when no pool needs one, unless `empty`: then a ConfigMap with no layouts, to clear one the
+    portal wrote before)."""
     configs = {}
     for pool in pools:
+        if pool.sharing_mode == "mig" and mig_dynamic(pool.sharing_config):
+            configs.update(dynamic_node_configs(pool).values())
+            continue
         devices = custom_mig_layout(pool)
         if devices:
             configs[mig_config_name(pool)] = [{"devices": "all", "mig-enabled": True, "mig-devices": devices}]
@@ -279,10 +319,14 @@ def node_labels(pools: Iterable[PoolDesired]) -> dict[str, dict[str, str]]:
         if not configures_device_plugin(pool):
             continue
         labels = {POOL_LABEL: label_value(pool.pool_slug), DEVICE_PLUGIN_CONFIG_LABEL: device_plugin_config_name(pool)}
-        if pool.sharing_mode == "mig":
+        dynamic = dynamic_node_configs(pool) if pool.sharing_mode == "mig" and mig_dynamic(pool.sharing_config) else {}
+        if pool.sharing_mode == "mig" and not dynamic:
             labels[MIG_CONFIG_LABEL] = mig_config_name(pool)
         for node in pool.node_names:
-            wanted.setdefault(node, labels)
+            if node in dynamic:
+                wanted.setdefault(node, {**labels, MIG_CONFIG_LABEL: dynamic[node][0]})
+            else:
+                wanted.setdefault(node, labels)
     return wanted
 
 

@@ -137,6 +137,10 @@ class Policy:
         """Score ``nodes`` (indexes into ``arrays``) for ``demand``; ``fit`` is their (B, G) GPU fit."""
         raise NotImplementedError
 
+    def prepare(self, arrays: ClusterArrays, ctx: PolicyContext) -> None:
+        """Do once-per-cluster work (a check, a table) before the first decision. Optional:
+        a policy must also work when it is never called. Default: nothing."""
+
     def adjust(
         self, arrays: ClusterArrays, demand: Demand, nodes: np.ndarray, scores: np.ndarray, ctx: PolicyContext
     ) -> np.ndarray:

@@ -47,6 +47,15 @@ a ~150-node copy of the cluster with and without the extra terms, once per profi
 cluster, and scores as plain FGD when the terms place less; a pool can also simply use
 ``fgd`` as its ``placement_policy``.
 
+Speed
+-----
+Most decisions re-score one to a few rows (the engine's score cache), so what costs is the
+number of NumPy calls per decision, not their size. Everything that depends only on the
+cluster and the profile (the terms, the guard's verdict, the ratios) is found once per
+policy instance (:meth:`PortalPolicy.prepare`, or lazily in the first decision), and the
+model balance counts free GPU per model from the rows that changed. ``fast = False`` keeps
+the plain formulas above; the two give the same scores bit for bit (tested).
+
 Why it works
 ------------
 On the Alibaba trace the GPUs FGD leaves idle when arrivals reach 100% are of three kinds
@@ -190,6 +199,29 @@ def terms_help(policy: PortalPolicy, profile: WorkloadProfile, arrays: ClusterAr
     return ok
 
 
+class _Prepared:
+    """What every decision of one policy instance on one cluster and profile shares."""
+
+    #: Stands in for "never" in the stranding minimum (a ratio of 0): beyond any node's GPUs.
+    NEVER = 1e30
+
+    def __init__(self, profile: WorkloadProfile, cpu_cap: np.ndarray, models: list[str], terms: ModelTerms | None):
+        self.profile, self.cpu_cap, self.models, self.terms = profile, cpu_cap, models, terms
+        if terms is None:
+            return
+        cpu, mem = terms.cpu_per_gpu, terms.mem_per_gpu
+        # Per model: ratio (1 where it is 0, so the division is harmless) and offset (NEVER there).
+        self.strand = np.stack(
+            [np.where(cpu > 0, cpu, 1.0), np.where(mem > 0, mem, 1.0),
+             np.where(cpu > 0, 0.0, self.NEVER), np.where(mem > 0, 0.0, self.NEVER)],
+            axis=1,
+        )
+        self.balance = bool(terms.pinned_share.any())
+        cap = terms.gpus * 1000.0
+        self.has_gpus = cap > 0
+        self.cap_floor = np.maximum(cap, 1.0)
+
+
 class PortalPolicy(Policy):
     name = "portal"
     needs_profile = True
@@ -208,37 +240,110 @@ class PortalPolicy(Policy):
     #: "auto": score as plain FGD when the check (:func:`terms_help`) says the extra terms
     #: hurt the profile's work on this cluster; "off": never fall back; "fgd": always.
     guard = "auto"
+    #: Score through :meth:`_evaluate_fast` and the incremental model balance (False: the
+    #: plain formulas; the same scores, kept as the reference the tests compare against).
+    fast = True
 
     _CONSTANTS = ("stranding_weight", "remnant_weight", "score_levels", "balance_weight", "filler_min_share", "per_model")
 
     def __init__(self, **constants: float | str | bool) -> None:
         for key, value in constants.items():
-            if key not in self._CONSTANTS and key != "guard":
+            if key not in self._CONSTANTS and key not in ("guard", "fast"):
                 raise TypeError(f"PortalPolicy has no constant {key!r}")
             setattr(self, key, value)
         self._fgd = FgdPolicy()
+        self._prep: _Prepared | None = None
+        self._free: tuple[ClusterArrays, np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def constants(self) -> dict[str, float | bool]:
         return {k: getattr(self, k) for k in self._CONSTANTS}
 
+    def _prepared(self, profile: WorkloadProfile, arrays: ClusterArrays) -> _Prepared:
+        """The terms for this profile and cluster, found once per policy instance (the guard's
+        check, the cache look-ups and the ratios' rearrangement are the same every decision)."""
+        p = self._prep
+        if p is not None and p.profile is profile and p.cpu_cap is arrays.cpu_cap and p.models is arrays.models:
+            return p
+        terms: ModelTerms | None = None
+        if self.guard != "fgd":
+            types = cluster_types(arrays)
+            if self.guard != "auto" or terms_help(self, profile, arrays, types):
+                terms = profile.model_terms(arrays.models, types, self.filler_min_share)
+        p = self._prep = _Prepared(profile, arrays.cpu_cap, arrays.models, terms)
+        return p
+
     def _terms_on(self, profile: WorkloadProfile, arrays: ClusterArrays) -> ModelTerms | None:
         """The per-model terms, or None when this decision is scored as plain FGD (the guard)."""
-        if self.guard == "fgd":
-            return None
-        types = cluster_types(arrays)
-        if self.guard == "auto" and not terms_help(self, profile, arrays, types):
-            return None
-        return profile.model_terms(arrays.models, types, self.filler_min_share)
+        return self._prepared(profile, arrays).terms
+
+    def prepare(self, arrays: ClusterArrays, ctx: PolicyContext) -> None:
+        """Run the guard's one-off check now rather than inside the first decision."""
+        self._prepared(ctx.profile, arrays)
 
     def evaluate(
         self, arrays: ClusterArrays, demand: Demand, nodes: np.ndarray, fit: np.ndarray, ctx: PolicyContext
     ) -> Evaluation:
         if demand.kind is Kind.MIG:
             return Evaluation(scores=mig_pack_scores(arrays, nodes, fit))
-        profile = ctx.profile
-        terms = self._terms_on(profile, arrays)
-        if terms is None:
+        prep = self._prepared(ctx.profile, arrays)
+        if prep.terms is None:
             return self._fgd.evaluate(arrays, demand, nodes, fit, ctx)
+        if not self.fast or not self.per_model:
+            return self._evaluate_plain(arrays, demand, nodes, fit, ctx, prep.terms)
+        return self._evaluate_fast(arrays, demand, nodes, fit, prep)
+
+    def _evaluate_fast(
+        self, arrays: ClusterArrays, demand: Demand, nodes: np.ndarray, fit: np.ndarray, prep: _Prepared
+    ) -> Evaluation:
+        """:meth:`_evaluate_plain` with the per-model terms, in fewer NumPy calls.
+
+        Most decisions re-score one or two rows (the score cache), so the cost is the number
+        of NumPy calls, not their size: the ratios are gathered once as one (B, 4) block,
+        both stranding states come from the same expressions without ``errstate`` or
+        broadcasting, and the remnant table is indexed in place instead of copied per row.
+        Same arithmetic, same order: the scores are bit-for-bit those of the plain path
+        (tests/placement/test_placement_portal_speed.py).
+        """
+        terms = prep.terms
+        delta, _ = fragment_deltas(arrays, demand, nodes, fit, terms.shapes)  # a fresh array: updated in place
+        free = arrays.gpu_free[nodes]
+        row = arrays.model_idx[nodes]
+        # (B, 4): CPU ratio, memory ratio (1 where the ratio is 0), and their offsets (NEVER
+        # there, which keeps that side out of the minimum: a ratio of 0 never strands).
+        r_cpu, r_mem, off_cpu, off_mem = prep.strand[row].T
+        free_gpu = free.sum(axis=1)
+        cpu, mem = arrays.cpu_free[nodes], arrays.mem_free[nodes]
+        before = np.maximum(0.0, free_gpu - np.minimum(cpu / r_cpu + off_cpu, mem / r_mem + off_mem))
+        feeds_after = np.minimum(
+            (cpu - demand.cpu_milli) / r_cpu + off_cpu, (mem - demand.memory_mib) / r_mem + off_mem
+        )
+        after = np.maximum(0.0, (free_gpu - demand.total_milli) - feeds_after)
+        delta += self.stranding_weight * (after - before)[:, None]
+
+        if demand.kind is Kind.FRACTION:
+            left = free - demand.milli
+            np.maximum(left, 0, out=left)
+            r = row[:, None]
+            change = terms.waste[r, left]
+            change -= terms.waste[r, free]
+            delta += self.remnant_weight * np.where(fit, change, 0.0)
+
+        score = np.where(np.isfinite(delta), np.trunc(sigmoid(-delta / 1000.0) * self.score_levels), -np.inf)
+        best_col = score.argmax(axis=1)
+        best = score[np.arange(len(nodes)), best_col]
+        return Evaluation(scores=best, slots=best_col if demand.kind is Kind.FRACTION else None)
+
+    def _evaluate_plain(
+        self,
+        arrays: ClusterArrays,
+        demand: Demand,
+        nodes: np.ndarray,
+        fit: np.ndarray,
+        ctx: PolicyContext,
+        terms: ModelTerms,
+    ) -> Evaluation:
+        """The policy as written in the module's formula (the reference for the fast path)."""
+        profile = ctx.profile
         free = arrays.gpu_free[nodes]
         if self.per_model:
             table = terms.shapes
@@ -284,6 +389,45 @@ class PortalPolicy(Policy):
         """
         if not self.per_model or self.balance_weight == 0 or demand.total_milli == 0 or demand.kind is Kind.MIG:
             return scores
+        if not self.fast:
+            return self._adjust_plain(arrays, demand, nodes, scores, ctx)
+        prep = self._prepared(ctx.profile, arrays)
+        if prep.terms is None or not prep.balance:
+            return scores
+        rows = arrays.model_idx[nodes]
+        if rows.min() == rows.max():
+            return scores
+        free = self._model_free(arrays)
+        used = np.where(prep.has_gpus, 1.0 - free / prep.cap_floor, 1.0)
+        # Per model, then gathered per node: the same products in the same order as the plain path.
+        charge = self.balance_weight * demand.total_milli * used * prep.terms.pinned_share
+        charge *= self.score_levels / 4000.0
+        return scores - charge[rows]
+
+    def _model_free(self, arrays: ClusterArrays) -> np.ndarray:
+        """Free milli-GPU per model (row -1 last), kept up to date from the rows whose
+        ``version`` moved since the last decision (usually one) instead of summed over every node."""
+        state = self._free
+        if state is None or state[0] is not arrays:
+            row_free = arrays.gpu_free.sum(axis=1, dtype=np.int64)
+            m = len(arrays.models) + 1
+            by_model = np.bincount(arrays.model_idx % m, weights=row_free, minlength=m).astype(np.int64).tolist()
+            self._free = (arrays, arrays.version.copy(), row_free.tolist(), by_model)
+            return np.array(by_model, dtype=np.float64)
+        _, seen, row_free, by_model = state
+        changed = np.flatnonzero(arrays.version != seen)
+        if changed.size:
+            model_idx, gpu_free = arrays.model_idx, arrays.gpu_free
+            for n in changed.tolist():
+                now = int(gpu_free[n].sum())
+                by_model[model_idx[n]] += now - row_free[n]  # index -1: the last row, as `% m` above
+                row_free[n] = now
+            seen[changed] = arrays.version[changed]
+        return np.array(by_model, dtype=np.float64)
+
+    def _adjust_plain(
+        self, arrays: ClusterArrays, demand: Demand, nodes: np.ndarray, scores: np.ndarray, ctx: PolicyContext
+    ) -> np.ndarray:
         terms = self._terms_on(ctx.profile, arrays)
         if terms is None or not terms.pinned_share.any():
             return scores

@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 
 from django.conf import settings
+from django.utils import timezone
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.core.management import call_command
@@ -20,6 +21,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from common.private_files import write_private
 from config.demo import check_admin_password, load_demo
+from config.demo_history import load_demo_history
 from config.static import collected_is_current
 
 
@@ -81,6 +83,8 @@ class Command(BaseCommand):
         credentials = Path(settings.VAR_DIR) / "demo-credentials.txt"
         if not skip and not get_user_model().objects.exists():
             created = load_demo(admin_password=os.environ.get("DEMO_ADMIN_PASSWORD") or None)
+            # A few past months of use, so the Reports page and the statements have something to show.
+            load_demo_history(timezone.now())
             write_private(credentials, "".join(f"{user} {password}\n" for user, password in created.items()))
         if credentials.exists():
             self.stdout.write("Demo accounts (user password), also in " + str(credentials) + ":")

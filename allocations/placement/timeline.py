@@ -1,0 +1,235 @@
+"""Whole GPUs over time, for planning a queue: when each GPU's card is free, and the window arrays
+the engine scores, without rebuilding either per candidate start.
+
+A queue plan asks, for request after request, "the first start at which `count` whole GPUs are
+free for `duration`", then books what the engine chose there and asks again for the next one.
+:meth:`ClusterState.arrays_for_window` answers one window at a time from every holding (tens of
+milliseconds on thousands of GPUs); a plan of hundreds of requests over thousands of candidate
+starts cannot afford that. Two structures here keep the answer exact and cheap:
+
+* :class:`FreeTimeline`: per GPU, its free gaps (the time between its whole-card bookings), as
+  NumPy columns. The earliest start for a request is one sweep over the gaps long enough for it
+  (per node when the request must fit on one node), and booking a planned window splits one gap
+  per GPU. Only where a gap opens (a booking ends, or the earliest allowed start) can a start be
+  first, which is the rule Slurm's backfill and the engine's `earliest_start` use too: candidate
+  starts are the event times.
+* :class:`WholeGpuState`: a :class:`ClusterState` whose holdings are whole-card bookings kept as
+  NumPy columns; `arrays_for_window` is then a mask over them, equal to the general one for such
+  holdings (a whole card held at any instant of the window leaves it 0 free; the clustering
+  tags count each reservation's cards per node).
+
+Times are integers (any unit; the caller picks microseconds) in the timeline, and the engine's
+seconds in the state. Nothing here knows Django.
+"""
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+import numpy as np
+
+from .arrays import AFFINITY_BIG, ClusterArrays
+from .mig import FULL_MASK
+from .requests import Time, to_seconds
+from .state import ClusterState, NodeInfo
+
+FOREVER = np.iinfo(np.int64).max // 4  # later than any time a caller passes
+
+
+class FreeTimeline:
+    """When each GPU's whole card is free: per GPU, the gaps between the windows it is booked for.
+
+    `gpu_node[g]` is the node (any hashable grouping) of GPU `g` (0..n-1), `usable[g]` whether it
+    may be booked at all; `busy` the windows (gpu, start, end), end exclusive, that hold a card.
+    Gaps are kept as three parallel columns; a GPU's gaps never overlap.
+    """
+
+    def __init__(self, gpu_node: Sequence[int], usable: Sequence[bool],
+                 busy: Sequence[tuple[int, int, int]] | tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
+        self.gpu_node = np.asarray(gpu_node, dtype=np.int64)
+        self.usable = np.asarray(usable, dtype=bool)
+        n = len(self.gpu_node)
+        if isinstance(busy, tuple) and len(busy) == 3 and isinstance(busy[0], np.ndarray):
+            columns = busy  # (gpus, starts, ends) as arrays already
+        else:
+            columns = tuple(zip(*busy, strict=True)) if busy else ()
+        if columns and len(columns[0]):
+            g, s, e = (np.asarray(column, dtype=np.int64) for column in columns)
+            keep = (e > s) & self.usable[g]
+            g, s, e = g[keep], s[keep], e[keep]
+        else:
+            g = s = e = np.zeros(0, dtype=np.int64)
+        order = np.lexsort((s, g))
+        g, s, e = g[order], s[order], e[order]
+        # A GPU's windows may overlap: its gap after a window starts at the latest end so far. Offsetting
+        # each GPU's ends by its rank keeps one running maximum from crossing into the next GPU.
+        if g.size:
+            span = int(max(e.max(), s.max()) - min(e.min(), s.min())) + 2
+            base = int(min(e.min(), s.min()))
+            if n * span < FOREVER:
+                ends = np.maximum.accumulate((e - base) + g * span) - g * span + base
+            else:  # a span too wide for the offset: per GPU, by hand
+                ends = e.copy()
+                for k in range(1, g.size):
+                    if g[k] == g[k - 1]:
+                        ends[k] = max(ends[k], ends[k - 1])
+        else:
+            ends = e
+        last = np.ones(g.size, dtype=bool)
+        last[:-1] = g[1:] != g[:-1]
+        first = np.ones(g.size, dtype=bool)
+        first[1:] = g[1:] != g[:-1]
+        nxt = np.where(last, FOREVER, np.roll(s, -1))
+        # Gaps: before each GPU's first window, after each window up to the next one, and whole free GPUs.
+        idle = np.setdiff1d(np.flatnonzero(self.usable), g)
+        gap_gpu = np.concatenate([g[first], g, idle])
+        gap_from = np.concatenate([np.full(int(first.sum()), -FOREVER), ends, np.full(idle.size, -FOREVER)])
+        gap_to = np.concatenate([s[first], nxt, np.full(idle.size, FOREVER)])
+        keep = gap_to > gap_from
+        self.gap_gpu, self.gap_from, self.gap_to = gap_gpu[keep], gap_from[keep], gap_to[keep]
+
+    def copy(self) -> FreeTimeline:
+        twin = object.__new__(FreeTimeline)
+        twin.__dict__.update(self.__dict__)
+        twin.gap_gpu, twin.gap_from, twin.gap_to = self.gap_gpu.copy(), self.gap_from.copy(), self.gap_to.copy()
+        return twin
+
+    def book(self, gpu: int, start: int, end: int) -> None:
+        """Hold GPU `gpu` over [start, end), which must lie in one of its gaps (a planned window is
+        chosen where it is free): that gap splits in two."""
+        inside = np.flatnonzero((self.gap_gpu == gpu) & (self.gap_from <= start) & (self.gap_to >= end))
+        if inside.size != 1:
+            raise ValueError(f"GPU {gpu} is not free over [{start}, {end})")
+        k = int(inside[0])
+        after = int(self.gap_to[k])
+        if self.gap_from[k] < start:
+            self.gap_to[k] = start
+        else:  # the window starts where the gap does: no gap is left before it
+            keep = np.ones(self.gap_gpu.size, dtype=bool)
+            keep[k] = False
+            self.gap_gpu, self.gap_from, self.gap_to = self.gap_gpu[keep], self.gap_from[keep], self.gap_to[keep]
+        if after > end:
+            self.gap_gpu = np.append(self.gap_gpu, gpu)
+            self.gap_from = np.append(self.gap_from, end)
+            self.gap_to = np.append(self.gap_to, after)
+
+    def unbook(self, gpu: int, start: int, end: int) -> None:
+        """Free GPU `gpu` over [start, end) again (a window `book` held): the gaps either side join it. (Gaps
+        are never empty, so at most one gap ends at `start` and one begins at `end`.)"""
+        on_gpu = self.gap_gpu == gpu
+        left = np.flatnonzero(on_gpu & (self.gap_to == start))
+        right = np.flatnonzero(on_gpu & (self.gap_from == end))
+        if left.size and right.size:
+            self.gap_to[left[0]] = self.gap_to[right[0]]
+            keep = np.ones(self.gap_gpu.size, dtype=bool)
+            keep[right[0]] = False
+            self.gap_gpu, self.gap_from, self.gap_to = self.gap_gpu[keep], self.gap_from[keep], self.gap_to[keep]
+        elif left.size:
+            self.gap_to[left[0]] = end
+        elif right.size:
+            self.gap_from[right[0]] = start
+        else:
+            self.gap_gpu = np.append(self.gap_gpu, gpu)
+            self.gap_from = np.append(self.gap_from, start)
+            self.gap_to = np.append(self.gap_to, end)
+
+    def free_for(self, start: int, end: int) -> np.ndarray:
+        """Per GPU (0..n-1), whether its whole card is free over [start, end)."""
+        free = np.zeros(len(self.gpu_node), dtype=bool)
+        free[self.gap_gpu[(self.gap_from <= start) & (self.gap_to >= end)]] = True
+        return free
+
+    def earliest(self, count: int, duration: int, earliest: int, latest: int, *, together: bool) -> int | None:
+        """The first start t in [earliest, latest] at which `count` GPUs are free over [t, t + duration):
+        on one node when `together`, else anywhere in the pool; None when there is none."""
+        lo = np.maximum(self.gap_from, earliest)
+        hi = self.gap_to - duration  # the last start the gap takes
+        ok = (lo <= hi) & (lo <= latest)
+        lo, hi = lo[ok], np.minimum(hi[ok], latest)
+        if lo.size < count:
+            return None
+        if count == 1:
+            return int(lo.min())
+        # A sweep: each gap counts from its first to its last start (closed), per node when together. A GPU's
+        # gaps are disjoint, so the count at a time is the number of GPUs free for the window starting then.
+        group = self.gpu_node[self.gap_gpu[ok]] if together else np.zeros(lo.size, dtype=np.int64)
+        times = np.concatenate([lo, hi])
+        steps = np.concatenate([np.ones(lo.size, dtype=np.int64), -np.ones(hi.size, dtype=np.int64)])
+        groups = np.concatenate([group, group])
+        order = np.lexsort((-steps, times, groups))  # at one time, gaps open before others close
+        level = np.cumsum(steps[order])
+        reached = np.flatnonzero(level >= count)
+        if reached.size == 0:
+            return None
+        return int(times[order][reached].min())
+
+
+class WholeGpuState(ClusterState):
+    """A ClusterState whose holdings are whole-card bookings held as NumPy columns, so the arrays for a
+    window are a mask, not a walk over every holding. Book more with :meth:`hold`; `holdings` stays empty
+    (the columns are the holdings)."""
+
+    def __init__(self, nodes: Sequence[NodeInfo]) -> None:
+        super().__init__(nodes=nodes)
+        self._n = np.zeros(0, dtype=np.int64)
+        self._slot = np.zeros(0, dtype=np.int64)
+        self._start = np.zeros(0, dtype=np.float64)
+        self._end = np.zeros(0, dtype=np.float64)
+        self._group = np.zeros(0, dtype=np.int64)
+        self._groups: dict[Hashable, int] = {}
+        self._last: tuple[tuple[float, float, int], ClusterArrays] | None = None
+
+    def copy(self) -> WholeGpuState:
+        twin = WholeGpuState.__new__(WholeGpuState)
+        twin.__dict__.update(self.__dict__)
+        twin._groups = dict(self._groups)
+        return twin  # the columns are replaced, never written in place, by hold
+
+    def hold(self, whole: Sequence[tuple[Hashable, Time, Time, Hashable]]) -> None:
+        """Add whole-card holdings: (GPU id, start, end, reservation id) each."""
+        if whole:
+            self.hold_columns([gpu_id for gpu_id, _, _, _ in whole], [to_seconds(start) for _, start, _, _ in whole],
+                              [to_seconds(end) for _, _, end, _ in whole], [rid for _, _, _, rid in whole])
+
+    def hold_columns(self, gpu_ids: Sequence[Hashable], starts: Sequence[float], ends: Sequence[float],
+                     reservation_ids: Sequence[Hashable]) -> None:
+        """hold, given as columns (starts and ends in seconds, as `to_seconds` gives them)."""
+        slots = [self.gpu_slot(gpu_id) for gpu_id in gpu_ids]
+        self._n = np.append(self._n, np.array([n for n, _ in slots], dtype=np.int64))
+        self._slot = np.append(self._slot, np.array([slot for _, slot in slots], dtype=np.int64))
+        self._start = np.append(self._start, np.asarray(starts, dtype=np.float64))
+        self._end = np.append(self._end, np.asarray(ends, dtype=np.float64))
+        self._group = np.append(self._group, np.array([self._groups.setdefault(rid, len(self._groups))
+                                                       for rid in reservation_ids], dtype=np.int64))
+        self._last = None
+
+    def release(self, reservation_id: Hashable) -> None:
+        """Drop every holding of the reservation."""
+        group = self._groups.get(reservation_id)
+        if group is None:
+            return
+        keep = self._group != group
+        self._n, self._slot, self._start, self._end, self._group = (
+            self._n[keep], self._slot[keep], self._start[keep], self._end[keep], self._group[keep])
+        self._last = None
+
+    def arrays_for_window(self, start: Time, end: Time) -> ClusterArrays:
+        ws, we = to_seconds(start), to_seconds(end)
+        if not we > ws:
+            raise ValueError("window must end after it starts")
+        key = (ws, we, self._n.size)
+        if self._last is None or self._last[0] != key:
+            arrays = self.base_arrays().copy()
+            hit = (self._start < we) & (self._end > ws) & (self._end > self._start)
+            n, slot = self._n[hit], self._slot[hit]
+            arrays.gpu_free[n, slot] = 0
+            mig = arrays.mig_capable[n, slot]
+            arrays.mig_used[n[mig], slot[mig]] = FULL_MASK
+            # Clustering tags: each reservation's whole cards on a node are one k-card task.
+            groups = len(self._groups) + 1
+            tasks, cards = np.unique(n * groups + self._group[hit], return_counts=True)
+            cells = (tasks // groups) * arrays.affinity.shape[1] + np.minimum(cards, AFFINITY_BIG)
+            arrays.affinity += np.bincount(cells, minlength=arrays.affinity.size).reshape(arrays.affinity.shape
+                                                                                        ).astype(arrays.affinity.dtype)
+            arrays.version += 1
+            self._last = (key, arrays)
+        return self._last[1].copy()

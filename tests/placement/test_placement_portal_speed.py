@@ -1,0 +1,144 @@
+"""The ``portal`` policy's fast path (issue 18, speed) against its plain formulas: the same
+scores, so the same decisions, on random clusters; and the incremental per-model free count
+against a fresh sum."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from allocations.placement.arrays import ClusterArrays
+from allocations.placement.engine import Placer
+from allocations.placement.policies.base import PolicyContext
+from allocations.placement.policies.portal import PortalPolicy
+from allocations.placement.requests import Demand
+from allocations.placement.workload import WorkloadProfile
+
+MODELS = ["A", "B", "C"]
+
+
+@st.composite
+def demands(draw, pinned: bool = True) -> Demand:
+    num = draw(st.sampled_from([0, 1, 1, 1, 2, 4]))
+    milli = 0 if num == 0 else draw(st.sampled_from([1000, 1000, 500, 470, 250, 130])) if num == 1 else 1000
+    spec = draw(st.sampled_from([frozenset(), frozenset(), frozenset({"A"}), frozenset({"B", "C"})])) if pinned else frozenset()
+    return Demand(
+        cpu_milli=draw(st.integers(0, 48)) * 1000,
+        memory_mib=draw(st.sampled_from([0, 0, 8_192, 65_536])),  # all-zero memory: a ratio of 0
+        num_gpu=num,
+        milli=milli,
+        allowed_models=spec if num else frozenset(),
+    )
+
+
+@st.composite
+def clusters(draw) -> ClusterArrays:
+    n = draw(st.integers(2, 10))
+    gpus = [draw(st.sampled_from([0, 1, 2, 4, 8])) for _ in range(n)]
+    models = [[draw(st.sampled_from(MODELS))] * g for g in gpus]
+    arrays = ClusterArrays.build(
+        node_ids=[f"n{i}" for i in range(n)],
+        cpu_milli=[draw(st.sampled_from([2, 16, 32, 96, 128])) * 1000 for _ in range(n)],
+        memory_mib=[draw(st.sampled_from([65_536, 262_144, 1 << 20])) for _ in range(n)],
+        gpu_models=models,
+    )
+    arrays.tie_rank = np.array(draw(st.permutations(range(n))), dtype=np.int64)
+    return arrays
+
+
+@given(clusters(), st.lists(demands(), min_size=1, max_size=25), st.lists(demands(), min_size=1, max_size=40))
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_fast_path_places_exactly_as_the_plain_formulas(arrays, history, arrivals) -> None:
+    profile = WorkloadProfile.from_demands(history)
+    # A history whose GPU work asks no CPU gives a CPU ratio of 0 (never strands): the fast
+    # path's offset must keep that side out of the minimum exactly as the plain path's inf.
+    cpu_free = profile_without_cpu(history)
+    profiles = [profile, cpu_free]
+    for p in profiles:
+        fast = Placer(arrays.copy(), PortalPolicy(guard="off"), PolicyContext(profile=p))
+        plain = Placer(arrays.copy(), PortalPolicy(guard="off", fast=False), PolicyContext(profile=p))
+        for demand in arrivals:
+            a, b = fast.place(demand), plain.place(demand)
+            assert a == b  # node, GPUs and score, bit for bit
+        np.testing.assert_array_equal(fast.arrays.gpu_free, plain.arrays.gpu_free)
+
+
+def profile_without_cpu(history: list[Demand]) -> WorkloadProfile:
+    return WorkloadProfile.from_demands(
+        Demand(0 if d.num_gpu else d.cpu_milli, 0, d.num_gpu, d.milli, allowed_models=d.allowed_models) for d in history
+    )
+
+
+@given(clusters(), st.lists(demands(), min_size=1, max_size=25), st.data())
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_fast_scores_equal_plain_scores_for_every_candidate(arrays, history, data) -> None:
+    # Not only the winner: every node's score, with and without the model balance.
+    profile = data.draw(st.sampled_from([WorkloadProfile.from_demands(history), profile_without_cpu(history)]))
+    ctx = PolicyContext(profile=profile)
+    warm = Placer(arrays, PortalPolicy(guard="off"), ctx)
+    for d in data.draw(st.lists(demands(), max_size=15)):
+        warm.place(d)
+    demand = data.draw(demands())
+    if demand.num_gpu == 0:
+        fit = np.ones((arrays.n_nodes, arrays.gpu_free.shape[1]), dtype=bool)
+    else:
+        fit = (arrays.gpu_free >= demand.milli) & arrays.gpu_usable
+    nodes = np.arange(arrays.n_nodes)
+    fast, plain = PortalPolicy(guard="off"), PortalPolicy(guard="off", fast=False)
+    ev_fast = fast.evaluate(arrays, demand, nodes, fit, ctx)
+    ev_plain = plain.evaluate(arrays, demand, nodes, fit, ctx)
+    np.testing.assert_array_equal(ev_fast.scores, ev_plain.scores)
+    if ev_plain.slots is not None:
+        np.testing.assert_array_equal(ev_fast.slots, ev_plain.slots)
+    finite = np.isfinite(ev_plain.scores)
+    if not finite.any():
+        return  # the engine never scores an empty candidate list
+    np.testing.assert_array_equal(
+        fast.adjust(arrays, demand, nodes[finite], ev_fast.scores[finite], ctx),
+        plain.adjust(arrays, demand, nodes[finite], ev_plain.scores[finite], ctx),
+    )
+
+
+def test_free_per_model_follows_placements_and_releases() -> None:
+    # Two A nodes (2 + 4 GPUs), one B node (8), one GPU-less node: the count kept from the
+    # changed rows must equal a fresh sum after every step, releases included.
+    arrays = ClusterArrays.build(
+        node_ids=["a0", "a1", "b0", "c0"],
+        cpu_milli=[96_000] * 4,
+        memory_mib=[1 << 20] * 4,
+        gpu_models=[["A"] * 2, ["A"] * 4, ["B"] * 8, []],
+    )
+    policy = PortalPolicy(guard="off")
+    assert policy._model_free(arrays).tolist() == [6000.0, 8000.0, 0.0]  # A, B, GPU-less
+    steps = [
+        (1, Demand(4_000, 0, 2, 1000), [0, 1]),
+        (2, Demand(4_000, 0, 1, 250), [3]),
+        (3, Demand(4_000, 0, 0, 0), []),
+        (0, Demand(4_000, 0, 1, 470), [1]),
+    ]
+    expected = [[4000.0, 8000.0, 0.0], [4000.0, 7750.0, 0.0], [4000.0, 7750.0, 0.0], [3530.0, 7750.0, 0.0]]
+    for (node, demand, slots), want in zip(steps, expected, strict=True):
+        arrays.apply(node, demand, slots)
+        assert policy._model_free(arrays).tolist() == want
+    arrays.release(2, Demand(4_000, 0, 1, 250), [3])
+    assert policy._model_free(arrays).tolist() == [3530.0, 8000.0, 0.0]
+    # A copy is another cluster state: counted afresh, not from the original's history.
+    other = arrays.copy()
+    other.gpu_free[:] = 0
+    assert policy._model_free(other).tolist() == [0.0, 0.0, 0.0]
+    assert policy._model_free(arrays).tolist() == [3530.0, 8000.0, 0.0]
+
+
+def test_the_guard_check_runs_in_prepare_not_in_the_first_decision(monkeypatch) -> None:
+    from allocations.placement.policies import portal as portal_module
+
+    calls = []
+    monkeypatch.setattr(portal_module, "terms_help", lambda *a: calls.append(1) or True)
+    arrays = ClusterArrays.build(node_ids=["x"], cpu_milli=[96_000], memory_mib=[1 << 20], gpu_models=[["A"] * 8])
+    ctx = PolicyContext(profile=WorkloadProfile.from_demands([Demand(8_000, 0, 1, 1000)] * 5))
+    policy = PortalPolicy()
+    policy.prepare(arrays, ctx)
+    assert calls == [1]
+    Placer(arrays, policy, ctx).place(Demand(8_000, 0, 1, 500))
+    assert calls == [1]  # the decision reused the prepared terms
