@@ -109,13 +109,15 @@ POOL_GPUS = (
     "n.cpu_milli, n.memory_mib, m.weight, g.mig_devices FROM inventory_gpu g JOIN inventory_node n "
     "ON n.id = g.node_id LEFT JOIN inventory_gpumodel m ON m.name = g.model_name "
     'WHERE g.pool_id = %s ORDER BY n.name, g.node_id, g."index"')
+# Windows are read as epoch microseconds (common.sql.instant_column on PostgreSQL).
+EPOCH_US = "(extract(epoch from {}) * 1000000)::bigint"
 POOL_GRANTS = (
-    "SELECT a.gpu_id, a.reservation_id, a.starts_at, a.ends_at, a.milli, a.mig_profile, a.mig_start, a.mode, "
+    f"SELECT a.gpu_id, a.reservation_id, {EPOCH_US.format('a.starts_at')}, {EPOCH_US.format('a.ends_at')}, a.milli, a.mig_profile, a.mig_start, a.mode, "
     "a.share_from, a.share_to, a.memory_mib, a.cores_pct "
     "FROM allocations_allocation a JOIN inventory_gpu g ON g.id = a.gpu_id "
     "WHERE g.pool_id = %s AND a.starts_at < %s AND a.ends_at > %s AND a.ends_at > a.starts_at")
 TEAM_WINDOWS = (
-    "SELECT a.starts_at, a.ends_at, sum(a.ge) FROM allocations_allocation a JOIN allocations_reservation r "
+    f"SELECT {EPOCH_US.format('a.starts_at')}, {EPOCH_US.format('a.ends_at')}, sum(a.ge) FROM allocations_allocation a JOIN allocations_reservation r "
     "ON r.id = a.reservation_id WHERE r.team_id = %s AND r.ends_at > %s "
     "AND a.starts_at < %s AND a.ends_at > %s AND a.ends_at > a.starts_at AND r.pool_id = %s "
     "GROUP BY a.starts_at, a.ends_at")
