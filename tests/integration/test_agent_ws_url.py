@@ -42,8 +42,11 @@ def test_the_lease_channel_goes_to_ws_url_while_http_goes_to_the_web_process(wor
         wait_for(lambda: b"(404): nothing serves WebSockets" in plain_log.read_bytes(), timeout=20,
                  message="the 404 explained")
         assert b"--ws-url" in plain_log.read_bytes()
-        assert b"telemetry: sending over ws://" in split_log.read_bytes()
-        assert b"telemetry: no WebSocket at" in plain_log.read_bytes()
+        # The telemetry socket opens with the first batch, after the lease channel: wait for it.
+        wait_for(lambda: b"telemetry: sending over ws://" in split_log.read_bytes(), timeout=20,
+                 message="telemetry on the socket beside --ws-url")
+        wait_for(lambda: b"telemetry: no WebSocket at" in plain_log.read_bytes(), timeout=20,
+                 message="telemetry over HTTP where no socket answers")
         for host in ("split", "plain"):  # samples arrive both ways
             gpus = list(Gpu.objects.filter(node__cluster=cluster, node__name=host).values_list("pk", flat=True))
             wait_for(lambda: Sample.objects.filter(gpu_id__in=gpus).count() >= 2, timeout=20,
