@@ -8,7 +8,7 @@ PORT ?= 8000
 TEST_DATABASE_URL ?= postgres://gpupool:gpupool@127.0.0.1:5432/gpupool
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/14
 
-.PHONY: run test venv dev-venv services benchmark-api benchmark-api-cpu benchmark-api-floor benchmark-history benchmark-sharing benchmark-queue benchmark-telemetry-history benchmark-k8s-telemetry benchmark-apply benchmark-page-load benchmark-fleet benchmark-usage benchmark-idle-reclaim clean
+.PHONY: run test venv dev-venv services benchmark-api benchmark-api-cpu benchmark-api-floor benchmark-history benchmark-sharing benchmark-queue benchmark-telemetry-history benchmark-k8s-telemetry benchmark-apply benchmark-page-load benchmark-page-cost benchmark-fleet benchmark-usage benchmark-idle-reclaim clean
 
 $(VENV)/.runtime: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -132,3 +132,8 @@ FLEET_BENCH_DATABASE_URL ?= postgres://gpupool:gpupool@127.0.0.1:5432/gpupool_fl
 benchmark-fleet: services $(VENV)/.dev
 	DATABASE_URL=$(FLEET_BENCH_DATABASE_URL) REDIS_URL=redis://127.0.0.1:6379/9 SECRET_KEY=bench-only \
 		$(PY) -m benchmarks.fleet --gpus 10000 --teams 1000 --seconds 60 --json benchmarks/results/fleet.json
+
+# Each user call's cost with nothing else running, on the database benchmark-fleet leaves behind (run that first).
+benchmark-page-cost: services $(VENV)/.dev
+	DATABASE_URL=$(FLEET_BENCH_DATABASE_URL) REDIS_URL=redis://127.0.0.1:6379/9 SECRET_KEY=bench-only \
+		$(PY) -m benchmarks.page_cost --calls 5 --json benchmarks/results/page-cost.json
