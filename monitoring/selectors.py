@@ -260,7 +260,8 @@ def pool_activity(pools: QuerySet[GpuPool], now=None) -> list[PoolActivity]:
     # gpu id → {reservation id: (team name, milli of the card it holds)}
     held: dict[int, dict[int, list]] = {}
     for gpu_id, reservation_id, team, milli in (
-            Allocation.objects.filter(gpu_id__in=[g[0] for g in gpus], starts_at__lte=now, ends_at__gt=now)
+            # By pool, not by a list of the GPUs' ids: 10,000 placeholders cost psycopg ~0.2 s to split.
+            Allocation.objects.filter(gpu__pool_id__in=list(by_pool), starts_at__lte=now, ends_at__gt=now)
             .order_by("reservation_id").values_list("gpu_id", "reservation_id", "reservation__team__name", "milli")):
         entry = held.setdefault(gpu_id, {}).setdefault(reservation_id, [team, 0])
         entry[1] += milli
