@@ -116,3 +116,17 @@ def test_the_team_page_and_a_bookings_page_show_the_advice(fleet, client):
     section = team_page.split('id="advice"')[1].split("</section>")[0]
     assert "2g.20gb" in section and "a100-mig" in section
     assert "2g.20gb" in client.get(f"/reservations/{made[0].pk}/").content.decode()
+
+
+def test_the_rollups_are_read_in_one_query_however_many_grants(fleet):
+    """The team and reservation pages ask for advice on every visit: reading each grant's rollups on its own
+    cost two queries a grant (119 on the team page at fleet size)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    whole, _mig, vision, user = fleet
+    _bookings(whole, vision, user, 9, util=15, memory_mib=9 * GIB, gpus=2)  # 18 grants
+    with CaptureQueriesContext(connection) as captured:
+        (found,) = advice(teams=Team.objects.filter(slug="vision"))
+    assert found.reservations == 9
+    assert len([q for q in captured.captured_queries if "monitoring_minuterollup" in q["sql"]]) == 1
