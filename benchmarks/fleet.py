@@ -611,6 +611,8 @@ def run_portal(label: str, database_url: str, redis_url: str, sizes: dict, args)
             "refused_requests": refused_requests, "refused_samples": refused_requests * GPUS_PER_HOST,
             "refused_by_status": agents["http_errors"],
             "late_ticks": agents["ticks_skipped"], "late_samples": agents["ticks_skipped"] * GPUS_PER_HOST,
+            # Batches an agent POSTed because its telemetry socket could not be opened (as the agent falls back).
+            "sent_over_http_while_socket_down": agents.get("sent_over_http", 0),
         },
         "lease_channels": {"hosts": hosts, "open_at_start": agents["lease_connected_at_start"],
                            "opened": agents["lease_connected"], "closed_early": agents["lease_closed_early"],
@@ -749,7 +751,8 @@ def main(argv: list[str] | None = None) -> int:
     for label, portal in (("empty", empty), ("fleet", fleet)):
         t = portal["telemetry"]
         print(f"[{label}] telemetry: offered {t['offered_samples_per_s']} samples/s, achieved "
-              f"{t['achieved_samples_per_s']}, refused {t['refused_samples']}, late {t['late_samples']}; lease "
+              f"{t['achieved_samples_per_s']}, refused {t['refused_samples']}, late {t['late_samples']}, POSTed while the "
+              f"socket was down {t['sent_over_http_while_socket_down']} batches; lease "
               f"channels open {portal['lease_channels']['open_at_start']}/{t['hosts']}; heartbeats "
               f"{portal['heartbeats']['answered']}, hosts silent at the end {portal['hosts_unhealthy_at_end']}; machine busy "
               f"{portal['machine_busy_fraction']:.0%}; celery queue at end {portal['celery_queue_at_end']}")

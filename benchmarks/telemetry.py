@@ -130,27 +130,61 @@ def _percentile(values: list[float], p: float) -> float | None:
     return round(ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))], 1)
 
 
+# As agent.telemetry.SocketPost: how long a send waits for its answer, and how long after a socket could not
+# be opened the agent sends over HTTP before it tries the socket again.
+SOCKET_TIMEOUT_SECONDS = 10.0
+SOCKET_RETRY_SECONDS = 60.0
+
+
 async def agent_loop(session, base: str, agent: dict, stats: dict, rng: random.Random, period: float = 1.0,
                      socket_base: str | None = None) -> None:
     """One host: every `period` seconds (the agent's default: 1), one batch of all its GPUs, sent as
     `python -m agent` sends it: a text frame on /ws/agent/telemetry/ of `socket_base` (the ws process)
-    when given, awaiting its answer, else a POST to the web process."""
+    when given, awaiting its answer, else a POST to the web process. As the agent does, a socket that
+    cannot be opened sends over HTTP and is tried again SOCKET_RETRY_SECONDS later; one that closes or
+    times out is dropped (an answer may still come on it) and opened again for the next batch."""
+    import aiohttp
+
     headers = {"Authorization": f"Host {agent['key']}", "Content-Type": "application/json"}
-    socket = None
-    if socket_base is not None:
-        socket = await session.ws_connect(socket_base.replace("http", "ws", 1) + "/ws/agent/telemetry/",
-                                          headers={"Authorization": f"Host {agent['key']}"}, heartbeat=None,
-                                          max_msg_size=0)
+    url = socket_base.replace("http", "ws", 1) + "/ws/agent/telemetry/" if socket_base is not None else None
+    state: dict = {"socket": None, "retry_at": 0.0}
+
+    def count(name: str) -> None:
+        stats["errors"][name] = stats["errors"].get(name, 0) + 1
+
+    async def drop_socket() -> None:
+        socket, state["socket"] = state["socket"], None
+        if socket is not None:
+            await socket.close()
+
+    async def open_socket():
+        if url is None or state["socket"] is not None or time.monotonic() < state["retry_at"]:
+            return state["socket"]
+        try:
+            state["socket"] = await asyncio.wait_for(session.ws_connect(
+                url, headers={"Authorization": f"Host {agent['key']}"}, heartbeat=None, max_msg_size=0),
+                SOCKET_TIMEOUT_SECONDS)
+        except (OSError, asyncio.TimeoutError, aiohttp.ClientError) as error:
+            count(f"socket open:{type(error).__name__}")
+            state["retry_at"] = time.monotonic() + SOCKET_RETRY_SECONDS
+        return state["socket"]
 
     async def send(body: dict) -> tuple[int, dict]:
+        socket = await open_socket()
         if socket is not None:
-            await socket.send_str(orjson.dumps(body).decode())
-            # As the agent waits (agent.telemetry.SocketPost: its HTTP timeout, 10 s) before it gives up.
-            message = await asyncio.wait_for(socket.receive(), 10)
-            if message.type != 1:  # TEXT; anything else: the portal closed the socket
+            try:
+                await socket.send_str(orjson.dumps(body).decode())
+                message = await asyncio.wait_for(socket.receive(), SOCKET_TIMEOUT_SECONDS)
+            except (OSError, asyncio.TimeoutError, aiohttp.ClientError):
+                await drop_socket()
+                raise
+            if message.type != aiohttp.WSMsgType.TEXT:  # the portal closed the socket
+                await drop_socket()
                 raise ConnectionError(f"telemetry socket: {message.type!r} {message.data!r}")
             answer = orjson.loads(message.data)
             return (200 if answer.get("type") == "ack" else answer.get("status", 0)), answer
+        if url is not None and stats["measuring"]:
+            stats["sent_over_http"] = stats.get("sent_over_http", 0) + 1
         async with session.post(f"{base}/api/v1/agent/telemetry/", data=orjson.dumps(body),
                                 headers=headers) as response:
             return response.status, await response.json(content_type=None)
@@ -158,8 +192,7 @@ async def agent_loop(session, base: str, agent: dict, stats: dict, rng: random.R
     try:
         await _agent_ticks(send, agent, stats, rng, period)
     finally:
-        if socket is not None:
-            await socket.close()
+        await drop_socket()
 
 
 async def _agent_ticks(send, agent: dict, stats: dict, rng: random.Random, period: float) -> None:
