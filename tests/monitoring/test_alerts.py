@@ -12,21 +12,16 @@ from allocations.models import Allocation, Reservation
 from monitoring.alerts import alerts_evaluate
 from monitoring.models import Alert, AlertRule, Silence
 from tests.monitoring.conftest import batch, payload, post, sample
-from tests.smtp import Inbox, start_smtp
+from tests.smtp import Inbox
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def smtp(settings):
-    inbox, controller, port = start_smtp()
-    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
-    settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", port
-    settings.EMAIL_USE_TLS = settings.EMAIL_USE_SSL = False
-    settings.EMAIL_HOST_USER = settings.EMAIL_HOST_PASSWORD = ""
+def smtp(smtp, settings):
+    """The package's mail server, with links in the mails pointing at a known portal address."""
     settings.PORTAL_BASE_URL = "https://gpupool.example.test"
-    yield inbox
-    controller.stop()
+    return smtp
 
 
 def _wait_for(inbox: Inbox, n: int) -> None:

@@ -14,22 +14,10 @@ from monitoring.idle import idle_reclaim_sweep
 from monitoring.ingest import telemetry_ingest
 from monitoring.rollup import telemetry_rollup
 from tests.monitoring.conftest import batch, payload, sample
-from tests.smtp import start_smtp
 
 pytestmark = pytest.mark.django_db
 
 MIN = timedelta(minutes=1)
-
-
-@pytest.fixture
-def smtp(settings):
-    inbox, controller, port = start_smtp()
-    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
-    settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", port
-    settings.EMAIL_USE_TLS = settings.EMAIL_USE_SSL = False
-    settings.EMAIL_HOST_USER = settings.EMAIL_HOST_PASSWORD = ""
-    yield inbox
-    controller.stop()
 
 
 @pytest.fixture
