@@ -35,7 +35,7 @@ def calls_of(member) -> dict[str, str]:
         calls["page reservation"] = f"/reservations/{reservation.pk}/"
     if pool is not None:
         calls["page pool"] = f"/pools/{pool.slug}/"
-        calls["api GET availability"] = f"/api/v1/pools/{pool.slug}/availability/"
+        calls["api GET availability"] = f"/api/v1/pools/{pool.slug}/availability/?gpus=1"  # as benchmarks.fleet asks
     calls.update({"api GET reservations": "/api/v1/reservations/", "api GET pools": "/api/v1/pools/",
                   BASELINE: "/api/v1/me/"})
     return calls
