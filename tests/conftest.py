@@ -17,6 +17,7 @@ from rest_framework.test import APIClient
 from inventory.models import GpuPool
 from teams.models import Membership, Team
 from tests.factories import MembershipFactory, PoolFactory, QuotaFactory, TeamFactory, UserFactory, add_node
+from tests.smtp import start_smtp
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -264,3 +265,15 @@ def page(tmp_path):
 
         connections.close_all()
     os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+
+
+@pytest.fixture
+def smtp(settings):
+    """A real SMTP server (aiosmtpd) on a free port, and Django sending its mail there; yields the inbox."""
+    inbox, controller, port = start_smtp()
+    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", port
+    settings.EMAIL_USE_TLS = settings.EMAIL_USE_SSL = False
+    settings.EMAIL_HOST_USER = settings.EMAIL_HOST_PASSWORD = ""
+    yield inbox
+    controller.stop()

@@ -33,7 +33,6 @@ from tests.factories import MembershipFactory, QuotaFactory, TeamFactory, UserFa
 from tests.kubernetes.conftest import make_gpu_node, unique
 from tests.kubernetes.dcgm_standin import DcgmStandIn, SimGpu
 from tests.kubernetes.prometheus_server import PrometheusServer, free_port
-from tests.monitoring.test_alerts import smtp  # noqa: F401 (the real SMTP server fixture)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -192,7 +191,7 @@ def test_prometheus_source_reaches_websocket_history_and_attributes_pods(fleet, 
     assert "its Prometheus" in node_page and "samples" in node_page and "sneaky-0" in node_page
 
 
-def test_idle_reservation_and_a_pod_without_one_fire_alerts_and_mail_the_teams(fleet, smtp):  # noqa: F811
+def test_idle_reservation_and_a_pod_without_one_fire_alerts_and_mail_the_teams(fleet, smtp):
     AlertRule.objects.update(enabled=False)
     AlertRule.objects.create(name=unique("idle"), metric="gpu_idle_allocated", scope="gpu", comparison="<=",
                              threshold=1, for_seconds=0, notify_team_managers=True)

@@ -12,7 +12,6 @@ from rest_framework.test import APIClient
 
 from inventory import services as inventory_services
 from inventory.models import Gpu, Node
-from tests.smtp import start_smtp
 
 _seq = itertools.count(1)
 
@@ -57,15 +56,3 @@ def host(world):
 
 def post(host, body) -> object:
     return host.client.post("/api/v1/agent/telemetry/", body, format="json")
-
-
-@pytest.fixture
-def smtp(settings):
-    """A real SMTP server (aiosmtpd) on a free port, and Django sending its mail there; yields the inbox."""
-    inbox, controller, port = start_smtp()
-    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
-    settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", port
-    settings.EMAIL_USE_TLS = settings.EMAIL_USE_SSL = False
-    settings.EMAIL_HOST_USER = settings.EMAIL_HOST_PASSWORD = ""
-    yield inbox
-    controller.stop()
