@@ -286,7 +286,11 @@ class ReservationSerializer(serializers.Serializer):
     priority_class = serializers.CharField(read_only=True, help_text=gettext_lazy("The priority class it runs at ('' : none)"))
     borrowed_ge = serializers.FloatField(read_only=True, help_text=(
         gettext_lazy("GE of it beyond its team's quota, borrowed on idle GPUs: those may be taken back after a notice")))
-    preempt_at = _time(allow_null=True, help_text=gettext_lazy("Set when its borrowed GPUs are being taken back: when"))
+    preemptible = serializers.BooleanField(read_only=True, help_text=gettext_lazy(
+        "It runs at a preemptible priority class: a request of a higher class within its team's quota may take it "
+        "back after a notice"))
+    preempt_at = _time(allow_null=True, help_text=gettext_lazy(
+        "Set when it is being taken back (borrowed GE reclaimed, or preempted for a higher priority): when"))
     starts_at = _time()
     ends_at = _time()
     state = serializers.ChoiceField(choices=Reservation.State.choices, read_only=True)
@@ -436,8 +440,9 @@ class TeamUseSerializer(serializers.Serializer):
 
 
 class PriorityClassSerializer(RefusesUnknownFields, CleanModelSerializer):
-    """A named priority: higher `value` goes first in pools ordered by priority."""
+    """A named priority: higher `value` goes first in pools ordered by priority; bookings of a `preemptible`
+    class may be taken back, after a notice, for a request of a higher class within its team's quota."""
 
     class Meta:
         model = PriorityClass
-        fields = ["id", "name", "value", "description"]
+        fields = ["id", "name", "value", "description", "preemptible"]
