@@ -98,8 +98,8 @@ def _service_client(pairs: list[dict], deadline: float, seed: int, out: list) ->
 LOCK_POOL = (
     "SELECT p.id, p.sharing_mode, p.sharing_config, p.placement_policy, p.queueing, p.backfill, p.borrowing, "
     "p.queue_ordering, t.id, m.role, q.max_ge, "
-    "q.ge_hours_per_month, q.id IS NOT NULL, t.max_ge, pc.name, pc.value, q.max_borrow_ge, t.name, p.name "
-    "FROM inventory_gpupool p JOIN teams_team t ON t.slug = %s "
+    "q.ge_hours_per_month, q.id IS NOT NULL, t.max_ge, pc.name, pc.value, q.max_borrow_ge, t.name, p.name, "
+    "pc.preemptible FROM inventory_gpupool p JOIN teams_team t ON t.slug = %s "
     "LEFT JOIN teams_membership m ON m.team_id = t.id AND m.user_id = %s "
     "LEFT JOIN allocations_quota q ON q.team_id = t.id AND q.pool_id = p.id "
     "LEFT JOIN allocations_priorityclass pc ON pc.id = q.priority_class_id WHERE p.slug = %s FOR UPDATE OF p")
