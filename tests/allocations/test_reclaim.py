@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 from django.db import IntegrityError, transaction
+from django.test import Client
 from django.utils import timezone
 
 from allocations import queue, quota_math, reclaim, selectors, services
@@ -158,6 +159,11 @@ def test_a_waiting_request_of_a_higher_class_preempts_the_youngest_lower_preempt
         f"[GPU Pool] Reservation #{pair.pk}: preempted at {at:%H:%M} UTC for a higher priority"]
     shown = api(world.staff).get(f"{URL}{pair.pk}/").json()
     assert shown["preempt_at"] and shown["preemptible"] and shown["priority_class"] == "low"
+    page = Client()
+    page.force_login(world.outsider)  # infra's manager
+    html = page.get(f"/reservations/{pair.pk}/").content.decode()
+    assert 'id="reclaim-notice"' in html and "It is preempted: its GPUs are taken back" in html
+    assert 'id="preemptible"' in html and "team ML" in html
     # Its grants end at the notice's end already: the waiter is promised them then, and the GE-hours it
     # loses are no longer booked against infra's budget.
     assert set(Allocation.objects.filter(reservation=pair).values_list("ends_at", flat=True)) == {at}
