@@ -133,8 +133,11 @@ def give_notice(victims: Sequence[Reservation], *, at: datetime, team_words: str
         else:
             then = Msg(gettext_noop("They are taken back at %(at)s."), at=instant(at))
         why = Msg(gettext_noop("%(cause)s %(then)s"), cause=cause, then=then)
-        Reservation.objects.filter(pk=victim.pk).update(preempt_at=at, preempt_reason=why.english(),
-                                                        preempt_message=why.data())
+        # Only while it is live: a release that won the row's lock before this has ended it already (its
+        # grants end earlier, which leaves the room free all the same).
+        if not Reservation.objects.filter(pk=victim.pk, state__in=Reservation.LIVE_STATES).update(
+                preempt_at=at, preempt_reason=why.english(), preempt_message=why.data()):
+            continue
         # Its grants end at `at` from now on: the database guards the GPUs it hands over as any other.
         sql.execute("UPDATE allocations_allocation SET ends_at = CASE WHEN starts_at > %s THEN starts_at ELSE %s END "
                     "WHERE reservation_id = %s AND ends_at > %s",

@@ -92,7 +92,7 @@ class ReservationRequest(Amounts):
     not_after: datetime | None = None
     queue: bool | None = None  # None: wait if the pool queues; False: now or never; True: wait (or 400)
     priority_class: str | None = None  # None: the quota's class; else one at most as high
-    requeue: bool = False  # if its borrowed GPUs are reclaimed, wait in the queue again for the rest
+    requeue: bool = False  # if it is taken back (allocations/reclaim.py), wait in the queue again for the rest
 
 
 EARLIEST = "earliest"
