@@ -227,7 +227,8 @@ def _insert_row(*, asked: _Asked, actor: AbstractBaseUser, row: dict, starts_at:
         [asked.team.pk, asked.pool.pk, actor.pk, row["mode"], row["gpus"], row["shares"], row["mig_profile"],
          row["mig_count"], row["gpu_memory_mib"], row["gpu_cores_pct"], row["ge"], row.get("borrowed_ge", 0.0),
          requeue, asked.priority,
-         asked.priority_class, asked.preemptible, sql.db_datetime(starts_at), sql.db_datetime(ends_at), state, sql.db_datetime(now),
+         asked.priority_class, asked.preemptible, sql.db_datetime(starts_at), sql.db_datetime(ends_at), state,
+         sql.db_datetime(now),
          sql.db_datetime(now)])
     return reservation_id
 

@@ -33,8 +33,8 @@ apply) are not run: placed reservations stay `scheduled`, which holds their GPUs
 Per configuration it reports: mean and p95 wait over all requests (0 for those that started at
 once); GE utilization between the first and the last arrival; Jain's fairness index of each
 team's GE-hours over that window divided by its quota; preemptions (the reclaim notices the passes
-gave: the replayed pool does not lend and its teams' classes are not preemptible, so 0); promise kept: of the requests that waited, the share that started no later than
-their first `start_by` + PROMISE_TOLERANCE; estimate error: |first `likely_start` - real start| /
+gave: the replayed pool does not lend and its teams' classes are not preemptible, so 0); promise
+kept: of the requests that waited, the share that started no later than their first `start_by` + PROMISE_TOLERANCE; estimate error: |first `likely_start` - real start| /
 real wait, p50 and p90, over the requests that waited.
 
 Then, separately, one scheduling pass over a `--pass-queue`-request queue on a pool of

@@ -167,8 +167,8 @@ class ReservationCreateInput(RefusesUnknownFields, serializers.Serializer):
     not_after = serializers.DateTimeField(required=False, allow_null=True,
                                           help_text=gettext_lazy("With duration: start no later than this, else it fails"))
     priority_class = serializers.SlugField(max_length=32, required=False, help_text=(
-        gettext_lazy("The priority to run at: the quota's class (the default) or a lower one (400 `above_quota_class`); "
-        "a class marked preemptible may be taken back, after a notice, for a higher class")))
+        gettext_lazy("The priority to run at: the quota's class (the default) or a lower one (400 "
+        "`above_quota_class`); a class marked preemptible may be taken back, after a notice, for a higher class")))
     requeue = serializers.BooleanField(required=False, default=False, help_text=(
         gettext_lazy("If it is taken back (GPUs borrowed beyond its quota reclaimed, or preempted for a higher "
         "priority), wait in the queue again for the rest of its time")))

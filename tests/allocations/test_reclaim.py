@@ -324,3 +324,37 @@ def test_priority_classes_say_whether_they_are_preemptible_and_a_booking_keeps_i
     assert low.json()["preemptible"] is True and batch.json()["preemptible"] is False
     PriorityClass.objects.filter(name="low").update(preemptible=False)  # a later change binds new bookings only
     assert Reservation.objects.get(pk=low.json()["id"]).preemptible
+
+
+def test_two_windows_reclaiming_the_same_borrowed_gpus_at_once_never_both_get_them(world, api, transactional_db):
+    import threading
+
+    from django.db import connection
+
+    from tests.conftest import _require_postgresql
+
+    _require_postgresql()
+    _within, borrowed = _borrow(world, api, 2)
+    vision = TeamFactory(slug="vision", name="Vision")
+    QuotaFactory(team=vision, pool=world.pool, max_ge=8)
+    start = timezone.now() + timedelta(hours=2)
+    body = {"pool": "a100", "gpus": 2, "starts_at": start.isoformat(),
+            "ends_at": (start + timedelta(hours=1)).isoformat()}
+    barrier, answers = threading.Barrier(2), []
+
+    def create(team):
+        try:
+            barrier.wait(timeout=5)
+            answers.append(api(world.staff).post(URL, {**body, "team": team}, format="json").status_code)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=create, args=(team,)) for team in ("infra", "vision")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sorted(answers) == [201, 409]
+    assert ReservationEvent.objects.filter(reservation=borrowed, reason__startswith="Reclaim notice").count() == 1
+    won = Reservation.objects.get(team__slug__in=["infra", "vision"], state="scheduled")
+    assert gpus_of(won) == gpus_of(borrowed)
