@@ -10,7 +10,7 @@ from allocations.selectors import quotas_with_held_ge
 
 @admin.register(PriorityClass)
 class PriorityClassAdmin(admin.ModelAdmin):
-    list_display = ("name", "value", "description")
+    list_display = ("name", "value", "preemptible", "description")
 
 
 @admin.register(Quota)

@@ -28,6 +28,13 @@ class PriorityClass(models.Model):
     value = models.IntegerField(validators=[MinValueValidator(-1000), MaxValueValidator(1000)],
                                 help_text=_("Higher goes first; -1000 to 1000"))
     description = models.CharField(max_length=200, blank=True)
+    # Run:ai and KAI mark some priorities preemptible; here staff say it per class. A booking of such a class
+    # is within its quota but not guaranteed: a request of a higher class, within its own team's quota, may
+    # take it back after a notice (allocations/reclaim.py).
+    preemptible = models.BooleanField(
+        default=False, db_default=False,
+        help_text=_("Its bookings may be taken back, after a notice, for a request of a higher class within its "
+                    "team's quota"))
 
     class Meta:
         verbose_name = _("priority class")
@@ -115,6 +122,11 @@ class Reservation(models.Model):
     preempt_message = models.JSONField(null=True, blank=True, editable=False,
                                        help_text=_("preempt_reason's message and arguments (allocations.messages)"))
     priority_class = models.CharField(max_length=32, blank=True, default="", db_default="")
+    # After priority_class: selectors.reservation_from_row gives Reservation.from_db its values in this order.
+    preemptible = models.BooleanField(default=False, db_default=False,
+                                      help_text=_("Its priority class was preemptible when it was asked: a request of "
+                                                  "a higher class within its team's quota may take it back after a "
+                                                  "notice"))
     starts_at = models.DateTimeField()
     ends_at = models.DateTimeField()
     state = models.CharField(max_length=16, choices=State.choices, default=State.SCHEDULED)

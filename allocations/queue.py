@@ -43,7 +43,7 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.translation import gettext_noop
 
-from allocations import booking, notices, quotas, selectors, units
+from allocations import booking, notices, quotas, reclaim, selectors, units
 from allocations.messages import Msg, json_param, msg_of, stored
 from allocations.models import QueueEntry, Quota, Reservation
 from allocations.placement.queueing import ORDERINGS, QueuedItem, order_queue
@@ -1103,39 +1103,40 @@ def span(delta: timedelta) -> Msg:
     return Msg(gettext_noop("%(days)d d %(hours)d h"), days=minutes // 1440, hours=(minutes % 1440) // 60)
 
 
-# --- taking borrowed GPUs back -------------------------------------------------------------------
+# --- taking GPUs back (allocations/reclaim.py: who may be taken, the notice) ----------------------------
 
 def _reclaim(state: PoolQueue, promised: list[Planned], *, now: datetime) -> bool:
-    """Give notice to borrowers whose GPUs the first waiting request within its quota needs, if reclaiming
-    them lets it start when the notice ends (sooner than its plan). The victims are borrowed bookings of
-    other teams that ran at least PREEMPTION_MIN_RUNTIME, the fewest and youngest that free the room.
-    Returns whether it gave notice."""
-    at = now + settings.PREEMPTION_NOTICE
-    lenders = [r for r in Reservation.objects.filter(
-        pool_id=state.pool.pk, state__in=Reservation.LIVE_STATES, borrowed_ge__gt=0, preempt_at__isnull=True,
-        starts_at__lte=now - settings.PREEMPTION_MIN_RUNTIME, ends_at__gt=at).select_related("team").order_by(
-        "-starts_at", "-pk")]
-    if not lenders:
+    """Give notice to the bookings whose GPUs the first waiting request within its quota needs, if taking
+    them back lets it start when the notice ends (sooner than its plan): borrowed bookings of other teams,
+    and other teams' bookings of a preemptible class below its priority (reclaim.may_take), the fewest and
+    youngest that free the room (reclaim.choose). Returns whether it gave notice."""
+    at = reclaim.earliest_takeback(now)
+    found = reclaim.candidates(state.pool.pk, at)
+    if not found:
         return False
     ahead: list[booking.Grant] = []
     for planned in promised:
         item = planned.waiting
         team = state.teams.get(item.team_id)
         starts_anyway = planned.start is not None and planned.start <= at
-        if team is not None and not starts_anyway:
-            victims = _victims(state, item, team, [r for r in lenders if r.team_id != item.team_id], ahead, at)
+        # One that may not start by `at` (its not_before is later) gains nothing from a take-back then.
+        may_start = item.not_before is None or item.not_before <= at
+        if team is not None and not starts_anyway and may_start:
+            victims = _victims(state, item, team, reclaim.for_request(found, team_id=item.team_id,
+                                                                       priority=item.priority), ahead, at)
             if victims:
-                _give_notice(victims, item, state, at=at, now=now)
+                reclaim.give_notice(victims, at=at, team_words=team.quota.team_words, priority=item.priority,
+                                    now=now)
                 return True
         if planned.start is not None:
             ahead.extend(_as_grants(item.reservation_id, planned.grants, planned.start, planned.start + item.duration))
     return False
 
 
-def _victims(state: PoolQueue, item: Waiting, team: TeamHolding, lenders: list[Reservation],
+def _victims(state: PoolQueue, item: Waiting, team: TeamHolding, found: list[Reservation],
              ahead: list[booking.Grant], at: datetime) -> list[Reservation]:
-    """The fewest, youngest of `lenders` whose grants, taken back at `at`, let `item` start then within its
-    quota (no borrowing for it), or [] when none do."""
+    """The victims (reclaim.choose) among `found` whose grants, taken back at `at`, let `item` start then
+    within its quota (no borrowing for it), or [] when none do."""
     end = at + item.duration
 
     def fits(without: set[int]) -> bool:
@@ -1145,41 +1146,7 @@ def _victims(state: PoolQueue, item: Waiting, team: TeamHolding, lenders: list[R
             team.quota, ge=sum(g.ge for g in chosen), asked="", field="", start=at, end=end,
             in_pool=team.in_pool, everywhere=team.everywhere) is None
 
-    taken: list[Reservation] = []
-    for lender in lenders:  # youngest first
-        taken.append(lender)
-        if fits({r.pk for r in taken}):
-            break
-    else:
-        return []
-    # The fewest: drop any the room does not need after all, oldest first.
-    for lender in reversed(list(taken)):
-        rest = [r for r in taken if r.pk != lender.pk]
-        if rest and fits({r.pk for r in rest}):
-            taken = rest
-    return taken
-
-
-def _give_notice(victims: list[Reservation], item: Waiting, state: PoolQueue, *, at: datetime,
-                 now: datetime) -> None:
-    waiting_team = state.teams[item.team_id].quota.team_words
-    for victim in victims:
-        words = dict(ge=f"{victim.borrowed_ge:.2f}", team=victim.team.name, pool=state.pool.name,
-                     waiting_team=waiting_team, at=instant(at))
-        if victim.requeue:
-            why = Msg(gettext_noop("Its %(ge)s GE borrowed beyond team %(team)s's quota in pool %(pool)s are needed by "
-                                   "team %(waiting_team)s, which asks within its quota. They are taken back at %(at)s "
-                                   "and it waits in the queue again for the rest of its time."), **words)
-        else:
-            why = Msg(gettext_noop("Its %(ge)s GE borrowed beyond team %(team)s's quota in pool %(pool)s are needed by "
-                                   "team %(waiting_team)s, which asks within its quota. They are taken back at "
-                                   "%(at)s."), **words)
-        Reservation.objects.filter(pk=victim.pk).update(preempt_at=at, preempt_reason=why.english(),
-                                                        preempt_message=why.data())
-        record(victim, from_state=victim.state, to_state=victim.state, actor=None,
-               reason=Msg(gettext_noop("Reclaim notice: %(why)s"), why=why), at=now)
-        notices.notify_owners(victim, Msg(gettext_noop("Reservation #%(id)s: borrowed GPUs taken back at %(at)s UTC"),
-                                          id=victim.pk, at=f"{at:%H:%M}"), why, event="reservation.preempted")
+    return reclaim.choose(found, fits) if found else []
 
 
 # --- what creates and extensions must leave alone ---------------------------------------------------

@@ -65,6 +65,7 @@ class ReservationRow(NamedTuple):
     ge: float
     borrowed_ge: float
     priority_class: str
+    preemptible: bool
     preempt_at: datetime | None
     starts_at: datetime
     ends_at: datetime
@@ -91,6 +92,7 @@ _RESERVATION_COLUMNS = {
     "mig_count": ("mig_count", "r.mig_count"), "gpu_memory_mib": ("gpu_memory_mib", "r.gpu_memory_mib"),
     "gpu_cores_pct": ("gpu_cores_pct", "r.gpu_cores_pct"), "ge": ("ge", "r.ge"),
     "borrowed_ge": ("borrowed_ge", "r.borrowed_ge"), "priority_class": ("priority_class", "r.priority_class"),
+    "preemptible": ("preemptible", "r.preemptible"),
     "preempt_at": ("preempt_at", "r.preempt_at"), "starts_at": ("starts_at", "r.starts_at"),
     "ends_at": ("ends_at", "r.ends_at"), "state": ("state", "r.state"), "reason": ("reason", "r.reason"),
     "reason_message": ("reason_message", "r.reason_message"),
@@ -113,10 +115,12 @@ def reservation_from_row(row: ReservationRow | Sequence) -> Reservation:
     reservation = Reservation.from_db(
         DEFAULT_DB_ALIAS,
         ["id", "team_id", "pool_id", "requested_by_id", "mode", "gpus", "shares", "mig_profile", "mig_count",
-         "gpu_memory_mib", "gpu_cores_pct", "ge", "borrowed_ge", "preempt_at", "priority_class", "starts_at",
+         "gpu_memory_mib", "gpu_cores_pct", "ge", "borrowed_ge", "preempt_at", "priority_class", "preemptible",
+         "starts_at",
          "ends_at", "state", "reason", "reason_message", "ended_at", "created_at", "updated_at"],
         [r.id, r.team_id, r.pool_id, r.requested_by_id, r.mode, r.gpus, r.shares, r.mig_profile, r.mig_count,
          r.gpu_memory_mib, r.gpu_cores_pct, r.ge, r.borrowed_ge, sql.aware(r.preempt_at), r.priority_class,
+         bool(r.preemptible),
          sql.aware(r.starts_at), sql.aware(r.ends_at),
          r.state, r.reason, sql.json_value(r.reason_message), sql.aware(r.ended_at), sql.aware(r.created_at), sql.aware(r.updated_at)],
     )

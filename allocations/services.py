@@ -20,7 +20,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop, ngettext
 
-from allocations import alternatives, booking, notices, queue, quotas, selectors, shapes
+from allocations import alternatives, booking, notices, queue, quotas, reclaim, selectors, shapes
 from allocations.messages import Msg, stored_reason
 from allocations.apply import jobs
 from allocations.models import ApplyJob, PriorityClass, Quota, QueueEntry, Reservation
@@ -92,7 +92,7 @@ class ReservationRequest(Amounts):
     not_after: datetime | None = None
     queue: bool | None = None  # None: wait if the pool queues; False: now or never; True: wait (or 400)
     priority_class: str | None = None  # None: the quota's class; else one at most as high
-    requeue: bool = False  # if its borrowed GPUs are reclaimed, wait in the queue again for the rest
+    requeue: bool = False  # if it is taken back (allocations/reclaim.py), wait in the queue again for the rest
 
 
 EARLIEST = "earliest"
@@ -168,6 +168,7 @@ class _Asked:
     quota: quotas.QuotaLimits | None
     priority_class: str = ""  # the quota's class ("" : none, priority 0)
     priority: int = 0
+    preemptible: bool = False  # the class is preemptible (allocations/reclaim.py)
 
 
 def _lock_pool_for(request: ReservationRequest, actor: AbstractBaseUser) -> _Asked:
@@ -176,7 +177,8 @@ def _lock_pool_for(request: ReservationRequest, actor: AbstractBaseUser) -> _Ask
     row = sql.fetch_one(
         "SELECT p.id, p.sharing_mode, p.sharing_config, p.placement_policy, p.queueing, p.backfill, p.borrowing, "
         "p.queue_ordering, t.id, m.role, q.max_ge, "
-        "q.ge_hours_per_month, q.id IS NOT NULL, t.max_ge, pc.name, pc.value, q.max_borrow_ge, t.name, p.name "
+        "q.ge_hours_per_month, q.id IS NOT NULL, t.max_ge, pc.name, pc.value, q.max_borrow_ge, t.name, p.name, "
+        "pc.preemptible "
         "FROM inventory_gpupool p JOIN teams_team t ON t.slug = %s "
         "LEFT JOIN teams_membership m ON m.team_id = t.id AND m.user_id = %s "
         "LEFT JOIN allocations_quota q ON q.team_id = t.id AND q.pool_id = p.id "
@@ -195,7 +197,7 @@ def _lock_pool_for(request: ReservationRequest, actor: AbstractBaseUser) -> _Ask
                    if found is None]
         raise ValidationFailed(missing[0].message, errors=missing)
     (pool_id, sharing_mode, config, policy, queueing, backfill, borrowing, ordering, team_id, role, max_ge, ge_hours,
-     has_quota, team_max_ge, class_name, class_value, max_borrow_ge, team_name, pool_name) = row
+     has_quota, team_max_ge, class_name, class_value, max_borrow_ge, team_name, pool_name, preemptible) = row
     if not token_allows_team(actor, team_id):
         role = None
     # Partial instances: the columns read here are set, any other loads when first used.
@@ -211,7 +213,7 @@ def _lock_pool_for(request: ReservationRequest, actor: AbstractBaseUser) -> _Ask
         ge_hours_per_month=ge_hours, team_max_ge=team_max_ge, borrowing=bool(borrowing),
         max_borrow_ge=max_borrow_ge) if has_quota else None
     return _Asked(pool=pool, team=team, role=role, quota=quota, priority_class=class_name or "",
-                  priority=class_value or 0)
+                  priority=class_value or 0, preemptible=bool(preemptible))
 
 
 def _insert_row(*, asked: _Asked, actor: AbstractBaseUser, row: dict, starts_at: datetime, ends_at: datetime,
@@ -219,13 +221,14 @@ def _insert_row(*, asked: _Asked, actor: AbstractBaseUser, row: dict, starts_at:
     """INSERT the reservation's row (amount columns in `row`, as ReservationRow names them); its id."""
     (reservation_id,) = sql.fetch_one(
         "INSERT INTO allocations_reservation (team_id, pool_id, requested_by_id, mode, gpus, shares, mig_profile, "
-        "mig_count, gpu_memory_mib, gpu_cores_pct, ge, borrowed_ge, requeue, priority, priority_class, starts_at, "
-        "ends_at, state, reason, ended_at, created_at, updated_at) "
-        f"VALUES ({', '.join(['%s'] * 18)}, '', NULL, %s, %s) RETURNING id",
+        "mig_count, gpu_memory_mib, gpu_cores_pct, ge, borrowed_ge, requeue, priority, priority_class, preemptible, "
+        "starts_at, ends_at, state, reason, ended_at, created_at, updated_at) "
+        f"VALUES ({', '.join(['%s'] * 19)}, '', NULL, %s, %s) RETURNING id",
         [asked.team.pk, asked.pool.pk, actor.pk, row["mode"], row["gpus"], row["shares"], row["mig_profile"],
          row["mig_count"], row["gpu_memory_mib"], row["gpu_cores_pct"], row["ge"], row.get("borrowed_ge", 0.0),
          requeue, asked.priority,
-         asked.priority_class, sql.db_datetime(starts_at), sql.db_datetime(ends_at), state, sql.db_datetime(now),
+         asked.priority_class, asked.preemptible, sql.db_datetime(starts_at), sql.db_datetime(ends_at), state,
+         sql.db_datetime(now),
          sql.db_datetime(now)])
     return reservation_id
 
@@ -246,7 +249,8 @@ def _insert_reservation(*, asked: _Asked, actor: AbstractBaseUser, shape: bookin
                                  state=State.SCHEDULED, now=now, requeue=requeue)
     booking.grants_write(reservation_id=reservation_id, grants=grants, start=starts_at, end=ends_at)
     reservation = selectors.reservation_from_row(selectors.ReservationRow(
-        id=reservation_id, **row, priority_class=asked.priority_class, preempt_at=None, starts_at=starts_at,
+        id=reservation_id, **row, priority_class=asked.priority_class, preemptible=asked.preemptible, preempt_at=None,
+        starts_at=starts_at,
         ends_at=ends_at, state=State.SCHEDULED, reason="", reason_message=None,
         ended_at=None, created_at=now, updated_at=now, team_id=asked.team.pk, team_slug=asked.team.slug,
         pool_id=asked.pool.pk, pool_slug=asked.pool.slug, requested_by_id=actor.pk,
@@ -346,7 +350,7 @@ def _with_priority(asked: _Asked, name: str | None) -> _Asked:
                                  "%(value)s.") % {"team": asked.team.name, "pool": asked.pool.name, "allowed": allowed,
                                                   "class": chosen.name, "value": chosen.value},
                                field="priority_class", rule="above_quota_class")
-    return dataclasses.replace(asked, priority_class=chosen.name, priority=chosen.value)
+    return dataclasses.replace(asked, priority_class=chosen.name, priority=chosen.value, preemptible=chosen.preemptible)
 
 
 def _book(asked: _Asked, actor: AbstractBaseUser, request: ReservationRequest, starts_at: datetime,
@@ -359,11 +363,16 @@ def _book(asked: _Asked, actor: AbstractBaseUser, request: ReservationRequest, s
     try:
         grants = booking.choose(queue.with_promised(snapshot, promised), shape, policy=pool.placement_policy)
     except booking.BookingRefused as refused:
-        if promised and _fits(snapshot, shape, pool):
+        if _reclaimed_for(asked, shape, starts_at, ends_at, now, promised):
+            # The victims' grants now end at the window's start: book on the pool as it is now.
+            snapshot = booking.pool_snapshot(pool.pk, starts_at, ends_at)
+            grants = booking.choose(queue.with_promised(snapshot, promised), shape, policy=pool.placement_policy)
+        elif promised and _fits(snapshot, shape, pool):
             raise Conflict(_("%(asked)s would be free for that window, but it is promised to requests waiting in "
                              "the queue of pool %(pool)s.") % {"asked": shape.in_words(), "pool": pool.name},
                            field=field, rule="promised_to_queue") from None
-        raise Conflict(refused.message, field=field, rule=refused.code) from None
+        else:
+            raise Conflict(refused.message, field=field, rule=refused.code) from None
     borrowed = quotas.check(asked.quota, ge=sum(grant.ge for grant in grants), asked=shape.in_words(), field=field,
                             start=starts_at, end=ends_at, may_borrow=starts_at <= now,
                             promised=getattr(promised, "team_windows", {}).get(asked.quota.team_id, ()))
@@ -373,6 +382,23 @@ def _book(asked: _Asked, actor: AbstractBaseUser, request: ReservationRequest, s
     if starts_at <= now:
         enqueue_after_commit("allocations.tasks.activate_reservation", reservation.pk)
     return _Booked(reservation, snapshot, grants, shape)
+
+
+def _reclaimed_for(asked: _Asked, shape: booking.Shape, starts_at: datetime, ends_at: datetime, now: datetime,
+                   promised: list[booking.Grant]) -> bool:
+    """A future fixed window within its team's quota that does not fit: give notice to the borrowed and
+    lower-priority preemptible bookings whose GPUs it needs, so that they are free when it opens
+    (allocations/reclaim.py). Whether it did."""
+    if starts_at <= now:
+        return False
+    done = reclaim.make_room(
+        pool=asked.pool, team_id=asked.team.pk, team_words=asked.quota.team_words, priority=asked.priority,
+        quota=asked.quota, shape=shape, start=starts_at, end=ends_at, promised=promised,
+        team_promised=getattr(promised, "team_windows", {}).get(asked.quota.team_id, ()), asked=shape.in_words(),
+        now=now)
+    if done:
+        queue.kick(asked.pool.pk)  # what the victims booked after the window is free now
+    return done
 
 
 def _fits(snapshot: booking.PoolSnapshot, shape: booking.Shape, pool: GpuPool) -> bool:
@@ -565,6 +591,9 @@ def reservation_extend(*, actor: AbstractBaseUser, reservation_id: int, ends_at:
     if reservation.state not in Reservation.LIVE_STATES:
         raise Conflict(_("A %(state)s reservation cannot be extended.") % {"state": str(reservation.get_state_display()).lower()},
                        field="state", rule="not_live")
+    if reservation.preempt_at is not None:
+        raise Conflict(_("It is being taken back at %(at)s (see its notice): it cannot be extended.")
+                       % {"at": instant(reservation.preempt_at)}, field="ends_at", rule="being_reclaimed")
     old_end = reservation.ends_at
     if ends_at <= old_end:
         raise ValidationFailed(_("The new end must come after the current end, %(end)s.") % {"end": instant(old_end)},
@@ -683,26 +712,38 @@ def reservation_expire(*, reservation_id: int, now: datetime | None = None) -> b
 
 
 @transaction.atomic
-def reservation_preempt(*, reservation_id: int, now: datetime | None = None) -> bool:
-    """A borrower's notice has run out: its GPUs go back through the normal undo path (the GE-hours it
-    booked beyond now are no longer counted against its budget, as for any early release), and one that
-    asked `requeue` waits in the queue again, at its old place, for the rest of its time. Returns whether
-    it acted."""
+def reservation_preempt(*, reservation_id: int, now: datetime | None = None) -> int:
+    """A victim's notice (allocations/reclaim.py) has run out: it and every other victim of its pool whose
+    notice has run out go back through the normal undo path (the GE-hours they booked beyond the notice's
+    end stopped counting against their budgets when their grants were cut to end there). Then the pool's
+    pass starts the request they were taken for, and only then does each that asked `requeue` wait in the
+    queue again, at its old place, for the rest of its time: at its old place it may be ordered ahead of
+    that request (fcfs), and requeued first it would take its GPUs straight back. Returns how many it
+    released (0: none was due)."""
     now = now or timezone.now()
-    reservation = (Reservation.objects.select_for_update(of=("self",)).select_related("team", "pool", "requested_by")
-                   .filter(pk=reservation_id, state__in=Reservation.LIVE_STATES, preempt_at__lte=now).first())
-    if reservation is None:
-        return False
-    remaining = reservation.ends_at - now
-    sql.execute("UPDATE allocations_allocation SET ends_at = %s WHERE reservation_id = %s AND ends_at > %s",
-                [sql.db_datetime(now), reservation.pk, sql.db_datetime(now)])
-    _undo(reservation, final_state=State.RELEASED, now=now,
-          reason=Msg(gettext_noop("Borrowed GPUs taken back after the notice: %(why)s"),
-                     why=stored_reason(reservation, "preempt_reason")))
-    if reservation.requeue and remaining > timedelta(0):
-        _requeue(reservation, remaining, now=now)
-    queue.kick(reservation.pool_id)
-    return True
+    pool_id = (Reservation.objects.filter(pk=reservation_id, state__in=Reservation.LIVE_STATES, preempt_at__lte=now)
+               .values_list("pool_id", flat=True).first())
+    if pool_id is None:
+        return 0
+    # The pool first, as creates, extensions and the pass lock (then reservations): no deadlock with them.
+    GpuPool.objects.select_for_update().get(pk=pool_id)
+    due = list(Reservation.objects.select_for_update(of=("self",)).select_related("team", "pool", "requested_by")
+               .filter(pool_id=pool_id, state__in=Reservation.LIVE_STATES, preempt_at__lte=now).order_by("pk"))
+    remaining = {}
+    for reservation in due:
+        remaining[reservation.pk] = reservation.ends_at - now
+        sql.execute("UPDATE allocations_allocation SET ends_at = %s WHERE reservation_id = %s AND ends_at > %s",
+                    [sql.db_datetime(now), reservation.pk, sql.db_datetime(now)])
+        _undo(reservation, final_state=State.RELEASED, now=now,
+              reason=Msg(gettext_noop("GPUs taken back after the notice: %(why)s"),
+                         why=stored_reason(reservation, "preempt_reason")))
+    if due:
+        queue.queue_pass(pool_id=pool_id, now=now, lock=False)
+    for reservation in due:
+        if reservation.requeue and remaining[reservation.pk] > timedelta(0):
+            _requeue(reservation, remaining[reservation.pk], now=now)
+    queue.kick(pool_id)
+    return len(due)
 
 
 def _requeue(old: Reservation, remaining: timedelta, *, now: datetime) -> Reservation:
@@ -713,12 +754,12 @@ def _requeue(old: Reservation, remaining: timedelta, *, now: datetime) -> Reserv
         team=old.team, pool=old.pool, requested_by=old.requested_by, mode=old.mode, gpus=old.gpus, shares=old.shares,
         mig_profile=old.mig_profile, mig_count=old.mig_count, gpu_memory_mib=old.gpu_memory_mib,
         gpu_cores_pct=old.gpu_cores_pct, ge=0, priority=old.priority, priority_class=old.priority_class,
-        requeue=True, starts_at=now, ends_at=now + remaining, state=State.PENDING)
+        preemptible=old.preemptible, requeue=True, starts_at=now, ends_at=now + remaining, state=State.PENDING)
     QueueEntry.objects.create(reservation=again, shape=queue.shape_data(shape), duration=remaining,
                               queued_at=entry.queued_at if entry else old.created_at, priority=old.priority)
     _record(again, from_state="", to_state=State.PENDING, actor=None,
-            reason=Msg(gettext_noop("Requeued for the rest of reservation #%(id)s (%(span)s), whose borrowed GPUs "
-                                    "were taken back."), id=old.pk, span=queue.span(remaining)), at=now)
+            reason=Msg(gettext_noop("Requeued for the rest of reservation #%(id)s (%(span)s), whose GPUs were taken "
+                                    "back."), id=old.pk, span=queue.span(remaining)), at=now)
     return again
 
 

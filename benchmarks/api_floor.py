@@ -98,8 +98,8 @@ def _service_client(pairs: list[dict], deadline: float, seed: int, out: list) ->
 LOCK_POOL = (
     "SELECT p.id, p.sharing_mode, p.sharing_config, p.placement_policy, p.queueing, p.backfill, p.borrowing, "
     "p.queue_ordering, t.id, m.role, q.max_ge, "
-    "q.ge_hours_per_month, q.id IS NOT NULL, t.max_ge, pc.name, pc.value, q.max_borrow_ge, t.name, p.name "
-    "FROM inventory_gpupool p JOIN teams_team t ON t.slug = %s "
+    "q.ge_hours_per_month, q.id IS NOT NULL, t.max_ge, pc.name, pc.value, q.max_borrow_ge, t.name, p.name, "
+    "pc.preemptible FROM inventory_gpupool p JOIN teams_team t ON t.slug = %s "
     "LEFT JOIN teams_membership m ON m.team_id = t.id AND m.user_id = %s "
     "LEFT JOIN allocations_quota q ON q.team_id = t.id AND q.pool_id = p.id "
     "LEFT JOIN allocations_priorityclass pc ON pc.id = q.priority_class_id WHERE p.slug = %s FOR UPDATE OF p")
@@ -123,9 +123,9 @@ TEAM_WINDOWS = (
     "GROUP BY a.starts_at, a.ends_at")
 INSERT_RESERVATION = (
     "INSERT INTO allocations_reservation (team_id, pool_id, requested_by_id, mode, gpus, shares, mig_profile, "
-    "mig_count, gpu_memory_mib, gpu_cores_pct, ge, borrowed_ge, requeue, priority, priority_class, starts_at, "
-    "ends_at, state, reason, ended_at, created_at, updated_at) "
-    f"VALUES ({', '.join(['%s'] * 18)}, '', NULL, %s, %s) RETURNING id")
+    "mig_count, gpu_memory_mib, gpu_cores_pct, ge, borrowed_ge, requeue, priority, priority_class, preemptible, "
+    "starts_at, ends_at, state, reason, ended_at, created_at, updated_at) "
+    f"VALUES ({', '.join(['%s'] * 19)}, '', NULL, %s, %s) RETURNING id")
 INSERT_ALLOCATION = (
     "INSERT INTO allocations_allocation (reservation_id, gpu_id, starts_at, ends_at, mode, ge, share_from, "
     "share_to, milli, mig_profile, mig_start, memory_mib, cores_pct) VALUES ")
@@ -141,7 +141,7 @@ INSERT_AUDIT_ENTRY = (
     "VALUES (%s, %s, %s, %s, %s, '', %s, %s, %s, %s, %s, %s, %s)")
 LOCK_RESERVATION = (
     "SELECT r.id, r.mode, r.gpus, r.shares, r.mig_profile, r.mig_count, r.gpu_memory_mib, r.gpu_cores_pct, "
-    "r.ge, r.borrowed_ge, r.priority_class, r.preempt_at, r.starts_at, r.ends_at, r.state, r.reason, r.reason_message, r.ended_at, r.created_at, r.updated_at, "
+    "r.ge, r.borrowed_ge, r.priority_class, r.preemptible, r.preempt_at, r.starts_at, r.ends_at, r.state, r.reason, r.reason_message, r.ended_at, r.created_at, r.updated_at, "
     "r.team_id, t.slug, r.pool_id, p.slug, r.requested_by_id, u.username, m.role "
     "FROM allocations_reservation r JOIN teams_team t ON t.id = r.team_id "
     "JOIN inventory_gpupool p ON p.id = r.pool_id LEFT JOIN auth_user u ON u.id = r.requested_by_id "
@@ -196,7 +196,7 @@ def _sql_client(dsn: str, ids: list[tuple], deadline: float, seed: int, out: lis
                 now = datetime.now(timezone.utc)
                 (reservation_id,) = conn.execute(
                     INSERT_RESERVATION, (team_id, pool_id, user_id, "exclusive", gpus, None, "", None, None, None,
-                                         float(gpus), 0.0, False, 0, "", start, end, "scheduled", now,
+                                         float(gpus), 0.0, False, 0, "", False, start, end, "scheduled", now,
                                          now)).fetchone()
                 conn.execute(INSERT_ALLOCATION + ", ".join(["(" + ", ".join(["%s"] * 13) + ")"] * gpus),
                              [v for gpu_id in free for v in (reservation_id, gpu_id, start, end, "exclusive", 1.0, 0,

@@ -32,9 +32,9 @@ apply) are not run: placed reservations stay `scheduled`, which holds their GPUs
 
 Per configuration it reports: mean and p95 wait over all requests (0 for those that started at
 once); GE utilization between the first and the last arrival; Jain's fairness index of each
-team's GE-hours over that window divided by its quota; preemptions (always 0: preemption is not
-built yet); promise kept: of the requests that waited, the share that started no later than
-their first `start_by` + PROMISE_TOLERANCE; estimate error: |first `likely_start` - real start| /
+team's GE-hours over that window divided by its quota; preemptions (the reclaim notices the passes
+gave: the replayed pool does not lend and its teams' classes are not preemptible, so 0); promise
+kept: of the requests that waited, the share that started no later than their first `start_by` + PROMISE_TOLERANCE; estimate error: |first `likely_start` - real start| /
 real wait, p50 and p90, over the requests that waited.
 
 Then, separately, one scheduling pass over a `--pass-queue`-request queue on a pool of
@@ -173,8 +173,9 @@ class Outcome:
 
 
 def summarize(outcomes: list[Outcome], *, pool_ge: float, quotas: dict[int, float], window: tuple[float, float],
-              held: list[tuple[int, float, float, float]]) -> dict:
-    """The figures of one replay. `held`: (team, start, end, GE) of every booking as it really ran."""
+              held: list[tuple[int, float, float, float]], preemptions: int = 0) -> dict:
+    """The figures of one replay. `held`: (team, start, end, GE) of every booking as it really ran;
+    `preemptions`: the bookings given a reclaim notice."""
     placed = [o for o in outcomes if o.start is not None]
     waits = [o.start - o.task.arrival for o in placed]
     waited = [o for o in placed if o.waited]
@@ -195,7 +196,7 @@ def summarize(outcomes: list[Outcome], *, pool_ge: float, quotas: dict[int, floa
         "ge_utilization": sum(used.values()) / (pool_ge * span),
         "ge_hours_by_team": {str(team): used[team] / 3600 for team in sorted(used)},
         "jain_quota_weighted": jain([used[team] / quotas[team] for team in sorted(quotas)]),
-        "preemptions": 0,
+        "preemptions": preemptions,
         "promise_kept": len(kept) / len(waited) if waited else None,
         "estimate_error_p50": percentile(errors, 50), "estimate_error_p90": percentile(errors, 90),
         "estimate_error_n": len(errors),
@@ -395,7 +396,9 @@ def replay(tasks: list[Task], nodes: list[tuple[str, str, int]], *, ordering: st
     moved = list(ReservationEvent.objects.filter(reservation__pool=pool, reason__startswith="Promised start moved")
                  .values_list("reservation_id", "reason"))
     window = (tasks[0].arrival, tasks[-1].arrival)
-    result = summarize(outcomes, pool_ge=pool_ge, quotas=quotas, window=window, held=held)
+    # Each victim of allocations.reclaim gets one "Reclaim notice" event.
+    preempted = ReservationEvent.objects.filter(reservation__pool=pool, reason__startswith="Reclaim notice").count()
+    result = summarize(outcomes, pool_ge=pool_ge, quotas=quotas, window=window, held=held, preemptions=preempted)
     result["promise_moved_later"] = {"events": len(moved), "requests": len({pk for pk, _ in moved}),
                                      "first_reasons": sorted({re.sub(r" \(position .*\)", "", reason.split(": ", 1)[-1])
                                                               for _, reason in moved})}
@@ -638,7 +641,7 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"{name}: {r['promise_moved_later']['requests']} requests saw their start_by move later: "
                   f"{'; '.join(r['promise_moved_later']['first_reasons'])}")
     print("\nwaits in minutes of simulated time; promise and estimate over the requests that waited; "
-          "preemption is not built yet (0)")
+          "preemptions: reclaim notices given (the replayed pool neither lends nor has preemptible classes)")
     passes = None
     if args.pass_nodes:
         passes = time_pass(tasks, sample_nodes(args.pass_nodes, args.seed), queue_sizes=args.pass_queue,

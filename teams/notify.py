@@ -56,7 +56,7 @@ EVENTS = {
     "reservation.failed": gettext_lazy("A reservation failed"),
     "reservation.expiring": gettext_lazy("A reservation ends soon"),
     "reservation.moved": gettext_lazy("A reservation moved off a failed node"),
-    "reservation.preempted": gettext_lazy("Borrowed GPUs are being taken back"),
+    "reservation.preempted": gettext_lazy("GPUs of a reservation are being taken back (borrowed or preempted)"),
     "reservation.queued_started": gettext_lazy("A queued request started"),
     "reservation.not_started": gettext_lazy("A queued request gave up"),
     "reservation.idle_warning": gettext_lazy("A reservation sits idle and will be released"),

@@ -167,9 +167,11 @@ class ReservationCreateInput(RefusesUnknownFields, serializers.Serializer):
     not_after = serializers.DateTimeField(required=False, allow_null=True,
                                           help_text=gettext_lazy("With duration: start no later than this, else it fails"))
     priority_class = serializers.SlugField(max_length=32, required=False, help_text=(
-        gettext_lazy("The priority to run at: the quota's class (the default) or a lower one (400 `above_quota_class`)")))
+        gettext_lazy("The priority to run at: the quota's class (the default) or a lower one (400 "
+        "`above_quota_class`); a class marked preemptible may be taken back, after a notice, for a higher class")))
     requeue = serializers.BooleanField(required=False, default=False, help_text=(
-        gettext_lazy("If GPUs it borrowed beyond its quota are taken back, wait in the queue again for the rest of its time")))
+        gettext_lazy("If it is taken back (GPUs borrowed beyond its quota reclaimed, or preempted for a higher "
+        "priority), wait in the queue again for the rest of its time")))
     queue = serializers.BooleanField(required=False, allow_null=True, default=None, help_text=(
         gettext_lazy("With duration: false refuses at once (409) rather than wait; true insists on waiting (400 "
         "`queueing_off` where the pool does not queue); left out: wait where the pool queues")))
@@ -286,7 +288,11 @@ class ReservationSerializer(serializers.Serializer):
     priority_class = serializers.CharField(read_only=True, help_text=gettext_lazy("The priority class it runs at ('' : none)"))
     borrowed_ge = serializers.FloatField(read_only=True, help_text=(
         gettext_lazy("GE of it beyond its team's quota, borrowed on idle GPUs: those may be taken back after a notice")))
-    preempt_at = _time(allow_null=True, help_text=gettext_lazy("Set when its borrowed GPUs are being taken back: when"))
+    preemptible = serializers.BooleanField(read_only=True, help_text=gettext_lazy(
+        "It runs at a preemptible priority class: a request of a higher class within its team's quota may take it "
+        "back after a notice"))
+    preempt_at = _time(allow_null=True, help_text=gettext_lazy(
+        "Set when it is being taken back (borrowed GE reclaimed, or preempted for a higher priority): when"))
     starts_at = _time()
     ends_at = _time()
     state = serializers.ChoiceField(choices=Reservation.State.choices, read_only=True)
@@ -436,8 +442,9 @@ class TeamUseSerializer(serializers.Serializer):
 
 
 class PriorityClassSerializer(RefusesUnknownFields, CleanModelSerializer):
-    """A named priority: higher `value` goes first in pools ordered by priority."""
+    """A named priority: higher `value` goes first in pools ordered by priority; bookings of a `preemptible`
+    class may be taken back, after a notice, for a request of a higher class within its team's quota."""
 
     class Meta:
         model = PriorityClass
-        fields = ["id", "name", "value", "description"]
+        fields = ["id", "name", "value", "description", "preemptible"]

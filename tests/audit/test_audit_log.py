@@ -232,7 +232,7 @@ def test_a_change_in_the_django_admin_is_recorded_with_source_admin(world):
     entry = last_entry(PriorityClass, pc.pk)
     assert (entry.source, entry.actor_label, entry.changes["value"]) == ("admin", "staff", [None, 5])
     # Its own fields only: not its id, nor its reverse relations (quotas), which read "allocations.Quota.None"
-    assert set(entry.changes) == {"name", "value", "description"}
+    assert set(entry.changes) == {"name", "value", "description", "preemptible"}
 
 
 def test_a_change_on_a_page_is_recorded_with_source_page(world):
