@@ -444,6 +444,11 @@ class _Pin:
                 for gpu_id in self.gpu_ids]
 
 
+def _pinned(pins: dict[int, _Pin]) -> list[booking.Grant]:
+    """The promises held, as grants."""
+    return [g for rid, pin in pins.items() for g in pin.grants(rid)]
+
+
 def _free_on(grants: Sequence[booking.Grant], usable: set[int], gpu_ids: Sequence[int], start: datetime,
              end: datetime) -> bool:
     """Whether each of these GPUs is usable and no grant holds it at some instant of [start, end)."""
@@ -525,7 +530,8 @@ def plan(*, gpus: Sequence[booking.PoolGpu], grants: Sequence[booking.Grant], wa
         room = pinned_board if was_promised else open_board
         if own is not None and pinned_board is not None:
             pinned_board.unbook(item.reservation_id, own.gpu_ids, own.start, own.end)
-        others = [g for rid, pin in pins.items() for g in pin.grants(rid)] if was_promised else []
+        # The walk (no board) sees the promises held for the others as grants; a board has them booked.
+        others = _pinned(pins) if was_promised and (room is None or earliest > latest) else []
         if room is not None and earliest <= latest:
             start, chosen, reason = room.earliest_fit(shape=item.shape, duration=item.duration, earliest=earliest,
                                                       latest=latest, policy=policy, team=team)
