@@ -533,8 +533,29 @@ def time_pass(tasks: list[Task], nodes: list[tuple[str, str, int]], *, queue_siz
                 "pass_ms_median": 1000 * median, "pass_ms_all": [1000 * s for s in runs], "counts": counts,
                 "vs_create": median / statistics.median(create_s),
                 "pass_cpu_ms_median": 1000 * statistics.median(cpu_runs),
-                "cpu_vs_create": statistics.median(cpu_runs) / max(statistics.median(create_cpu), 1e-9)}
+                "cpu_vs_create": statistics.median(cpu_runs) / max(statistics.median(create_cpu), 1e-9),
+                "parts_cpu_ms_median": pass_parts(pool.pk, now, passes)}
     return results
+
+
+def pass_parts(pool_id: int, now: datetime, repeats: int) -> dict[str, float]:
+    """This process's CPU milliseconds (median of `repeats`) of a pass's three big parts, each timed apart: reading
+    the pool and its queue, the promise's plan and the estimate's (with its history). Nothing is written."""
+    from django.db import transaction
+
+    from allocations import queue
+
+    parts: dict[str, list[float]] = {"read": [], "promise": [], "estimate": []}
+    for _ in range(repeats):
+        with transaction.atomic():  # read locks the pool as a pass does
+            began = time.process_time()
+            state = queue.read(pool_id, now)
+            parts["read"].append(time.process_time() - began)
+            for name, run in (("promise", state.promise), ("estimate", state.estimate)):
+                began = time.process_time()
+                run()
+                parts[name].append(time.process_time() - began)
+    return {name: 1000 * statistics.median(runs) for name, runs in parts.items()}
 
 
 # --- the run ----------------------------------------------------------------------------------------
@@ -657,7 +678,8 @@ def main(argv: list[str] | None = None) -> dict:
               f"{passes['create_ms_median']:.1f} ms ({passes['create_cpu_ms_median']:.1f} ms of this process's CPU)")
         for size, p in passes["passes"].items():
             print(f"  queue of {size:>5}: {p['pass_ms_median']:9.1f} ms  ({p['vs_create']:.1f}x the create); CPU "
-                  f"{p['pass_cpu_ms_median']:.1f} ms ({p['cpu_vs_create']:.1f}x the create's)")
+                  f"{p['pass_cpu_ms_median']:.1f} ms ({p['cpu_vs_create']:.1f}x the create's: "
+                  + ", ".join(f"{name} {ms:.0f}" for name, ms in p["parts_cpu_ms_median"].items()) + ")")
         if passes["skipped_queue_sizes"]:
             print(f"  not timed (a shorter queue's pass took over {args.pass_budget:g} s): "
                   f"{passes['skipped_queue_sizes']}")
