@@ -246,12 +246,28 @@ def pool_snapshot(pool_id: int, start: datetime, end: datetime, *,
     return PoolSnapshot(
         start=start, end=end,
         gpus=tuple(_pool_gpu(row) for row in gpu_rows),
-        grants=tuple(Grant(gpu_id=gpu_id, reservation_id=rid, starts_at=sql.instant(a_start), ends_at=sql.instant(a_end),
-                           milli=milli, mig_profile=mig_profile, mig_start=mig_start, mode=mode, share_from=share_from,
-                           share_to=share_to, memory_mib=memory, cores_pct=cores)
-                     for (gpu_id, rid, a_start, a_end, milli, mig_profile, mig_start, mode, share_from, share_to,
-                          memory, cores) in sql.fetch_all(grant_query, params)),
+        grants=tuple(map(_grant, sql.fetch_all(grant_query, params))),
     )
+
+
+_GRANTS_KEPT = 200_000
+_grant_of_row: dict[tuple, Grant] = {}
+
+
+def _grant(row: tuple) -> Grant:
+    """The Grant of a row of pool_snapshot's grant query, the same object for the same row while it reads the same
+    (as _pool_gpu does: Grant is immutable): a pool's bookings change a few at a time, and a queue pass on a
+    thousand nodes built 6,212 of them anew, with their datetimes, each time it read the pool."""
+    grant = _grant_of_row.get(row)
+    if grant is None:
+        gpu_id, rid, start, end, milli, mig_profile, mig_start, mode, share_from, share_to, memory, cores = row
+        grant = Grant(gpu_id=gpu_id, reservation_id=rid, starts_at=sql.instant(start), ends_at=sql.instant(end),
+                      milli=milli, mig_profile=mig_profile, mig_start=mig_start, mode=mode, share_from=share_from,
+                      share_to=share_to, memory_mib=memory, cores_pct=cores)
+        if len(_grant_of_row) >= _GRANTS_KEPT:
+            _grant_of_row.clear()
+        _grant_of_row[row] = grant
+    return grant
 
 
 _GPUS_KEPT = 100_000

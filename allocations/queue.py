@@ -219,6 +219,21 @@ _MICROSECOND = timedelta(microseconds=1)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
+def micro(at: datetime) -> int:
+    """An instant as whole microseconds since the epoch (exact, as sql.instant_column reads it)."""
+    return (at - _EPOCH) // _MICROSECOND
+
+
+def micros(instants) -> np.ndarray:
+    """micro() of each, as an int64 column."""
+    return np.fromiter((micro(at) for at in instants), dtype=np.int64)
+
+
+def instant_of(us: int) -> datetime:
+    """micro()'s inverse: an aware datetime in UTC."""
+    return _EPOCH + timedelta(microseconds=us)
+
+
 class PoolFrame:
     """A pool's GPUs as the plan's boards index them, built once per pass: the engine's nodes (in
     booking.PoolSnapshot.state()'s order), each GPU's rank, node rank and weight."""
@@ -254,24 +269,27 @@ class WholeGpuBoard:
     arrays masked from the same bookings (placement.timeline.WholeGpuState), not rebuilt per start.
     It answers exactly what earliest_fit's walk over candidate starts answers (the tests compare them)."""
 
-    def __init__(self, frame: PoolFrame, grants: Sequence[booking.Grant], origin: datetime) -> None:
+    def __init__(self, frame: PoolFrame, grants: Sequence[booking.Grant], origin: datetime,
+                 times: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        """`times`: the grants' starts and ends as microseconds since the epoch (micros), where the caller has them."""
         self.frame, self.gpus, self.origin = frame, frame.gpus, origin
         self.most_per_node = frame.most_per_node
-        mine = [g for g in grants if g.gpu_id in frame.rank and g.ends_at > g.starts_at]
         # Each window once as microseconds since the epoch: the timeline counts from `origin` in them, the
         # engine in seconds (us / 1e6 is exactly what datetime.timestamp() gives).
-        starts = np.array([(g.starts_at - _EPOCH) // _MICROSECOND for g in mine], dtype=np.int64)
-        ends = np.array([(g.ends_at - _EPOCH) // _MICROSECOND for g in mine], dtype=np.int64)
-        ranks = np.array([frame.rank[g.gpu_id] for g in mine], dtype=np.int64)
-        at = (origin - _EPOCH) // _MICROSECOND
+        starts, ends = times if times is not None else (micros(g.starts_at for g in grants),
+                                                          micros(g.ends_at for g in grants))
+        ranks = np.fromiter((frame.rank.get(g.gpu_id, -1) for g in grants), dtype=np.int64, count=len(grants))
+        mine = np.flatnonzero((ranks >= 0) & (ends > starts))
+        starts, ends, ranks = starts[mine], ends[mine], ranks[mine]
+        at = micro(origin)
         self.timeline = FreeTimeline(frame.node_of, frame.usable, (ranks, starts - at, ends - at))
         self.state = frame.state.copy()
-        self.state.hold_columns(frame.gpu_ids[ranks], starts / 1e6, ends / 1e6, [g.reservation_id for g in mine])
-        # Where a gap opens (the starts earliest_fit tries), each with how many windows end there.
-        self.end_count: dict[datetime, int] = defaultdict(int)
-        for g in mine:
-            self.end_count[g.ends_at] += 1
-        self.ends = sorted(self.end_count)
+        self.state.hold_columns(frame.gpu_ids[ranks], starts / 1e6, ends / 1e6,
+                                [grants[k].reservation_id for k in mine.tolist()])
+        # Where a gap opens (the starts earliest_fit tries, as micros), each with how many windows end there.
+        opens, count = np.unique(ends, return_counts=True)
+        self.ends: list[int] = opens.tolist()
+        self.end_count: dict[int, int] = defaultdict(int, zip(self.ends, count.tolist(), strict=True))
         self.quota_windows: dict[int, tuple[int, np.ndarray, np.ndarray, np.ndarray]] = {}
 
     def copy(self) -> WholeGpuBoard:
@@ -298,20 +316,22 @@ class WholeGpuBoard:
         for grant in chosen:
             self.timeline.book(self.frame.rank[grant.gpu_id], self._t(start), self._t(end))
         self.state.hold([(grant.gpu_id, start, end, reservation_id) for grant in chosen])
-        self.end_count[end] += len(chosen)
-        k = bisect.bisect_left(self.ends, end)
-        if k == len(self.ends) or self.ends[k] != end:
-            self.ends.insert(k, end)
+        opens = micro(end)
+        self.end_count[opens] += len(chosen)
+        k = bisect.bisect_left(self.ends, opens)
+        if k == len(self.ends) or self.ends[k] != opens:
+            self.ends.insert(k, opens)
 
     def unbook(self, reservation_id: int, gpu_ids: Sequence[int], start: datetime, end: datetime) -> None:
         """Take back what `book` booked for the reservation (a promise held for it, when it is planned anew)."""
         for gpu_id in gpu_ids:
             self.timeline.unbook(self.frame.rank[gpu_id], self._t(start), self._t(end))
         self.state.release(reservation_id)
-        self.end_count[end] -= len(gpu_ids)
-        if self.end_count[end] <= 0:
-            del self.end_count[end]
-            self.ends.remove(end)
+        opens = micro(end)
+        self.end_count[opens] -= len(gpu_ids)
+        if self.end_count[opens] <= 0:
+            del self.end_count[opens]
+            del self.ends[bisect.bisect_left(self.ends, opens)]
 
     def free_on(self, gpu_ids: Sequence[int], start: datetime, end: datetime) -> bool:
         """Whether each of these GPUs is usable and its whole card free over [start, end)."""
@@ -401,8 +421,8 @@ class WholeGpuBoard:
 
     def _next_candidate(self, after: datetime, latest: datetime, team: TeamHolding | None) -> datetime | None:
         """The next start earliest_fit's walk tries after `after`: where a booking or the team's holding ends."""
-        k = bisect.bisect_right(self.ends, after)
-        options = [self.ends[k]] if k < len(self.ends) else []
+        k = bisect.bisect_right(self.ends, micro(after))
+        options = [instant_of(self.ends[k])] if k < len(self.ends) else []
         if team is not None:
             options.extend(end for _, end, _ in (*team.in_pool, *team.everywhere, *team.promised) if end > after)
         nxt = min(options, default=None)
@@ -424,6 +444,11 @@ class _Pin:
                 for gpu_id in self.gpu_ids]
 
 
+def _pinned(pins: dict[int, _Pin]) -> list[booking.Grant]:
+    """The promises held, as grants."""
+    return [g for rid, pin in pins.items() for g in pin.grants(rid)]
+
+
 def _free_on(grants: Sequence[booking.Grant], usable: set[int], gpu_ids: Sequence[int], start: datetime,
              end: datetime) -> bool:
     """Whether each of these GPUs is usable and no grant holds it at some instant of [start, end)."""
@@ -435,7 +460,8 @@ def _free_on(grants: Sequence[booking.Grant], usable: set[int], gpu_ids: Sequenc
 def plan(*, gpus: Sequence[booking.PoolGpu], grants: Sequence[booking.Grant], waiting: Sequence[Waiting],
          now: datetime, horizon: datetime, policy: str, backfill: bool, teams: dict[int, TeamHolding],
          hold_for: Callable[[Waiting], timedelta] | None = None, depth: int | None = None,
-         board: bool = True, frame: PoolFrame | None = None, keep_promises: bool = False) -> list[Planned]:
+         board: bool = True, frame: PoolFrame | None = None, keep_promises: bool = False,
+         grant_times: tuple[np.ndarray, np.ndarray] | None = None) -> list[Planned]:
     """Plan `waiting` (in queue order) one after the other, each at its earliest fit among `grants`
     and the plan's holdings of the requests before it. `hold_for` is how long a planned request
     holds what it gets (its duration unless given: the estimate shortens it). `teams` is updated
@@ -454,14 +480,15 @@ def plan(*, gpus: Sequence[booking.PoolGpu], grants: Sequence[booking.Grant], wa
     each cycle: the pass's time stays bounded however long the queue grows. `board`: plan exclusive
     pools on a WholeGpuBoard (the same answers, computed incrementally; False walks every candidate
     start with booking.choose, the reference the tests compare it with); `frame`: the pool's GPUs
-    indexed for it, where the caller plans more than once."""
+    indexed for it, where the caller plans more than once; `grant_times`: the grants' windows as micros
+    (starts, ends), where the caller has them."""
     taken = list(grants)
     latest_planned = now
     planned: list[Planned] = []
     head = list(waiting[:depth] if depth is not None else waiting)
     fast = board and WholeGpuBoard.fits([w.shape for w in waiting], grants)
     frame = (frame or PoolFrame(gpus)) if fast else None
-    open_board = WholeGpuBoard(frame, grants, now) if fast else None  # bookings and the plan so far
+    open_board = WholeGpuBoard(frame, grants, now, grant_times) if fast else None  # bookings and the plan so far
     bookings_board = open_board.copy() if open_board is not None else None  # the bookings alone
     usable = {gpu.id for gpu in gpus if gpu.usable}
     weight = {gpu.id: gpu.weight for gpu in gpus}
@@ -503,7 +530,8 @@ def plan(*, gpus: Sequence[booking.PoolGpu], grants: Sequence[booking.Grant], wa
         room = pinned_board if was_promised else open_board
         if own is not None and pinned_board is not None:
             pinned_board.unbook(item.reservation_id, own.gpu_ids, own.start, own.end)
-        others = [g for rid, pin in pins.items() for g in pin.grants(rid)] if was_promised else []
+        # The walk (no board) sees the promises held for the others as grants; a board has them booked.
+        others = _pinned(pins) if was_promised and (room is None or earliest > latest) else []
         if room is not None and earliest <= latest:
             start, chosen, reason = room.earliest_fit(shape=item.shape, duration=item.duration, earliest=earliest,
                                                       latest=latest, policy=policy, team=team)
@@ -610,6 +638,10 @@ class EarlyRelease:
         first, last = bisect.bisect_left(lengths, seconds / 2), bisect.bisect_right(lengths, seconds * 2)
         if last - first < self.MIN_HISTORY:
             return self.used
+        return self._between(first, last)
+
+    def _between(self, first: int, last: int) -> tuple[float, ...]:
+        """The used shares of the bookings `first` to `last` (excluded) by booked length, ascending."""
         if (first, last) not in self._alike:  # a pass asks for thousands of bookings of a few lengths
             self._alike[first, last] = tuple(sorted(used for _, used in self._by_length_sorted[first:last]))
         return self._alike[first, last]
@@ -638,6 +670,41 @@ class EarlyRelease:
             return end
         share = later[(len(later) - 1) // 2]
         return min(end, max(now, start + (end - start) * share))
+
+    def expected_ends(self, starts: np.ndarray, ends: np.ndarray, now: int) -> np.ndarray:
+        """expected_end for many windows at once, each end in whole microseconds since the epoch (int64 columns,
+        `now` too): the same answers, in NumPy, because the estimate asks it for every booking of the pool and
+        every window its teams hold (thousands a pass, 10 µs each in Python). The tests compare the two."""
+        out = ends.copy()
+        live = np.flatnonzero(ends > starts)
+        if len(self.used) < self.MIN_HISTORY or not live.size:
+            return out
+        start, end = starts[live], ends[live]
+        length = end - start
+        seconds = length / 1e6  # timedelta.total_seconds(), exactly (both are correctly rounded divisions)
+        # shares(): the bookings booked half to twice as long, where there are MIN_HISTORY of them, else all.
+        lengths = np.array(self._lengths, dtype=np.float64)
+        first = np.searchsorted(lengths, seconds / 2, "left")
+        last = np.searchsorted(lengths, seconds * 2, "right")
+        alike = last - first >= self.MIN_HISTORY
+        first, last = np.where(alike, first, -1), np.where(alike, last, -1)  # -1: all of them
+        ran = np.maximum(0.0, (now - start) / length)
+        share = np.full(live.size, np.nan)
+        for f, l in set(zip(first.tolist(), last.tolist(), strict=True)):
+            rows = np.flatnonzero((first == f) & (last == l))
+            used = np.array(self.used if f < 0 else self._between(f, l), dtype=np.float64)
+            k = np.searchsorted(used, ran[rows], "right")  # bisect_right: the shares above what it has run
+            later = used.size - k
+            share[rows] = np.where(later > 0, used[np.minimum(k + (later - 1) // 2, used.size - 1)], np.nan)
+        has = ~np.isnan(share)
+        # timedelta * float rounds the exact product half to even; the float product is within 1e-3 of it,
+        # so only a product that close to a half can round otherwise: those are done as timedelta does.
+        product = length * np.where(has, share, 0.0)
+        moved = np.rint(product).astype(np.int64)
+        for j in np.flatnonzero(has & (np.abs(product - np.floor(product) - 0.5) < 1e-3)):
+            moved[j] = (timedelta(microseconds=int(length[j])) * float(share[j])) // _MICROSECOND
+        out[live[has]] = np.minimum(end, np.maximum(now, start + moved))[has]
+        return out
 
     def expected_duration(self, duration: timedelta) -> timedelta:
         if len(self.used) < self.MIN_HISTORY:
@@ -673,6 +740,7 @@ class PoolQueue:
     entries: dict[int, Entry]
     teams: dict[int, TeamHolding]
     _frame: PoolFrame | None = dataclasses.field(default=None, init=False, repr=False)
+    _times: tuple | None = dataclasses.field(default=None, init=False, repr=False)
 
     def frame(self) -> PoolFrame:
         """The pool's GPUs indexed for the plan's boards: kept from the last pass over the pool while its GPUs
@@ -684,29 +752,49 @@ class PoolQueue:
             _frames[self.pool.pk] = self._frame
         return self._frame
 
+    def grant_times(self) -> tuple[np.ndarray, np.ndarray]:
+        """The snapshot's grants' starts and ends as micros (in its order): once per snapshot, for both plans."""
+        grants = self.snapshot.grants
+        if self._times is None or self._times[0] is not grants:
+            self._times = (grants, micros(g.starts_at for g in grants), micros(g.ends_at for g in grants))
+        return self._times[1], self._times[2]
+
     def promise(self) -> list[Planned]:
         return plan(gpus=self.snapshot.gpus, grants=self.snapshot.grants, waiting=self.waiting,
                     now=self.now, horizon=self.horizon, policy=self.pool.placement_policy,
                     backfill=self.pool.backfill, teams=self._fresh_teams(), depth=settings.QUEUE_PLAN_DEPTH,
-                    frame=self.frame(), keep_promises=True)
+                    frame=self.frame(), keep_promises=True, grant_times=self.grant_times())
 
     def estimate(self) -> list[Planned]:
         history = early_release(self.pool.pk, self.now)
-        grants = [g.ending_at(history.expected_end(g.starts_at, g.ends_at, self.now)) for g in self.snapshot.grants]
+        now = micro(self.now)
+        starts, ends = self.grant_times()
+        likely = history.expected_ends(starts, ends, now)
+        grants = [g if end == booked else g.ending_at(instant_of(end))
+                  for g, end, booked in zip(self.snapshot.grants, likely.tolist(), ends.tolist(), strict=True)]
         # The team's own bookings end as early as the pool's do: a request waiting on its team's quota waits
         # for them, and kept to their booked ends its estimate was its promise.
-        teams = {team_id: TeamHolding(
-            quota=t.quota, in_pool=[(a, history.expected_end(a, b, self.now), ge) for a, b, ge in t.in_pool],
-            everywhere=[(a, history.expected_end(a, b, self.now), ge) for a, b, ge in t.everywhere])
-            for team_id, t in self.teams.items()}
+        teams = {team_id: TeamHolding(quota=t.quota, in_pool=_ending_as_usual(history, t.in_pool, now),
+                                      everywhere=_ending_as_usual(history, t.everywhere, now))
+                 for team_id, t in self.teams.items()}
         return plan(gpus=self.snapshot.gpus, grants=grants, waiting=self.waiting, now=self.now, horizon=self.horizon,
                     policy=self.pool.placement_policy, backfill=self.pool.backfill, teams=teams,
                     hold_for=lambda item: history.expected_duration(item.duration), depth=settings.QUEUE_PLAN_DEPTH,
-                    frame=self.frame())
+                    frame=self.frame(), grant_times=(starts, likely))
 
     def _fresh_teams(self) -> dict[int, TeamHolding]:
         return {team_id: TeamHolding(quota=t.quota, in_pool=list(t.in_pool), everywhere=list(t.everywhere))
                 for team_id, t in self.teams.items()}
+
+
+def _ending_as_usual(history: EarlyRelease, windows: list[quotas.Window], now: int) -> list[quotas.Window]:
+    """A team's windows (start, end, GE), each ending when history.expected_end says (`now` in micros)."""
+    if not windows:
+        return []
+    booked = micros(end for _, end, _ in windows)
+    likely = history.expected_ends(micros(start for start, _, _ in windows), booked, now)
+    return [(start, end if us == was else instant_of(us), ge)
+            for (start, end, ge), us, was in zip(windows, likely.tolist(), booked.tolist(), strict=True)]
 
 
 def shape_data(shape: booking.Shape) -> dict:

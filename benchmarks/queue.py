@@ -502,17 +502,21 @@ def time_pass(tasks: list[Task], nodes: list[tuple[str, str, int]], *, queue_siz
     pool, users, team_ids, busy = pass_setup(tasks, nodes, history, now, seed)
     user, slug = users[0]
     with Kicks():
-        create_s = []
+        create_s, create_cpu = [], []
         for k in range(creates):
             start = now + timedelta(days=31, hours=k)  # after every held booking's end: it books
-            began = time.perf_counter()
+            began, cpu = time.perf_counter(), time.process_time()
             made = services.reservation_create(actor=user, now=now, request=services.ReservationRequest(
                 team=slug, pool=pool.slug, gpus=1, starts_at=start, ends_at=start + timedelta(hours=1)))
             create_s.append(time.perf_counter() - began)
+            create_cpu.append(time.process_time() - cpu)
             services.reservation_release(actor=user, reservation_id=made.pk, now=now)
         results = {"pool_gpus": sum(c for _, _, c in nodes), "pool_nodes": len(nodes), "held_bookings": busy,
                    "history": history, "create_ms_median": 1000 * statistics.median(create_s),
-                   "create_ms_all": [1000 * s for s in create_s], "passes": {}}
+                   "create_ms_all": [1000 * s for s in create_s], "passes": {},
+                   # This process's CPU time (PostgreSQL's work not in it): other load on the machine stretches the
+                   # wall-clock figures far more, so the CPU ratio is the steadier one to compare runs by.
+                   "create_cpu_ms_median": 1000 * statistics.median(create_cpu)}
         have = 0
         results["skipped_queue_sizes"] = []
         for size in sorted(queue_sizes):
@@ -521,16 +525,40 @@ def time_pass(tasks: list[Task], nodes: list[tuple[str, str, int]], *, queue_siz
                 continue
             add_waiters(pool, users, team_ids, tasks, size - have, now, first=have)
             have = size
-            runs = []
+            runs, cpu_runs = [], []
             for _ in range(passes):
-                began = time.perf_counter()
+                began, cpu = time.perf_counter(), time.process_time()
                 counts = queue.queue_pass(pool_id=pool.pk, now=now)
                 runs.append(time.perf_counter() - began)
+                cpu_runs.append(time.process_time() - cpu)
             median = statistics.median(runs)
             results["passes"][str(size)] = {
                 "pass_ms_median": 1000 * median, "pass_ms_all": [1000 * s for s in runs], "counts": counts,
-                "vs_create": median / statistics.median(create_s)}
+                "vs_create": median / statistics.median(create_s),
+                "pass_cpu_ms_median": 1000 * statistics.median(cpu_runs),
+                "cpu_vs_create": statistics.median(cpu_runs) / max(statistics.median(create_cpu), 1e-9),
+                "parts_cpu_ms_median": pass_parts(pool.pk, now, passes)}
     return results
+
+
+def pass_parts(pool_id: int, now: datetime, repeats: int) -> dict[str, float]:
+    """This process's CPU milliseconds (median of `repeats`) of a pass's three big parts, each timed apart: reading
+    the pool and its queue, the promise's plan and the estimate's (with its history). Nothing is written."""
+    from django.db import transaction
+
+    from allocations import queue
+
+    parts: dict[str, list[float]] = {"read": [], "promise": [], "estimate": []}
+    for _ in range(repeats):
+        with transaction.atomic():  # read locks the pool as a pass does
+            began = time.process_time()
+            state = queue.read(pool_id, now)
+            parts["read"].append(time.process_time() - began)
+            for name, run in (("promise", state.promise), ("estimate", state.estimate)):
+                began = time.process_time()
+                run()
+                parts[name].append(time.process_time() - began)
+    return {name: 1000 * statistics.median(runs) for name, runs in parts.items()}
 
 
 # --- the run ----------------------------------------------------------------------------------------
@@ -650,9 +678,11 @@ def main(argv: list[str] | None = None) -> dict:
         result["pass"] = passes
         print(f"\none pass on {passes['pool_nodes']} nodes / {passes['pool_gpus']} GPUs, all held "
               f"({passes['held_bookings']} bookings); baseline: one whole-GPU create on that pool "
-              f"{passes['create_ms_median']:.1f} ms")
+              f"{passes['create_ms_median']:.1f} ms ({passes['create_cpu_ms_median']:.1f} ms of this process's CPU)")
         for size, p in passes["passes"].items():
-            print(f"  queue of {size:>5}: {p['pass_ms_median']:9.1f} ms  ({p['vs_create']:.1f}x the create)")
+            print(f"  queue of {size:>5}: {p['pass_ms_median']:9.1f} ms  ({p['vs_create']:.1f}x the create); CPU "
+                  f"{p['pass_cpu_ms_median']:.1f} ms ({p['cpu_vs_create']:.1f}x the create's: "
+                  + ", ".join(f"{name} {ms:.0f}" for name, ms in p["parts_cpu_ms_median"].items()) + ")")
         if passes["skipped_queue_sizes"]:
             print(f"  not timed (a shorter queue's pass took over {args.pass_budget:g} s): "
                   f"{passes['skipped_queue_sizes']}")

@@ -168,13 +168,16 @@ class WholeGpuState(ClusterState):
     window are a mask, not a walk over every holding. Book more with :meth:`hold`; `holdings` stays empty
     (the columns are the holdings)."""
 
+    # Holdings are kept in two sets of columns: the many booked first (a pool's bookings) and the few added
+    # since (a plan's, one request at a time), so adding one copies only the few; the few join the many
+    # once there are MERGE_AT of them.
+    MERGE_AT = 1024
+
     def __init__(self, nodes: Sequence[NodeInfo]) -> None:
         super().__init__(nodes=nodes)
-        self._n = np.zeros(0, dtype=np.int64)
-        self._slot = np.zeros(0, dtype=np.int64)
-        self._start = np.zeros(0, dtype=np.float64)
-        self._end = np.zeros(0, dtype=np.float64)
-        self._group = np.zeros(0, dtype=np.int64)
+        empty = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64),
+                 np.zeros(0, dtype=np.float64), np.zeros(0, dtype=np.int64))
+        self._many = self._few = empty  # (node, slot, start, end, group) columns each
         self._groups: dict[Hashable, int] = {}
         self._last: tuple[tuple[float, float, int], ClusterArrays] | None = None
 
@@ -182,7 +185,7 @@ class WholeGpuState(ClusterState):
         twin = WholeGpuState.__new__(WholeGpuState)
         twin.__dict__.update(self.__dict__)
         twin._groups = dict(self._groups)
-        return twin  # the columns are replaced, never written in place, by hold
+        return twin  # the columns are replaced, never written in place, by hold and release
 
     def hold(self, whole: Sequence[tuple[Hashable, Time, Time, Hashable]]) -> None:
         """Add whole-card holdings: (GPU id, start, end, reservation id) each."""
@@ -194,12 +197,13 @@ class WholeGpuState(ClusterState):
                      reservation_ids: Sequence[Hashable]) -> None:
         """hold, given as columns (starts and ends in seconds, as `to_seconds` gives them)."""
         slots = [self.gpu_slot(gpu_id) for gpu_id in gpu_ids]
-        self._n = np.append(self._n, np.array([n for n, _ in slots], dtype=np.int64))
-        self._slot = np.append(self._slot, np.array([slot for _, slot in slots], dtype=np.int64))
-        self._start = np.append(self._start, np.asarray(starts, dtype=np.float64))
-        self._end = np.append(self._end, np.asarray(ends, dtype=np.float64))
-        self._group = np.append(self._group, np.array([self._groups.setdefault(rid, len(self._groups))
-                                                       for rid in reservation_ids], dtype=np.int64))
+        added = (np.array([n for n, _ in slots], dtype=np.int64), np.array([slot for _, slot in slots], dtype=np.int64),
+                 np.asarray(starts, dtype=np.float64), np.asarray(ends, dtype=np.float64),
+                 np.array([self._groups.setdefault(rid, len(self._groups)) for rid in reservation_ids], dtype=np.int64))
+        self._few = tuple(np.concatenate([few, more]) for few, more in zip(self._few, added, strict=True))
+        if self._few[0].size >= self.MERGE_AT:
+            self._many = tuple(np.concatenate([many, few]) for many, few in zip(self._many, self._few, strict=True))
+            self._few = tuple(column[:0] for column in self._few)
         self._last = None
 
     def release(self, reservation_id: Hashable) -> None:
@@ -207,26 +211,31 @@ class WholeGpuState(ClusterState):
         group = self._groups.get(reservation_id)
         if group is None:
             return
-        keep = self._group != group
-        self._n, self._slot, self._start, self._end, self._group = (
-            self._n[keep], self._slot[keep], self._start[keep], self._end[keep], self._group[keep])
+        for name in ("_few", "_many"):
+            columns = getattr(self, name)
+            keep = columns[4] != group
+            if not keep.all():
+                setattr(self, name, tuple(column[keep] for column in columns))
         self._last = None
 
     def arrays_for_window(self, start: Time, end: Time) -> ClusterArrays:
         ws, we = to_seconds(start), to_seconds(end)
         if not we > ws:
             raise ValueError("window must end after it starts")
-        key = (ws, we, self._n.size)
+        key = (ws, we, self._many[0].size + self._few[0].size)
         if self._last is None or self._last[0] != key:
             arrays = self.base_arrays().copy()
-            hit = (self._start < we) & (self._end > ws) & (self._end > self._start)
-            n, slot = self._n[hit], self._slot[hit]
+            hits = []
+            for n, slot, start_s, end_s, group in (self._many, self._few):
+                hit = (start_s < we) & (end_s > ws) & (end_s > start_s)
+                hits.append((n[hit], slot[hit], group[hit]))
+            n, slot, group = (np.concatenate(column) for column in zip(*hits, strict=True))
             arrays.gpu_free[n, slot] = 0
             mig = arrays.mig_capable[n, slot]
             arrays.mig_used[n[mig], slot[mig]] = FULL_MASK
             # Clustering tags: each reservation's whole cards on a node are one k-card task.
             groups = len(self._groups) + 1
-            tasks, cards = np.unique(n * groups + self._group[hit], return_counts=True)
+            tasks, cards = np.unique(n * groups + group, return_counts=True)
             cells = (tasks // groups) * arrays.affinity.shape[1] + np.minimum(cards, AFFINITY_BIG)
             arrays.affinity += np.bincount(cells, minlength=arrays.affinity.size).reshape(arrays.affinity.shape
                                                                                         ).astype(arrays.affinity.dtype)

@@ -116,6 +116,31 @@ def test_the_masked_state_gives_the_arrays_the_general_state_gives(holds, start,
         assert (getattr(a, field) == getattr(b, field)).all(), field
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(-10, 20), st.integers(0, 10), st.integers(1, 4)),
+                max_size=12), st.integers(1, 4), st.integers(1, 4), st.integers(-5, 15), st.integers(1, 10))
+def test_the_masked_state_held_bit_by_bit_and_released_gives_the_general_states_arrays(holds, chunk, gone, start,
+                                                                                       length):
+    """The masked state keeps the many holdings booked first apart from the few added since (so a plan's one more
+    copies only the few), merging them at MERGE_AT: held in chunks across a merge, with one reservation released,
+    its arrays are those of the general state holding the rest."""
+    gpus = [booking.PoolGpu(id=i, node_id=i // 3, node_name=f"n{i // 3}", index=i % 3) for i in range(6)]
+    nodes = booking.PoolSnapshot(start=T0, end=T0, gpus=tuple(gpus), grants=()).state().nodes
+    minute = timedelta(minutes=1)
+    whole = [(gpu, T0 + s * minute, T0 + (s + n) * minute, rid) for gpu, s, n, rid in holds]
+    masked = WholeGpuState(nodes)
+    masked.MERGE_AT = 3
+    for k in range(0, len(whole), chunk):
+        masked.hold(whole[k:k + chunk])
+    masked.release(gone)
+    general = ClusterState(nodes, [Holding(node_id=gpu // 3, gpu_id=gpu, start=a, end=b, milli=1000, reservation_id=r)
+                                   for gpu, a, b, r in whole if b > a and r != gone])
+    window = (T0 + start * minute, T0 + (start + length) * minute)
+    a, b = general.arrays_for_window(*window), masked.arrays_for_window(*window)
+    for field in ("gpu_free", "mig_used", "affinity", "cpu_free", "mem_free"):
+        assert (getattr(a, field) == getattr(b, field)).all(), field
+
+
 def promised(result) -> list[Waiting]:
     """The requests as the next pass reads them: each with the start and GPUs this plan promised."""
     return [dataclasses.replace(p.waiting, promised_at=p.start, promised_gpus=tuple(g.gpu_id for g in p.grants))

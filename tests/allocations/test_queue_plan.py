@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
+import hypothesis
+import numpy as np
 import pytest
+from hypothesis import strategies as st
 
-from allocations import booking
+from allocations import booking, queue
 from allocations.queue import EarlyRelease, Waiting, parse_duration, plan
 
 T0 = datetime(2026, 11, 24, 12, 0, tzinfo=timezone.utc)
@@ -138,3 +141,31 @@ def test_the_estimate_learns_from_bookings_of_about_the_same_length():
     assert history.expected_duration(timedelta(days=1)) == timedelta(hours=2.4)
     # A length nobody booked learns from all of them.
     assert history.expected_end(T0, T0 + 10 * H, T0) == T0 + H
+
+
+@hypothesis.settings(max_examples=200, deadline=None)
+@hypothesis.given(
+    used=st.lists(st.tuples(st.sampled_from([600.0, 1800.0, 3600.0, 7200.0, 86400.0, 7 * 86400.0]),
+                            st.floats(0.001, 1.0)), max_size=40),
+    windows=st.lists(st.tuples(st.integers(-10**11, 10**11), st.integers(-10**6, 40 * 86400 * 10**6)),
+                     min_size=1, max_size=30))
+def test_expected_ends_in_numpy_answer_what_expected_end_answers(used, windows):
+    """The estimate's columnar expected_ends (every booking of the pool at once) mirrors expected_end: the same
+    share by booked length, the same conditional median, the same rounding to the microsecond."""
+    history = EarlyRelease(tuple(sorted(share for _, share in used)), tuple(used))
+    now = queue.micro(T0)
+    starts = np.array([now + offset for offset, _ in windows], dtype=np.int64)
+    ends = np.array([start + length for start, (_, length) in zip(starts.tolist(), windows)], dtype=np.int64)
+    expected = [queue.micro(history.expected_end(queue.instant_of(s), queue.instant_of(e), T0))
+                for s, e in zip(starts.tolist(), ends.tolist())]
+    assert history.expected_ends(starts, ends, now).tolist() == expected
+
+
+def test_expected_ends_round_a_half_microsecond_as_timedelta_does():
+    # 0.5 of 3 µs is 1.5 µs: timedelta rounds it half to even (2), as 2.5 rounds to 2.
+    history = EarlyRelease((0.5,) * 10)
+    for length in (3, 5, 2 * 10**12 + 1):
+        start = queue.micro(T0) + 10
+        got = history.expected_ends(np.array([start]), np.array([start + length]), queue.micro(T0))
+        assert got.tolist() == [queue.micro(history.expected_end(queue.instant_of(start),
+                                                                 queue.instant_of(start + length), T0))]

@@ -73,7 +73,9 @@ def test_a_tiny_replay_and_pass_run_end_to_end(tmp_path):
     assert 0 <= strict["promise_kept"] <= 1 and strict["estimate_error_p50"] is not None
     passes = result["pass"]["passes"]
     assert set(passes) == {"5", "20"} and passes["20"]["counts"]["waiting"] == 20
-    assert result["pass"]["create_ms_median"] > 0
+    assert result["pass"]["create_ms_median"] > 0 and result["pass"]["create_cpu_ms_median"] > 0
+    assert passes["20"]["pass_cpu_ms_median"] > 0 and passes["20"]["cpu_vs_create"] > 0
+    assert set(passes["20"]["parts_cpu_ms_median"]) == {"read", "promise", "estimate"}
     assert "promise_kept_fcfs_backfill_ge_95pct" in result["targets"] and "pass_under_200ms" in result["targets"]
     from inventory.models import GpuPool
 
