@@ -263,8 +263,17 @@ class _FreeByModel:
     """Free milli-GPU per model of one :class:`ClusterArrays` (row -1, GPU-less nodes, last),
     kept from the rows whose ``version`` moved instead of summed over every node."""
 
+    #: More changed rows than this since the last call: count every row again (one NumPy pass).
+    RECOUNT_ROWS = 64
+
     def __init__(self, arrays: ClusterArrays) -> None:
         self.arrays = arrays
+        #: The nodes' models as the platform's index type: gathering by it is cheaper than by int16.
+        self.model_idx = arrays.model_idx.astype(np.intp)
+        self._count()
+
+    def _count(self) -> None:
+        arrays = self.arrays
         row_free = arrays.gpu_free.sum(axis=1, dtype=np.int64)
         m = len(arrays.models) + 1
         self.by_model: list[int] = (
@@ -276,14 +285,19 @@ class _FreeByModel:
     def update(self) -> bool:
         """Count the rows changed since the last call; False if none did."""
         arrays = self.arrays
-        changed = (arrays.version != self.seen).nonzero()[0]
-        if not changed.size:
+        changed = (arrays.version != self.seen).nonzero()[0].tolist()
+        if not changed:
             return False
-        model_idx, row_free, by_model = arrays.model_idx, self.row_free, self.by_model
-        for n, now in zip(changed.tolist(), arrays.gpu_free[changed].sum(axis=1, dtype=np.int64).tolist()):
+        if len(changed) > self.RECOUNT_ROWS:
+            self._count()
+            return True
+        gpu_free, version, model_idx = arrays.gpu_free, arrays.version, arrays.model_idx
+        row_free, by_model, seen = self.row_free, self.by_model, self.seen
+        for n in changed:  # usually one row: Python sums beat NumPy calls here
+            now = sum(gpu_free[n].tolist())
             by_model[model_idx[n]] += now - row_free[n]  # index -1: the last row, as `% m` above
             row_free[n] = now
-        self.seen[changed] = arrays.version[changed]
+            seen[n] = version[n]
         return True
 
 
@@ -468,14 +482,15 @@ class PortalPolicy(Policy):
         prep = self._prepared(ctx.profile, arrays)
         if prep.terms is None or not prep.balance:
             return scores
-        rows = arrays.model_idx[nodes]
-        if rows.min() == rows.max():
+        used = self._model_used(arrays, prep)
+        rows = self._free.model_idx[nodes]
+        # Ends that differ already say "more than one model"; only otherwise look at them all.
+        if rows[0] == rows[-1] and rows.min() == rows.max():
             return scores
         # Per model in Python floats (a handful of models), then gathered per node: the same
         # products in the same order as the plain path's arrays.
         first = self.balance_weight * demand.total_milli
         scale = self.score_levels / 4000.0
-        used = self._model_used(arrays, prep)
         charge = [first * u * pinned * scale for u, pinned in zip(used, prep.pinned_list)]
         return scores - np.array(charge)[rows]
 
