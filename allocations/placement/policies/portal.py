@@ -280,6 +280,7 @@ class _FreeByModel:
             np.bincount(arrays.model_idx % m, weights=row_free, minlength=m).astype(np.int64).tolist()
         )
         self.row_free: list[int] = row_free.tolist()
+        self.models: list[int] = arrays.model_idx.tolist()
         self.seen = arrays.version.copy()
 
     def update(self) -> bool:
@@ -291,13 +292,12 @@ class _FreeByModel:
         if len(changed) > self.RECOUNT_ROWS:
             self._count()
             return True
-        gpu_free, version, model_idx = arrays.gpu_free, arrays.version, arrays.model_idx
-        row_free, by_model, seen = self.row_free, self.by_model, self.seen
-        for n in changed:  # usually one row: Python sums beat NumPy calls here
+        gpu_free, models, row_free, by_model = arrays.gpu_free, self.models, self.row_free, self.by_model
+        for n in changed:  # usually one row: Python ints beat NumPy calls here
             now = sum(gpu_free[n].tolist())
-            by_model[model_idx[n]] += now - row_free[n]  # index -1: the last row, as `% m` above
+            by_model[models[n]] += now - row_free[n]  # index -1: the last row, as `% m` above
             row_free[n] = now
-            seen[n] = version[n]
+        self.seen = arrays.version.copy()
         return True
 
 
@@ -366,17 +366,18 @@ class PortalPolicy(Policy):
     def evaluate(
         self, arrays: ClusterArrays, demand: Demand, nodes: np.ndarray, fit: np.ndarray, ctx: PolicyContext
     ) -> Evaluation:
-        if demand.kind is Kind.MIG:
+        kind = demand.kind
+        if kind is Kind.MIG:
             return Evaluation(scores=mig_pack_scores(arrays, nodes, fit))
         prep = self._prepared(ctx.profile, arrays)
         if prep.terms is None:
             return self._fgd.evaluate(arrays, demand, nodes, fit, ctx)
         if not self.fast or not self.per_model:
             return self._evaluate_plain(arrays, demand, nodes, fit, ctx, prep.terms)
-        return self._evaluate_fast(arrays, demand, nodes, fit, prep)
+        return self._evaluate_fast(arrays, demand, kind, nodes, fit, prep)
 
     def _evaluate_fast(
-        self, arrays: ClusterArrays, demand: Demand, nodes: np.ndarray, fit: np.ndarray, prep: _Prepared
+        self, arrays: ClusterArrays, demand: Demand, kind: Kind, nodes: np.ndarray, fit: np.ndarray, prep: _Prepared
     ) -> Evaluation:
         """:meth:`_evaluate_plain` with the per-model terms, in fewer NumPy calls.
 
@@ -390,7 +391,6 @@ class PortalPolicy(Policy):
         (tests/placement/test_placement_portal_speed.py).
         """
         terms = prep.terms
-        kind = demand.kind
         delta, frag = fragment_deltas(arrays, demand, nodes, fit, terms.shapes)  # a fresh array: updated in place
         row = frag.model_idx
         if len(nodes) <= self.python_rows:
@@ -398,7 +398,8 @@ class PortalPolicy(Policy):
                 frag.total.tolist(), frag.cpu.tolist(), arrays.mem_free[nodes].tolist(), row.tolist(),
                 demand, self.stranding_weight,
             )
-            delta += np.array(strand)[:, None]
+            # One row (the commonest re-scoring): the Python float adds as the (1, 1) array would.
+            delta += strand[0] if len(strand) == 1 else np.array(strand)[:, None]
         else:
             # (B, 4): CPU ratio, memory ratio (1 where the ratio is 0), and their offsets (NEVER
             # there, which keeps that side out of the minimum: a ratio of 0 never strands).
