@@ -147,3 +147,29 @@ def test_the_guard_check_runs_in_prepare_not_in_the_first_decision(monkeypatch) 
     assert calls == [1]
     Placer(arrays, policy, ctx).place(Demand(8_000, 0, 1, 500))
     assert calls == [1]  # the decision reused the prepared terms
+
+
+def test_free_per_model_recounts_after_many_changes() -> None:
+    # More changed rows than RECOUNT_ROWS since the last look: one fresh count instead of a
+    # row-by-row update; both must agree with a plain sum, and the row-by-row path resumes after.
+    from allocations.placement.policies.portal import _FreeByModel
+
+    n = 2 * _FreeByModel.RECOUNT_ROWS
+    arrays = ClusterArrays.build(
+        node_ids=[f"n{i}" for i in range(n)],
+        cpu_milli=[96_000] * n,
+        memory_mib=[1 << 20] * n,
+        gpu_models=[["A"] * 4 if i % 3 else ["B"] * 2 for i in range(n)],
+    )
+    policy = PortalPolicy(guard="off")
+
+    def fresh() -> list[int]:
+        free = arrays.gpu_free.sum(axis=1)
+        return [int(free[arrays.model_idx == m].sum()) for m in (0, 1)] + [0]
+
+    assert policy._model_free(arrays) == fresh()
+    for node in range(_FreeByModel.RECOUNT_ROWS + 5):
+        arrays.apply(node, Demand(1_000, 0, 1, 300), [0])
+    assert policy._model_free(arrays) == fresh()
+    arrays.apply(n - 1, Demand(1_000, 0, 1, 700), [1])
+    assert policy._model_free(arrays) == fresh()
