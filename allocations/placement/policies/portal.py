@@ -52,9 +52,13 @@ Speed
 Most decisions re-score one to a few rows (the engine's score cache), so what costs is the
 number of NumPy calls per decision, not their size. Everything that depends only on the
 cluster and the profile (the terms, the guard's verdict, the ratios) is found once per
-policy instance (:meth:`PortalPolicy.prepare`, or lazily in the first decision), and the
-model balance counts free GPU per model from the rows that changed. ``fast = False`` keeps
-the plain formulas above; the two give the same scores bit for bit (tested).
+policy instance (:meth:`PortalPolicy.prepare`, or lazily in the first decision); the
+stranding term of up to ``python_rows`` rows is Python float arithmetic, the remnant term
+one look-up in a table per demand size, and the model balance counts free GPU per model
+from the rows that changed, in Python ints. ``fast = False`` keeps the plain formulas
+above; the two give the same scores bit for bit (tested). What is left of the gap to
+``fgd`` is mostly where ``portal`` places (more rows to re-score per decision), not its
+arithmetic (README: the placement benchmark's decision speed).
 
 Why it works
 ------------
