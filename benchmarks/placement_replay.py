@@ -8,12 +8,13 @@ headline figure "at X%" averages the events whose rounded arrived % equals X.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from allocations.placement.arrays import ClusterArrays
-from allocations.placement.engine import Placer
+from allocations.placement.engine import Choice, Placer
 from allocations.placement.fragmentation import ShapeTable, node_fragment
 from allocations.placement.policies.base import Policy, PolicyContext
 from allocations.placement.requests import Demand
@@ -67,7 +68,9 @@ def replay(
     profile: WorkloadProfile,
     order: np.ndarray | None = None,
     use_cache: bool = True,
+    on_choice: Callable[[Choice | None], None] | None = None,
 ) -> RunResult:
+    """One seed of the experiment; ``on_choice`` (untimed) sees every decision, None for a dropped task."""
     order_rng, tie_rng, policy_rng = seed_streams(seed)
     capacity = template.gpu_capacity_milli()
     if order is None:
@@ -107,6 +110,8 @@ def replay(
         choice = placer.place(demand)
         latency[k] = time.perf_counter() - t0
         cpu[k] = time.thread_time() - c0
+        if on_choice is not None:
+            on_choice(choice)
         arrived_milli += int(request[i])
         if choice is None:
             failed += 1

@@ -119,7 +119,7 @@ class FragmentTerms:
 
     def __init__(self, gpu_free: np.ndarray, cpu_free: np.ndarray, model_idx: np.ndarray, table: ShapeTable) -> None:
         self.table = table
-        free = np.asarray(gpu_free, dtype=np.int64)
+        free = self.free = np.asarray(gpu_free, dtype=np.int64)
         self.milli = table.milli[table.needs_gpu]
         self.shape_cpu = table.cpu[table.needs_gpu]
         self.shape_num = table.num[table.needs_gpu]

@@ -172,3 +172,20 @@ def test_cli_synthetic_cluster(tiny: tuple[Path, Path], tmp_path: Path) -> None:
     )
     data = json.loads(out.read_text())
     assert data["nodes"] == 30 and data["policies"]["portal"]["placements_per_s"] > 0
+
+
+def test_decision_recordings_compare_every_bit_of_the_score(tmp_path: Path) -> None:
+    from allocations.placement.engine import Choice
+    from benchmarks.placement_decisions import SLOTS, compare, decision_row
+
+    placed = Choice(node=3, slots=(1, 2), mig_start=None, score=97.0, candidates=10)
+    row = decision_row(placed)
+    assert row[:2] == [3, -1] and row[3:6] == [1, 2, -1] and len(row) == 3 + SLOTS
+    assert decision_row(None) == [-1] * (3 + SLOTS)
+    nudged = Choice(node=3, slots=(1, 2), mig_start=None, score=float(np.nextafter(97.0, 0.0)), candidates=10)
+    a, b, c = tmp_path / "a.npz", tmp_path / "b.npz", tmp_path / "c.npz"
+    np.savez(a, run=np.array([row, decision_row(None)]))
+    np.savez(b, run=np.array([row, decision_row(None)]))
+    np.savez(c, run=np.array([decision_row(nudged), decision_row(None)]))
+    assert compare(str(a), str(b)) == 0
+    assert compare(str(a), str(c)) == 1  # one ulp of score is a different decision record

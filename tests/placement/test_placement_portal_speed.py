@@ -55,8 +55,10 @@ def test_fast_path_places_exactly_as_the_plain_formulas(arrays, history, arrival
     # path's offset must keep that side out of the minimum exactly as the plain path's inf.
     cpu_free = profile_without_cpu(history)
     profiles = [profile, cpu_free]
-    for p in profiles:
-        fast = Placer(arrays.copy(), PortalPolicy(guard="off"), PolicyContext(profile=p))
+    # python_rows=0: the stranding term through NumPy for every row count; the default
+    # (16): in Python floats for these small clusters' re-scorings.
+    for p, python_rows in [(p, r) for p in profiles for r in (0, PortalPolicy.python_rows)]:
+        fast = Placer(arrays.copy(), PortalPolicy(guard="off", python_rows=python_rows), PolicyContext(profile=p))
         plain = Placer(arrays.copy(), PortalPolicy(guard="off", fast=False), PolicyContext(profile=p))
         for demand in arrivals:
             a, b = fast.place(demand), plain.place(demand)
@@ -88,9 +90,12 @@ def test_fast_scores_equal_plain_scores_for_every_candidate(arrays, history, dat
     fast, plain = PortalPolicy(guard="off"), PortalPolicy(guard="off", fast=False)
     ev_fast = fast.evaluate(arrays, demand, nodes, fit, ctx)
     ev_plain = plain.evaluate(arrays, demand, nodes, fit, ctx)
+    ev_numpy = PortalPolicy(guard="off", python_rows=0).evaluate(arrays, demand, nodes, fit, ctx)
     np.testing.assert_array_equal(ev_fast.scores, ev_plain.scores)
+    np.testing.assert_array_equal(ev_numpy.scores, ev_plain.scores)
     if ev_plain.slots is not None:
         np.testing.assert_array_equal(ev_fast.slots, ev_plain.slots)
+        np.testing.assert_array_equal(ev_numpy.slots, ev_plain.slots)
     finite = np.isfinite(ev_plain.scores)
     if not finite.any():
         return  # the engine never scores an empty candidate list
@@ -110,7 +115,7 @@ def test_free_per_model_follows_placements_and_releases() -> None:
         gpu_models=[["A"] * 2, ["A"] * 4, ["B"] * 8, []],
     )
     policy = PortalPolicy(guard="off")
-    assert policy._model_free(arrays).tolist() == [6000.0, 8000.0, 0.0]  # A, B, GPU-less
+    assert policy._model_free(arrays) == [6000, 8000, 0]  # A, B, GPU-less
     steps = [
         (1, Demand(4_000, 0, 2, 1000), [0, 1]),
         (2, Demand(4_000, 0, 1, 250), [3]),
@@ -120,14 +125,14 @@ def test_free_per_model_follows_placements_and_releases() -> None:
     expected = [[4000.0, 8000.0, 0.0], [4000.0, 7750.0, 0.0], [4000.0, 7750.0, 0.0], [3530.0, 7750.0, 0.0]]
     for (node, demand, slots), want in zip(steps, expected, strict=True):
         arrays.apply(node, demand, slots)
-        assert policy._model_free(arrays).tolist() == want
+        assert policy._model_free(arrays) == want
     arrays.release(2, Demand(4_000, 0, 1, 250), [3])
-    assert policy._model_free(arrays).tolist() == [3530.0, 8000.0, 0.0]
+    assert policy._model_free(arrays) == [3530, 8000, 0]
     # A copy is another cluster state: counted afresh, not from the original's history.
     other = arrays.copy()
     other.gpu_free[:] = 0
-    assert policy._model_free(other).tolist() == [0.0, 0.0, 0.0]
-    assert policy._model_free(arrays).tolist() == [3530.0, 8000.0, 0.0]
+    assert policy._model_free(other) == [0, 0, 0]
+    assert policy._model_free(arrays) == [3530, 8000, 0]
 
 
 def test_the_guard_check_runs_in_prepare_not_in_the_first_decision(monkeypatch) -> None:
@@ -142,3 +147,29 @@ def test_the_guard_check_runs_in_prepare_not_in_the_first_decision(monkeypatch) 
     assert calls == [1]
     Placer(arrays, policy, ctx).place(Demand(8_000, 0, 1, 500))
     assert calls == [1]  # the decision reused the prepared terms
+
+
+def test_free_per_model_recounts_after_many_changes() -> None:
+    # More changed rows than RECOUNT_ROWS since the last look: one fresh count instead of a
+    # row-by-row update; both must agree with a plain sum, and the row-by-row path resumes after.
+    from allocations.placement.policies.portal import _FreeByModel
+
+    n = 2 * _FreeByModel.RECOUNT_ROWS
+    arrays = ClusterArrays.build(
+        node_ids=[f"n{i}" for i in range(n)],
+        cpu_milli=[96_000] * n,
+        memory_mib=[1 << 20] * n,
+        gpu_models=[["A"] * 4 if i % 3 else ["B"] * 2 for i in range(n)],
+    )
+    policy = PortalPolicy(guard="off")
+
+    def fresh() -> list[int]:
+        free = arrays.gpu_free.sum(axis=1)
+        return [int(free[arrays.model_idx == m].sum()) for m in (0, 1)] + [0]
+
+    assert policy._model_free(arrays) == fresh()
+    for node in range(_FreeByModel.RECOUNT_ROWS + 5):
+        arrays.apply(node, Demand(1_000, 0, 1, 300), [0])
+    assert policy._model_free(arrays) == fresh()
+    arrays.apply(n - 1, Demand(1_000, 0, 1, 700), [1])
+    assert policy._model_free(arrays) == fresh()

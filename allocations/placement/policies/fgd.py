@@ -28,9 +28,10 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
 
 def fragment_deltas(
     arrays: ClusterArrays, demand: Demand, nodes: np.ndarray, fit: np.ndarray, table: ShapeTable
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, FragmentTerms]:
     """``F_after - F_before`` per candidate GPU: returns ``(B, G)`` deltas (inf where unusable)
-    and ``F_before`` per node.
+    and the nodes' :class:`FragmentTerms` (their free GPU, CPU and model, for callers that
+    add terms of their own without gathering the rows again).
 
     For whole-GPU and CPU-only demands the delta does not depend on which GPUs are taken
     (the measure only looks at the multiset of free amounts), so column 0 carries the
@@ -54,14 +55,14 @@ def fragment_deltas(
             old = free[rows, cols].astype(np.int64)
             after = terms.after_one_gpu(rows, old, old - demand.milli, cpu_after[rows])
             delta[rows, cols] = after - before[rows]
-        return delta, before
+        return delta, terms
     if kind is Kind.WHOLE:
         enough = fit.sum(axis=1) >= demand.num_gpu
         after = terms.after_whole_gpus(demand.num_gpu, cpu_after)
         delta[:, 0] = np.where(enough, after - before, np.inf)
-        return delta, before
+        return delta, terms
     delta[:, 0] = terms.value(cpu=cpu_after) - before
-    return delta, before
+    return delta, terms
 
 
 class FgdPolicy(Policy):

@@ -52,9 +52,13 @@ Speed
 Most decisions re-score one to a few rows (the engine's score cache), so what costs is the
 number of NumPy calls per decision, not their size. Everything that depends only on the
 cluster and the profile (the terms, the guard's verdict, the ratios) is found once per
-policy instance (:meth:`PortalPolicy.prepare`, or lazily in the first decision), and the
-model balance counts free GPU per model from the rows that changed. ``fast = False`` keeps
-the plain formulas above; the two give the same scores bit for bit (tested).
+policy instance (:meth:`PortalPolicy.prepare`, or lazily in the first decision); the
+stranding term of up to ``python_rows`` rows is Python float arithmetic, the remnant term
+one look-up in a table per demand size, and the model balance counts free GPU per model
+from the rows that changed, in Python ints. ``fast = False`` keeps the plain formulas
+above; the two give the same scores bit for bit (tested). What is left of the gap to
+``fgd`` is mostly where ``portal`` places (more rows to re-score per decision), not its
+arithmetic (README: the placement benchmark's decision speed).
 
 Why it works
 ------------
@@ -216,10 +220,89 @@ class _Prepared:
              np.where(cpu > 0, 0.0, self.NEVER), np.where(mem > 0, 0.0, self.NEVER)],
             axis=1,
         )
+        # The same four columns as Python floats, for the few-row path (index -1: GPU-less nodes).
+        self.strand_lists = tuple(self.strand.T.tolist())
         self.balance = bool(terms.pinned_share.any())
         cap = terms.gpus * 1000.0
         self.has_gpus = cap > 0
         self.cap_floor = np.maximum(cap, 1.0)
+        self.pinned_list = terms.pinned_share.tolist()
+        self.cap_list = [float(c) if h else None for c, h in zip(self.cap_floor.tolist(), self.has_gpus.tolist())]
+        self._remnant: dict[tuple[int, float], np.ndarray] = {}
+
+    def remnant_change(self, milli: int, weight: float) -> np.ndarray:
+        """``weight * (W[max(f - milli, 0)] - W[f])`` per model (rows) and free milli ``f``
+        (columns): the remnant term of taking ``milli`` from a GPU with ``f`` free, the
+        plain path's expression evaluated once per size instead of gathered twice per row."""
+        key = (milli, weight)
+        table = self._remnant.get(key)
+        if table is None:
+            waste = self.terms.waste
+            free = np.arange(waste.shape[1])
+            left = np.maximum(free - milli, 0)
+            table = self._remnant[key] = weight * (waste[:, left] - waste[:, free])
+        return table
+
+    def stranding_rows(
+        self, total: list[int], cpu: list[int], mem: list[int], rows: list[int], demand: Demand, weight: float
+    ) -> list[float]:
+        """``weight * (S_after - S_before)`` per row in Python floats: for the few rows a cached
+        decision re-scores this beats a dozen NumPy calls. The operations (IEEE division,
+        subtraction, minimum, maximum of the same doubles) and their order are those of the
+        NumPy expressions in :meth:`PortalPolicy._evaluate_fast`, so the results are the same bits."""
+        r_cpu, r_mem, off_cpu, off_mem = self.strand_lists
+        d_cpu, d_mem, d_gpu = demand.cpu_milli, demand.memory_mib, demand.total_milli
+        out = []
+        for gpu, c, m, i in zip(total, cpu, mem, rows):
+            rc, rm, oc, om = r_cpu[i], r_mem[i], off_cpu[i], off_mem[i]
+            by_cpu, by_mem = c / rc + oc, m / rm + om
+            before = gpu - (by_cpu if by_cpu <= by_mem else by_mem)
+            by_cpu, by_mem = (c - d_cpu) / rc + oc, (m - d_mem) / rm + om
+            after = (gpu - d_gpu) - (by_cpu if by_cpu <= by_mem else by_mem)
+            out.append(weight * ((after if after > 0.0 else 0.0) - (before if before > 0.0 else 0.0)))
+        return out
+
+
+class _FreeByModel:
+    """Free milli-GPU per model of one :class:`ClusterArrays` (row -1, GPU-less nodes, last),
+    kept from the rows whose ``version`` moved instead of summed over every node."""
+
+    #: More changed rows than this since the last call: count every row again (one NumPy pass).
+    RECOUNT_ROWS = 64
+
+    def __init__(self, arrays: ClusterArrays) -> None:
+        self.arrays = arrays
+        #: The nodes' models as the platform's index type: gathering by it is cheaper than by int16.
+        self.model_idx = arrays.model_idx.astype(np.intp)
+        self._count()
+
+    def _count(self) -> None:
+        arrays = self.arrays
+        row_free = arrays.gpu_free.sum(axis=1, dtype=np.int64)
+        m = len(arrays.models) + 1
+        self.by_model: list[int] = (
+            np.bincount(arrays.model_idx % m, weights=row_free, minlength=m).astype(np.int64).tolist()
+        )
+        self.row_free: list[int] = row_free.tolist()
+        self.models: list[int] = arrays.model_idx.tolist()
+        self.seen = arrays.version.copy()
+
+    def update(self) -> bool:
+        """Count the rows changed since the last call; False if none did."""
+        arrays = self.arrays
+        changed = (arrays.version != self.seen).nonzero()[0].tolist()
+        if not changed:
+            return False
+        if len(changed) > self.RECOUNT_ROWS:
+            self._count()
+            return True
+        gpu_free, models, row_free, by_model = arrays.gpu_free, self.models, self.row_free, self.by_model
+        for n in changed:  # usually one row: Python ints beat NumPy calls here
+            now = sum(gpu_free[n].tolist())
+            by_model[models[n]] += now - row_free[n]  # index -1: the last row, as `% m` above
+            row_free[n] = now
+        self.seen = arrays.version.copy()
+        return True
 
 
 class PortalPolicy(Policy):
@@ -243,17 +326,21 @@ class PortalPolicy(Policy):
     #: Score through :meth:`_evaluate_fast` and the incremental model balance (False: the
     #: plain formulas; the same scores, kept as the reference the tests compare against).
     fast = True
+    #: Up to this many rows the fast path computes the stranding term in Python floats
+    #: (fewer than ~16 rows: cheaper than NumPy's per-call cost; same bits either way).
+    python_rows = 16
 
     _CONSTANTS = ("stranding_weight", "remnant_weight", "score_levels", "balance_weight", "filler_min_share", "per_model")
 
     def __init__(self, **constants: float | str | bool) -> None:
         for key, value in constants.items():
-            if key not in self._CONSTANTS and key not in ("guard", "fast"):
+            if key not in self._CONSTANTS and key not in ("guard", "fast", "python_rows"):
                 raise TypeError(f"PortalPolicy has no constant {key!r}")
             setattr(self, key, value)
         self._fgd = FgdPolicy()
         self._prep: _Prepared | None = None
-        self._free: tuple[ClusterArrays, np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._free: _FreeByModel | None = None
+        self._used: tuple[_Prepared, list[float]] | None = None  # used share per model, for _free's state
 
     def constants(self) -> dict[str, float | bool]:
         return {k: getattr(self, k) for k in self._CONSTANTS}
@@ -283,55 +370,61 @@ class PortalPolicy(Policy):
     def evaluate(
         self, arrays: ClusterArrays, demand: Demand, nodes: np.ndarray, fit: np.ndarray, ctx: PolicyContext
     ) -> Evaluation:
-        if demand.kind is Kind.MIG:
+        kind = demand.kind
+        if kind is Kind.MIG:
             return Evaluation(scores=mig_pack_scores(arrays, nodes, fit))
         prep = self._prepared(ctx.profile, arrays)
         if prep.terms is None:
             return self._fgd.evaluate(arrays, demand, nodes, fit, ctx)
         if not self.fast or not self.per_model:
             return self._evaluate_plain(arrays, demand, nodes, fit, ctx, prep.terms)
-        return self._evaluate_fast(arrays, demand, nodes, fit, prep)
+        return self._evaluate_fast(arrays, demand, kind, nodes, fit, prep)
 
     def _evaluate_fast(
-        self, arrays: ClusterArrays, demand: Demand, nodes: np.ndarray, fit: np.ndarray, prep: _Prepared
+        self, arrays: ClusterArrays, demand: Demand, kind: Kind, nodes: np.ndarray, fit: np.ndarray, prep: _Prepared
     ) -> Evaluation:
         """:meth:`_evaluate_plain` with the per-model terms, in fewer NumPy calls.
 
-        Most decisions re-score one or two rows (the score cache), so the cost is the number
-        of NumPy calls, not their size: the ratios are gathered once as one (B, 4) block,
-        both stranding states come from the same expressions without ``errstate`` or
-        broadcasting, and the remnant table is indexed in place instead of copied per row.
-        Same arithmetic, same order: the scores are bit-for-bit those of the plain path
+        Most decisions re-score one to a few rows (the score cache), so the cost is the
+        number of NumPy calls, not their size: the rows' free GPU, CPU and model come from
+        the fragment terms instead of being gathered again; for up to ``python_rows`` rows
+        the stranding term is plain Python float arithmetic (:meth:`_Prepared.stranding_rows`),
+        beyond that one set of NumPy expressions; the remnant term is one look-up in a
+        table per demand size (:meth:`_Prepared.remnant_change`). Same arithmetic, same
+        order: the scores are bit-for-bit those of the plain path
         (tests/placement/test_placement_portal_speed.py).
         """
         terms = prep.terms
-        delta, _ = fragment_deltas(arrays, demand, nodes, fit, terms.shapes)  # a fresh array: updated in place
-        free = arrays.gpu_free[nodes]
-        row = arrays.model_idx[nodes]
-        # (B, 4): CPU ratio, memory ratio (1 where the ratio is 0), and their offsets (NEVER
-        # there, which keeps that side out of the minimum: a ratio of 0 never strands).
-        r_cpu, r_mem, off_cpu, off_mem = prep.strand[row].T
-        free_gpu = free.sum(axis=1)
-        cpu, mem = arrays.cpu_free[nodes], arrays.mem_free[nodes]
-        before = np.maximum(0.0, free_gpu - np.minimum(cpu / r_cpu + off_cpu, mem / r_mem + off_mem))
-        feeds_after = np.minimum(
-            (cpu - demand.cpu_milli) / r_cpu + off_cpu, (mem - demand.memory_mib) / r_mem + off_mem
-        )
-        after = np.maximum(0.0, (free_gpu - demand.total_milli) - feeds_after)
-        delta += self.stranding_weight * (after - before)[:, None]
+        delta, frag = fragment_deltas(arrays, demand, nodes, fit, terms.shapes)  # a fresh array: updated in place
+        row = frag.model_idx
+        if len(nodes) <= self.python_rows:
+            strand = prep.stranding_rows(
+                frag.total.tolist(), frag.cpu.tolist(), arrays.mem_free[nodes].tolist(), row.tolist(),
+                demand, self.stranding_weight,
+            )
+            # One row (the commonest re-scoring): the Python float adds as the (1, 1) array would.
+            delta += strand[0] if len(strand) == 1 else np.array(strand)[:, None]
+        else:
+            # (B, 4): CPU ratio, memory ratio (1 where the ratio is 0), and their offsets (NEVER
+            # there, which keeps that side out of the minimum: a ratio of 0 never strands).
+            r_cpu, r_mem, off_cpu, off_mem = prep.strand[row].T
+            free_gpu, cpu, mem = frag.total, frag.cpu, arrays.mem_free[nodes]
+            before = np.maximum(0.0, free_gpu - np.minimum(cpu / r_cpu + off_cpu, mem / r_mem + off_mem))
+            feeds_after = np.minimum(
+                (cpu - demand.cpu_milli) / r_cpu + off_cpu, (mem - demand.memory_mib) / r_mem + off_mem
+            )
+            after = np.maximum(0.0, (free_gpu - demand.total_milli) - feeds_after)
+            delta += self.stranding_weight * (after - before)[:, None]
 
-        if demand.kind is Kind.FRACTION:
-            left = free - demand.milli
-            np.maximum(left, 0, out=left)
-            r = row[:, None]
-            change = terms.waste[r, left]
-            change -= terms.waste[r, free]
-            delta += self.remnant_weight * np.where(fit, change, 0.0)
+        if kind is Kind.FRACTION:
+            # Only GPUs that fit have a finite delta (fragment_deltas leaves the rest at inf,
+            # which adding a finite change keeps), so the plain path's `where(fit, ...)` is implied.
+            delta += prep.remnant_change(demand.milli, self.remnant_weight)[row[:, None], frag.free]
 
         score = np.where(np.isfinite(delta), np.trunc(sigmoid(-delta / 1000.0) * self.score_levels), -np.inf)
         best_col = score.argmax(axis=1)
         best = score[np.arange(len(nodes)), best_col]
-        return Evaluation(scores=best, slots=best_col if demand.kind is Kind.FRACTION else None)
+        return Evaluation(scores=best, slots=best_col if kind is Kind.FRACTION else None)
 
     def _evaluate_plain(
         self,
@@ -394,36 +487,37 @@ class PortalPolicy(Policy):
         prep = self._prepared(ctx.profile, arrays)
         if prep.terms is None or not prep.balance:
             return scores
-        rows = arrays.model_idx[nodes]
-        if rows.min() == rows.max():
+        used = self._model_used(arrays, prep)
+        rows = self._free.model_idx[nodes]
+        # Ends that differ already say "more than one model"; only otherwise look at them all.
+        if rows[0] == rows[-1] and rows.min() == rows.max():
             return scores
-        free = self._model_free(arrays)
-        used = np.where(prep.has_gpus, 1.0 - free / prep.cap_floor, 1.0)
-        # Per model, then gathered per node: the same products in the same order as the plain path.
-        charge = self.balance_weight * demand.total_milli * used * prep.terms.pinned_share
-        charge *= self.score_levels / 4000.0
-        return scores - charge[rows]
+        # Per model in Python floats (a handful of models), then gathered per node: the same
+        # products in the same order as the plain path's arrays.
+        first = self.balance_weight * demand.total_milli
+        scale = self.score_levels / 4000.0
+        charge = [first * u * pinned * scale for u, pinned in zip(used, prep.pinned_list)]
+        return scores - np.array(charge)[rows]
 
-    def _model_free(self, arrays: ClusterArrays) -> np.ndarray:
-        """Free milli-GPU per model (row -1 last), kept up to date from the rows whose
-        ``version`` moved since the last decision (usually one) instead of summed over every node."""
+    def _model_used(self, arrays: ClusterArrays, prep: _Prepared) -> list[float]:
+        """Share of each model's GPUs taken (1 for models without GPUs), as the plain path's
+        ``np.where(cap > 0, 1 - free / max(cap, 1), 1)``; recomputed only when a row changed."""
+        free = self._model_free(arrays)
+        if self._used is None or self._used[0] is not prep:
+            self._used = (prep, [1.0 - f / cap if cap is not None else 1.0 for f, cap in zip(free, prep.cap_list)])
+        return self._used[1]
+
+    def _model_free(self, arrays: ClusterArrays) -> list[int]:
+        """Free milli-GPU per model (row -1 last) of ``arrays``, kept up to date from the rows
+        whose ``version`` moved since the last decision (usually one) instead of summed over
+        every node; another arrays object (a copy) is counted afresh."""
         state = self._free
-        if state is None or state[0] is not arrays:
-            row_free = arrays.gpu_free.sum(axis=1, dtype=np.int64)
-            m = len(arrays.models) + 1
-            by_model = np.bincount(arrays.model_idx % m, weights=row_free, minlength=m).astype(np.int64).tolist()
-            self._free = (arrays, arrays.version.copy(), row_free.tolist(), by_model)
-            return np.array(by_model, dtype=np.float64)
-        _, seen, row_free, by_model = state
-        changed = np.flatnonzero(arrays.version != seen)
-        if changed.size:
-            model_idx, gpu_free = arrays.model_idx, arrays.gpu_free
-            for n in changed.tolist():
-                now = int(gpu_free[n].sum())
-                by_model[model_idx[n]] += now - row_free[n]  # index -1: the last row, as `% m` above
-                row_free[n] = now
-            seen[changed] = arrays.version[changed]
-        return np.array(by_model, dtype=np.float64)
+        if state is None or state.arrays is not arrays:
+            state = self._free = _FreeByModel(arrays)
+            self._used = None
+        elif state.update():
+            self._used = None
+        return state.by_model
 
     def _adjust_plain(
         self, arrays: ClusterArrays, demand: Demand, nodes: np.ndarray, scores: np.ndarray, ctx: PolicyContext
