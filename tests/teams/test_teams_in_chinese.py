@@ -67,13 +67,13 @@ def test_a_persons_channel_speaks_their_language_and_a_teams_channel_the_portals
     ours = channel_create(actor=world.owner, name="ours", kind="email", team=world.team, email="ml@example.com",
                           events=["reservation.failed"])
     made = notify(event="reservation.failed", subject=lambda: gettext("A reservation failed"),
-                  text=lambda: gettext("Borrowed GPUs are being taken back"),
+                  text=lambda: gettext("GPUs of a reservation are being taken back (borrowed or preempted)"),
                   team_ids=[world.team.pk], user_ids=[world.member.pk])
     assert made == 2
     payloads = {d.channel_id: d.payload for d in Delivery.objects.all()}
-    assert (payloads[mine.pk]["subject"], payloads[mine.pk]["text"]) == ("预约失败", "借用的 GPU 正在被收回")
+    assert (payloads[mine.pk]["subject"], payloads[mine.pk]["text"]) == ("预约失败", "预约的 GPU 正在被收回（借用或被抢占）")
     assert (payloads[ours.pk]["subject"], payloads[ours.pk]["text"]) == (
-        "A reservation failed", "Borrowed GPUs are being taken back")
+        "A reservation failed", "GPUs of a reservation are being taken back (borrowed or preempted)")
     assert all(delivery_attempt(pk) == "sent" for pk in Delivery.objects.values_list("pk", flat=True))
     by_address = {message.to[0]: message for message in mail.outbox}
     assert by_address["member@example.com"].subject == "[GPU Pool] 预约失败"
