@@ -185,7 +185,10 @@ def earliest_fit(*, gpus: Sequence[booking.PoolGpu], grants: Sequence[booking.Gr
     """The first start in [earliest, latest] where `shape` fits for `duration` among `grants` (and the
     team stays within its quota, or borrows within its limit when it starts at `borrow_at`: now), the
     grants it gets there, and why it did not fit at `earliest` ('' when it did). Room only grows where
-    a grant ends, so those are the only starts to try."""
+    a grant ends, so those are the only starts to try. None where `earliest` is after `latest`: no start
+    is in the range (a strict queue's request ahead, or its not_before, past its not_after or the horizon)."""
+    if earliest > latest:
+        return None, [], "no_start"
     candidates = {earliest}
     candidates.update(g.ends_at for g in grants if earliest < g.ends_at <= latest)
     if team is not None:
@@ -531,8 +534,13 @@ def plan(*, gpus: Sequence[booking.PoolGpu], grants: Sequence[booking.Grant], wa
         if own is not None and pinned_board is not None:
             pinned_board.unbook(item.reservation_id, own.gpu_ids, own.start, own.end)
         # The walk (no board) sees the promises held for the others as grants; a board has them booked.
-        others = _pinned(pins) if was_promised and (room is None or earliest > latest) else []
-        if room is not None and earliest <= latest:
+        others = _pinned(pins) if was_promised and room is None else []
+        if earliest > latest:
+            # No start in [earliest, latest]: in a strict queue the request ahead starts after its not_after
+            # (or its not_before is past it or the horizon). It gets no start, never one after its not_after:
+            # the pass fails it now rather than promise a start it will fail at when not_after passes.
+            start, chosen, reason = None, [], "no_start"
+        elif room is not None:
             start, chosen, reason = room.earliest_fit(shape=item.shape, duration=item.duration, earliest=earliest,
                                                       latest=latest, policy=policy, team=team)
         else:

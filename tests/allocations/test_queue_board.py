@@ -7,13 +7,14 @@ from __future__ import annotations
 import dataclasses
 from datetime import datetime, timedelta, timezone
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from allocations import booking, quotas
 from allocations.placement import ClusterState, Holding
 from allocations.placement.timeline import FreeTimeline, WholeGpuState
-from allocations.queue import TeamHolding, Waiting, plan
+from allocations.queue import TeamHolding, Waiting, earliest_fit, plan
 
 T0 = datetime(2026, 11, 24, 12, 0, tzinfo=timezone.utc)
 QUARTER = timedelta(minutes=15)
@@ -202,3 +203,29 @@ def test_a_newcomer_ordered_ahead_may_take_a_promised_start():
     result = plan(gpus=gpus, grants=grants, waiting=[newcomer, old], now=T0, horizon=T0 + 96 * QUARTER,
                   policy="portal", backfill=True, teams={}, keep_promises=True)
     assert [p.start for p in result] == [T0 + 4 * QUARTER, T0 + 8 * QUARTER]
+
+
+@pytest.mark.parametrize("on_board", [True, False])
+def test_a_strict_queue_never_promises_a_start_after_the_requests_not_after(on_board):
+    """The bug the promise property found: in a strict queue a request ahead that starts after the next one's
+    not_after pushed its earliest start past its latest, and the walk then tried that start anyway and
+    promised it (here B at +1 h with a not_after of +30 min). The pass fails such a request when its
+    not_after passes, so the promise could never be kept: and the next pass, where the request ahead moved
+    earlier, gave it no start at all, a promise moved later on a release. B gets no start now, and fails."""
+    gpus = [booking.PoolGpu(id=i, node_id=1, node_name="n1", index=i - 1) for i in (1, 2)]
+    grants = [booking.Grant(gpu_id=g, reservation_id=900, starts_at=T0 - QUARTER, ends_at=T0 + 4 * QUARTER)
+              for g in (1, 2)]
+    ahead = Waiting(reservation_id=1, team_id=1, shape=booking.Shape(gpus=1), duration=4 * QUARTER,
+                    queued_at=T0 - 2 * QUARTER)
+    bounded = Waiting(reservation_id=2, team_id=1, shape=booking.Shape(gpus=1), duration=4 * QUARTER,
+                      queued_at=T0 - QUARTER, not_after=T0 + 2 * QUARTER)
+    result = plan(gpus=gpus, grants=grants, waiting=[ahead, bounded], now=T0, horizon=T0 + 48 * QUARTER,
+                  policy="portal", backfill=False, teams={}, keep_promises=True, board=on_board)
+    assert [(p.start, p.reason) for p in result] == [(T0 + 4 * QUARTER, "not_enough"), (None, "no_start")]
+    assert not result[1].grants
+
+
+def test_the_walk_finds_no_start_where_the_earliest_is_after_the_latest():
+    gpus = [booking.PoolGpu(id=1, node_id=1, node_name="n1", index=0)]
+    assert earliest_fit(gpus=gpus, grants=[], shape=booking.Shape(gpus=1), duration=QUARTER, earliest=T0 + QUARTER,
+                        latest=T0, policy="portal") == (None, [], "no_start")
