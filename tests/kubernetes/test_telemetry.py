@@ -270,15 +270,21 @@ def test_prometheus_down_marks_the_cluster_silent_alerts_staff_and_recovers(flee
         own.cleanup()
 
 
-def test_exporter_source_reads_the_exporter_pods_through_the_api_server(fleet, core, standin):
+def _exporter_pod(core, node: str, address: str) -> tuple[str, str]:
+    """A running dcgm-exporter pod on `node` at `address`, in a namespace of its own: (namespace, name). No
+    kubelet here: its status is what one would post once it runs."""
     namespace = unique("gpu-operator")
     core.create_namespace({"metadata": {"name": namespace}})
     name = unique("nvidia-dcgm-exporter")
-    _pod(core, namespace, name, fleet.node.name, labels={"app": "nvidia-dcgm-exporter"},
+    _pod(core, namespace, name, node, labels={"app": "nvidia-dcgm-exporter"},
          containers=[{"name": "exporter", "image": "nvcr.io/nvidia/k8s/dcgm-exporter:3.3.5-3.4.0-ubuntu22.04"}])
-    # No kubelet here: the pod's status is what one would post once it runs (its address: the stand-in's).
     core.patch_namespaced_pod_status(name, namespace, {"status": {
-        "phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]}})
+        "phase": "Running", "podIP": address, "podIPs": [{"ip": address}]}})
+    return namespace, name
+
+
+def test_exporter_source_reads_the_exporter_pods_through_the_api_server(fleet, core, standin):
+    namespace, name = _exporter_pod(core, fleet.node.name, "127.0.0.1")  # the stand-in's address
     cluster = _use(fleet, "exporter", exporter_namespace=namespace, exporter_port=standin.port,
                    telemetry_period_seconds=2)
     (node_msg,) = _listen_while(lambda: kube_telemetry.cluster_telemetry_read(cluster=cluster),
@@ -363,13 +369,7 @@ def test_exporter_source_through_the_api_servers_pod_proxy(fleet, core, kube_api
     fleet.cluster.refresh_from_db()
     routable = DcgmStandIn(standin.gpus, host=address).start()
     try:
-        namespace = unique("gpu-operator")
-        core.create_namespace({"metadata": {"name": namespace}})
-        name = unique("nvidia-dcgm-exporter")
-        _pod(core, namespace, name, fleet.node.name, labels={"app": "nvidia-dcgm-exporter"},
-             containers=[{"name": "exporter", "image": "nvcr.io/nvidia/k8s/dcgm-exporter:3.3.5-3.4.0-ubuntu22.04"}])
-        core.patch_namespaced_pod_status(name, namespace, {"status": {
-            "phase": "Running", "podIP": address, "podIPs": [{"ip": address}]}})
+        namespace, name = _exporter_pod(core, fleet.node.name, address)
         cluster = _use(fleet, "exporter", exporter_namespace=namespace, exporter_port=routable.port,
                        exporter_via_proxy=True, telemetry_period_seconds=2)
         (node_msg,) = _listen_while(lambda: kube_telemetry.cluster_telemetry_read(cluster=cluster),
