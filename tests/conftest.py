@@ -127,8 +127,9 @@ def celery_worker_process(worker_env, tmp_path):
     stop_process_group(process)
 
 
-def start_server(args: list[str], *, env: dict, log_path: Path, ready, what: str) -> subprocess.Popen:
-    """Start a server process in its own process group and wait (60 s at most) until `ready()`.
+def start_server(args: list[str], *, env: dict, log_path: Path, ready, what: str,
+                 within: float = 60.0) -> subprocess.Popen:
+    """Start a server process in its own process group and wait (`within` seconds at most) until `ready()`.
 
     Its own group, so everything it forks (beat, uvicorn workers) stops with it: an orphan
     would keep connections to the test database, which then could not be dropped.
@@ -137,7 +138,7 @@ def start_server(args: list[str], *, env: dict, log_path: Path, ready, what: str
         process = subprocess.Popen(args, env=env, cwd=BASE_DIR, stdout=log, stderr=subprocess.STDOUT,
                                    start_new_session=True)
     process.log_path = log_path
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + within
     while not ready():
         if process.poll() is not None or time.monotonic() > deadline:
             stop_process_group(process, timeout=5)

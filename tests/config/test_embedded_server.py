@@ -22,8 +22,11 @@ def embedded(tmp_path):
     env = {key: value for key, value in os.environ.items() if key not in ("DATABASE_URL", "REDIS_URL")}
     env.update(PORTAL_VAR_DIR=str(tmp_path / "var"), DEMO_ADMIN_PASSWORD="plenty-of-entropy-7q", PYTHONUNBUFFERED="1")
     base = f"http://127.0.0.1:{port}"
+    # Within 180 s: in a fresh clone the first start also collects and compresses the static files (Plotly
+    # among them) and loads the demo with its months of history; CI on a slow moment took over 60 s.
     process = start_server([sys.executable, "manage.py", "runembedded", "--port", str(port), "--no-agents"],
-                           env=env, log_path=tmp_path / "embedded.log", ready=healthz_answers(base), what="runembedded")
+                           env=env, log_path=tmp_path / "embedded.log", ready=healthz_answers(base), what="runembedded",
+                           within=180)
     credentials = tmp_path / "var" / "demo-credentials.txt"
     assert stat.S_IMODE(credentials.stat().st_mode) == 0o600
     assert stat.S_IMODE((tmp_path / "var").stat().st_mode) == 0o700
