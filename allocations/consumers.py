@@ -10,11 +10,11 @@ group, sent when a token or node changes, makes an idle connection look again at
 """
 from __future__ import annotations
 
-from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from allocations.api.agent import LeasesInput
 from allocations.apply.backends.agent import agent_group, host_lease_report, host_leases
+from common.agent_threads import on_agent_threads
 
 def _header(scope, name: bytes) -> str:
     for key, value in scope.get("headers", []):
@@ -23,7 +23,7 @@ def _header(scope, name: bytes) -> str:
     return ""
 
 
-@database_sync_to_async
+@on_agent_threads
 def _node_for(key: str):
     from inventory import services
 
@@ -87,7 +87,7 @@ class AgentLeaseConsumer(AsyncJsonWebsocketConsumer):
             field, problems = next(iter(data.errors.items()))
             await self.send_json({"type": "error", "field": field, "message": str(problems)})
             return
-        await database_sync_to_async(host_lease_report)(node=self.node, **data.validated_data)
+        await on_agent_threads(host_lease_report)(node=self.node, **data.validated_data)
 
     async def leases_changed(self, event) -> None:
         if await self.still_authorized():
@@ -98,7 +98,7 @@ class AgentLeaseConsumer(AsyncJsonWebsocketConsumer):
         await self.still_authorized()
 
     async def send_leases(self) -> None:
-        leases = await database_sync_to_async(host_leases)(self.node)
+        leases = await on_agent_threads(host_leases)(self.node)
         await self.send_json({"type": "leases", "leases": leases})
 
     @classmethod

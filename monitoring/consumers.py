@@ -17,6 +17,7 @@ import time
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
+from common.agent_threads import on_agent_threads
 from monitoring import live, selectors
 from monitoring.ws_auth import current_user
 
@@ -127,7 +128,7 @@ class AgentTelemetryConsumer(AsyncWebsocketConsumer):
             if key.lower() == b"authorization":
                 parts = value.decode("latin-1").split()
                 if len(parts) == 2 and parts[0] == "Host":
-                    return await database_sync_to_async(services.host_token_for_key)(parts[1])
+                    return await on_agent_threads(services.host_token_for_key)(parts[1])
         return None
 
     async def dispatch(self, message: dict) -> None:
