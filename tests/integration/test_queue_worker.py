@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from allocations.models import Allocation, QueueEntry, Reservation
+from allocations.models import Allocation, PriorityClass, QueueEntry, Quota, Reservation
 from tests.conftest import wait_for
 from tests.smtp import start_smtp
 
@@ -63,15 +63,21 @@ def test_a_waiting_request_starts_seconds_after_a_release_and_the_expiry_warning
     assert not any(f"#{rid} ends in" in s for s in inbox.subjects())  # a 1 h booking that just started
 
 
-def test_borrowed_gpus_are_reclaimed_after_one_notice_and_the_waiter_starts(world, api, inbox, settings,
-                                                                            worker_env, celery_worker_process):
-    # This process gives the notice (the create runs the pass), the worker takes the GPUs back: both mail
-    # the same SMTP server and count the same notice and minimum runtime.
+@pytest.fixture
+def notices_here(inbox, settings, worker_env):
+    """This process gives the notice (the create runs the pass), the worker takes the GPUs back: both mail
+    the same SMTP server and count the same notice and minimum runtime."""
     settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
     settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", int(worker_env["EMAIL_URL"].rsplit(":", 1)[1])
     settings.EMAIL_USE_TLS = settings.EMAIL_USE_SSL = False
     settings.EMAIL_HOST_USER = settings.EMAIL_HOST_PASSWORD = ""
     settings.PREEMPTION_NOTICE, settings.PREEMPTION_MIN_RUNTIME = timedelta(seconds=3), timedelta(0)
+    return inbox
+
+
+def test_borrowed_gpus_are_reclaimed_after_one_notice_and_the_waiter_starts(world, api, notices_here,
+                                                                            celery_worker_process):
+    inbox = notices_here
     world.pool.borrowing = True
     world.pool.save()
     own = api(world.member).post(URL, {"pool": "a100", "team": "ml", "gpus": 6, "duration": "2h"}, format="json")
@@ -97,3 +103,41 @@ def test_borrowed_gpus_are_reclaimed_after_one_notice_and_the_waiter_starts(worl
     assert notices == [f"[GPU Pool] Reservation #{victim.pk}: borrowed GPUs taken back at "
                        f"{victim.preempt_at:%H:%M} UTC"]
     assert [s for s in inbox.subjects() if "borrowed GPUs taken back" in s] == notices
+
+
+def test_a_higher_class_preempts_a_lower_preemptible_booking_after_one_notice_and_it_is_requeued(
+        world, api, notices_here, celery_worker_process):
+    inbox = notices_here
+    low = PriorityClass.objects.create(name="low", value=10, preemptible=True)
+    high = PriorityClass.objects.create(name="high", value=100, preemptible=True)
+    Quota.objects.filter(team=world.team, pool=world.pool).update(priority_class=high)
+    Quota.objects.filter(team=world.other_team, pool=world.pool).update(priority_class=low)
+    # infra (low, preemptible, within its quota of 8: nothing borrowed) fills the pool in two bookings.
+    ends = (timezone.now() + timedelta(hours=2)).isoformat()
+    older = api(world.staff).post(URL, {"pool": "a100", "team": "infra", "gpus": 6, "ends_at": ends},
+                                  format="json").json()
+    younger = api(world.staff).post(URL, {"pool": "a100", "team": "infra", "gpus": 2, "ends_at": ends,
+                                          "requeue": True}, format="json").json()
+    assert younger["borrowed_ge"] == 0.0 and younger["preemptible"] and younger["priority_class"] == "low"
+    for booked in (older, younger):
+        wait_for(lambda b=booked: Reservation.objects.get(pk=b["id"]).state == "active", message="infra active")
+
+    # ml asks at high (100) within its quota: either booking alone frees 2 GPUs; the youngest is taken.
+    waiter = api(world.member).post(URL, {"pool": "a100", "team": "ml", "gpus": 2, "duration": "1h"},
+                                    format="json").json()
+    assert waiter["state"] == "pending"
+    victim = Reservation.objects.get(pk=younger["id"])
+    assert victim.preempt_at is not None and Reservation.objects.get(pk=older["id"]).preempt_at is None
+    wait_for(lambda: Reservation.objects.get(pk=waiter["id"]).state == "active", timeout=20,
+             message="the waiter active once the notice ran out")
+    victim.refresh_from_db()
+    assert victim.state == "released" and victim.ended_at >= victim.preempt_at
+    assert Reservation.objects.get(pk=older["id"]).state == "active"
+    assert set(Allocation.objects.filter(reservation_id=waiter["id"]).values_list("gpu_id", flat=True)) == set(
+        Allocation.objects.filter(reservation=victim).values_list("gpu_id", flat=True))
+    requeued = Reservation.objects.get(team=world.other_team, state="pending")
+    assert requeued.priority_class == "low" and requeued.preemptible and requeued.requeue
+    assert requeued.events.first().reason.startswith(f"Requeued for the rest of reservation #{victim.pk}")
+    subject = f"[GPU Pool] Reservation #{victim.pk}: preempted at {victim.preempt_at:%H:%M} UTC for a higher priority"
+    time.sleep(2)  # more sweeps and passes: still one notice
+    assert [s for s in inbox.subjects() if "preempted at" in s] == [subject]
