@@ -29,6 +29,10 @@ run: $(VENV)/.runtime
 services:
 	scripts/test-services
 
+# Where the benchmark targets write their JSON (ignored by git, so a fresh clone lacks it).
+benchmarks/results:
+	mkdir -p $@
+
 # services first: they install the headers python-ldap (requirements-ldap.txt) compiles against.
 test: services $(VENV)/.dev
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) SECRET_KEY=test-only-secret \
@@ -36,38 +40,38 @@ test: services $(VENV)/.dev
 
 BENCH_DATABASE_URL ?= postgres://gpupool:gpupool@127.0.0.1:5432/gpupool_bench
 
-benchmark-api: services $(VENV)/.dev
+benchmark-api: services $(VENV)/.dev | benchmarks/results
 	PGPASSWORD=gpupool createdb -h 127.0.0.1 -U gpupool gpupool_bench 2>/dev/null || true
 	DATABASE_URL=$(BENCH_DATABASE_URL) REDIS_URL=redis://127.0.0.1:6379/13 SECRET_KEY=bench-only \
 		$(PY) -m benchmarks.api --serve --concurrency 32 --seconds 30 --json benchmarks/results/api.json
 
 # CPU per reservation API call in one process, beside a /healthz baseline (low-noise A/B of the request path).
-benchmark-api-cpu: services $(VENV)/.dev
+benchmark-api-cpu: services $(VENV)/.dev | benchmarks/results
 	PGPASSWORD=gpupool createdb -h 127.0.0.1 -U gpupool gpupool_bench 2>/dev/null || true
 	DATABASE_URL=$(BENCH_DATABASE_URL) REDIS_URL=redis://127.0.0.1:6379/13 SECRET_KEY=bench-only \
 		$(PY) -m benchmarks.api_cpu --calls 200 --json benchmarks/results/api-cpu.json
 
 # The ceiling under the API: create + release through the services with no HTTP, then their bare SQL
 # through psycopg; PostgreSQL's and the clients' CPU per cycle (run it on the database's machine).
-benchmark-api-floor: services $(VENV)/.dev
+benchmark-api-floor: services $(VENV)/.dev | benchmarks/results
 	PGPASSWORD=gpupool createdb -h 127.0.0.1 -U gpupool gpupool_bench 2>/dev/null || true
 	DATABASE_URL=$(BENCH_DATABASE_URL) REDIS_URL=redis://127.0.0.1:6379/13 SECRET_KEY=bench-only \
 		$(PY) -m benchmarks.api_floor --processes 2 --connections 16 --seconds 20 --json benchmarks/results/api-floor.json
 
 # Fractional and MIG requests from the gpushare40 trace through the reservation service vs the engine alone.
-benchmark-sharing: services $(VENV)/.dev
+benchmark-sharing: services $(VENV)/.dev | benchmarks/results
 	PGPASSWORD=gpupool createdb -h 127.0.0.1 -U gpupool gpupool_bench 2>/dev/null || true
 	DATABASE_URL=$(BENCH_DATABASE_URL) REDIS_URL=redis://127.0.0.1:6379/13 SECRET_KEY=bench-only \
 		$(PY) -m benchmarks.sharing --rounds 5 --json benchmarks/results/sharing.json
 
 # The Alibaba trace's whole-GPU tasks as teams would send them, through the real services with a simulated
 # clock, per queue ordering with and without backfill; then one pass over long queues on the 1,213-node cluster.
-benchmark-queue: services $(VENV)/.dev
+benchmark-queue: services $(VENV)/.dev | benchmarks/results
 	PGPASSWORD=gpupool createdb -h 127.0.0.1 -U gpupool gpupool_bench 2>/dev/null || true
 	DATABASE_URL=$(BENCH_DATABASE_URL) REDIS_URL=redis://127.0.0.1:6379/13 SECRET_KEY=bench-only \
 		$(PY) -m benchmarks.queue --json benchmarks/results/queue.json
 
-benchmark-history: services $(VENV)/.dev
+benchmark-history: services $(VENV)/.dev | benchmarks/results
 	PGPASSWORD=gpupool createdb -h 127.0.0.1 -U gpupool gpupool_bench 2>/dev/null || true
 	DATABASE_URL=$(BENCH_DATABASE_URL) REDIS_URL=redis://127.0.0.1:6379/13 SECRET_KEY=bench-only \
 		$(PY) -m benchmarks.history --past 200000 --calls 50 --json benchmarks/results/history.json
@@ -77,7 +81,7 @@ benchmark-history: services $(VENV)/.dev
 APPLY_BENCH_DATABASE_URL ?= postgres://gpupool:gpupool@127.0.0.1:5432/gpupool_applybench
 APPLY_BENCH_REDIS_URL ?= redis://127.0.0.1:6379/10
 
-benchmark-apply: services $(VENV)/.dev
+benchmark-apply: services $(VENV)/.dev | benchmarks/results
 	DATABASE_URL=$(APPLY_BENCH_DATABASE_URL) REDIS_URL=$(APPLY_BENCH_REDIS_URL) SECRET_KEY=bench-only \
 		$(PY) -m benchmarks.apply --fresh-db --json benchmarks/results/apply.json
 
@@ -92,24 +96,24 @@ benchmark-k8s-telemetry: $(VENV)/.dev services
 # mode (PostgreSQL + Redis, 2 uvicorn workers, the web server as config/web.py runs it), then the embedded
 # mode (SQLite, in-process). 15 s of warm-up: 100 agents and 1,000 sockets start within seconds of
 # each other and the first requests fill the caches.
-benchmark-telemetry-history: services $(VENV)/.dev
+benchmark-telemetry-history: services $(VENV)/.dev | benchmarks/results
 	PGPASSWORD=gpupool createdb -h 127.0.0.1 -U gpupool gpupool_bench 2>/dev/null || true
 	DATABASE_URL=$(BENCH_DATABASE_URL) REDIS_URL=redis://127.0.0.1:6379/13 SECRET_KEY=bench-only \
 		$(PY) -m benchmarks.telemetry_history --fleets 1000,10000 --calls 20 \
 		--json benchmarks/results/telemetry-history.json
 
 # A year of a 1,000-team, 10,000-GPU fleet's usage ledger, and the usage report over it (its own database).
-benchmark-usage: services $(VENV)/.dev
+benchmark-usage: services $(VENV)/.dev | benchmarks/results
 	PGPASSWORD=gpupool createdb -h 127.0.0.1 -U gpupool gpupool_usage_bench 2>/dev/null || true
 	DATABASE_URL=postgres://gpupool:gpupool@127.0.0.1:5432/gpupool_usage_bench REDIS_URL=redis://127.0.0.1:6379/13 \
 		SECRET_KEY=bench-only $(PY) -m benchmarks.usage --teams 1000 --gpus 10000 --json benchmarks/results/usage.json
 
 # GE-hours per day idle reclaim would give back at a few (warn, release) settings, on demo-like bookings and the
 # Alibaba trace (no database: the policy's decisions replayed a minute at a time).
-benchmark-idle-reclaim: $(VENV)/.dev
+benchmark-idle-reclaim: $(VENV)/.dev | benchmarks/results
 	$(PY) -m benchmarks.idle_reclaim --days 30 --json benchmarks/results/idle-reclaim.json
 
-benchmark-telemetry: services $(VENV)/.dev
+benchmark-telemetry: services $(VENV)/.dev | benchmarks/results
 	PGPASSWORD=gpupool createdb -h 127.0.0.1 -U gpupool gpupool_bench 2>/dev/null || true
 	DATABASE_URL=$(BENCH_DATABASE_URL) REDIS_URL=redis://127.0.0.1:6379/13 SECRET_KEY=bench-only \
 		nice $(PY) -m benchmarks.telemetry --mode redis --gpus 10000 --clients 1000 --seconds 30 --warmup 15 \
@@ -121,7 +125,7 @@ clean:
 	rm -rf $(VENV) var staticfiles .pytest_cache
 
 # Pool page (Plotly) vs reservations page (no Plotly) in Chromium on the embedded demo, repeat visits.
-benchmark-page-load: services $(VENV)/.dev
+benchmark-page-load: services $(VENV)/.dev | benchmarks/results
 	$(PY) -m benchmarks.page_load --json benchmarks/results/page_load.json
 
 # Issue 24: 10,000 GPUs on 1,250 hosts, 1,000 teams, 200 users and a year of history, served by the Procfile's
@@ -129,11 +133,11 @@ benchmark-page-load: services $(VENV)/.dev
 # load on an empty portal. Drops and recreates both databases (gpupool_fleet, gpupool_fleet_empty).
 FLEET_BENCH_DATABASE_URL ?= postgres://gpupool:gpupool@127.0.0.1:5432/gpupool_fleet
 
-benchmark-fleet: services $(VENV)/.dev
+benchmark-fleet: services $(VENV)/.dev | benchmarks/results
 	DATABASE_URL=$(FLEET_BENCH_DATABASE_URL) REDIS_URL=redis://127.0.0.1:6379/9 SECRET_KEY=bench-only \
 		$(PY) -m benchmarks.fleet --gpus 10000 --teams 1000 --seconds 60 --json benchmarks/results/fleet.json
 
 # Each user call's cost with nothing else running, on the database benchmark-fleet leaves behind (run that first).
-benchmark-page-cost: services $(VENV)/.dev
+benchmark-page-cost: services $(VENV)/.dev | benchmarks/results
 	DATABASE_URL=$(FLEET_BENCH_DATABASE_URL) REDIS_URL=redis://127.0.0.1:6379/9 SECRET_KEY=bench-only \
 		$(PY) -m benchmarks.page_cost --calls 5 --json benchmarks/results/page-cost.json
