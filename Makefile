@@ -87,7 +87,7 @@ benchmark-apply: services $(VENV)/.dev | benchmarks/results
 
 # Kubernetes GPUs read through a real Prometheus (10,000 GPUs on 1,250 nodes, every 5 s) beside the agent
 # ingest's CPU for as many samples, and sample → WebSocket client latency.
-benchmark-k8s-telemetry: $(VENV)/.dev services
+benchmark-k8s-telemetry: $(VENV)/.dev services | benchmarks/results
 	PGPASSWORD=gpupool createdb -h 127.0.0.1 -U gpupool gpupool_bench 2>/dev/null || true
 	DATABASE_URL=$(BENCH_DATABASE_URL) REDIS_URL=redis://127.0.0.1:6379/13 SECRET_KEY=bench-only \
 		$(PY) -m benchmarks.k8s_telemetry --gpus 10000 --json benchmarks/results/k8s-telemetry.json
