@@ -722,7 +722,8 @@ def reservation_preempt(*, reservation_id: int, now: datetime | None = None) -> 
     end stopped counting against their budgets when their grants were cut to end there). Then the pool's
     pass starts the request they were taken for, and only then does each that asked `requeue` wait in the
     queue again, at its old place, for the rest of its time: at its old place it may be ordered ahead of
-    that request (fcfs), and requeued first it would take its GPUs straight back. Returns how many it
+    that request (fcfs), and requeued first it would take its GPUs straight back. A notice whose request no
+    longer needs the GPUs is withdrawn first (reclaim.call_off_needless), not carried out. Returns how many it
     released (0: none was due)."""
     now = now or timezone.now()
     pool_id = (Reservation.objects.filter(pk=reservation_id, state__in=Reservation.LIVE_STATES, preempt_at__lte=now)

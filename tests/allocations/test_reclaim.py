@@ -514,6 +514,29 @@ def test_a_notice_stands_when_another_booking_took_the_gpus_it_frees_and_the_boo
     assert Reservation.objects.get(pk=borrowed.pk).state == "released"
 
 
+def test_a_notice_stands_for_another_waiter_promised_the_gpus_that_could_have_taken_them_itself(
+        world, api, classes, mailoutbox, django_capture_on_commit_callbacks):
+    # infra: a node and a pair at class batch (not preemptible), a pair at low (the only possible victim).
+    started_ago(book(world, api, gpus=4, priority_class="batch"), 180)
+    victim = started_ago(book(world, api, gpus=2), 60)
+    started_ago(book(world, api, gpus=2, priority_class="batch"), 60)
+    asked = [api(world.member).post(URL, {"pool": "a100", "team": "ml", "gpus": 2, "duration": "1h"},
+                                    format="json").json()["id"] for _ in range(2)]
+    victim.refresh_from_db()
+    assert victim.preempted_for_id == asked[0]
+    # The first waiter goes; the pass promises the second the victim's GPUs from the notice's end, and ml's
+    # class could have taken them for it: the notice stands, and is carried out when it runs out.
+    with django_capture_on_commit_callbacks(execute=True):
+        assert api(world.member).post(f"{URL}{asked[0]}/release/").status_code == 200
+        assert "called_off" not in queue.queue_pass(pool_id=world.pool.pk)
+    entry = QueueEntry.objects.get(pk=asked[1])
+    assert entry.start_by == Reservation.objects.get(pk=victim.pk).preempt_at
+    assert set(entry.planned_gpus) == gpus_of(victim)
+    assert not _withdrawn_events(victim) and not [m for m in mailoutbox if WITHDRAWN in m.subject]
+    assert services.reservation_preempt(reservation_id=victim.pk, now=entry.start_by) == 1
+    assert gpus_of(Reservation.objects.get(pk=asked[1], state="scheduled")) == gpus_of(victim)
+
+
 def test_two_callers_at_once_withdraw_a_notice_once(world, api, classes, mailoutbox, monkeypatch, transactional_db):
     from contextlib import nullcontext
 
