@@ -51,7 +51,7 @@ from allocations.messages import Msg
 from allocations.models import QueueEntry, Reservation
 from allocations.transitions import record
 from common import sql
-from common.errors import instant
+from common.errors import Conflict, instant
 from inventory.models import GpuPool
 
 
@@ -284,10 +284,20 @@ def _promises(pool_id: int) -> list[tuple[int, int, datetime, datetime, set[int]
 
 def _give_back_grants(victim: Reservation, held: Sequence) -> bool:
     """Let the grants the notice cut (`held`) run to the victim's own end again, when nothing else holds
-    those GPUs (or those parts of them) by then. Whether it did."""
+    those GPUs (or those parts of them) by then and its team may hold them again. Whether it did."""
     if not held:
         return True  # nothing was cut (it held nothing beyond the notice's end)
     at, end = victim.preempt_at, victim.ends_at
+    # Its team may have booked more since, counting on losing these (its quota and its monthly budget no
+    # longer counted them): what comes back must fit as a booking would, or the notice stands. A borrowed
+    # booking may borrow again as far as the pool still lends.
+    limits = quotas.limits_for(team=victim.team, pool=victim.pool)
+    if limits is not None:
+        try:
+            quotas.check(limits, ge=sum(a.ge for a in held), asked="", field="", start=at, end=end,
+                         exclude_reservation=victim.pk, may_borrow=victim.borrowed_ge > 0)
+        except Conflict:
+            return False
     own = [booking.NewGrant(gpu_id=a.gpu_id, ge=a.ge, mode=a.mode, share_from=a.share_from, share_to=a.share_to,
                             milli=a.milli, mig_profile=a.mig_profile, mig_start=a.mig_start, memory_mib=a.memory_mib,
                             cores_pct=a.cores_pct) for a in held]

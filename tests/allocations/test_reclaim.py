@@ -514,6 +514,25 @@ def test_a_notice_stands_when_another_booking_took_the_gpus_it_frees_and_the_boo
     assert Reservation.objects.get(pk=borrowed.pk).state == "released"
 
 
+def test_a_notice_stands_when_the_gpus_back_would_take_the_team_over_its_monthly_budget(
+        world, api, mailoutbox, django_capture_on_commit_callbacks):
+    _within, borrowed = _borrow(world, api, 2)
+    start = timezone.now() + timedelta(hours=2)
+    window = api(world.outsider).post(URL, {"pool": "a100", "team": "infra", "gpus": 2, "starts_at": start.isoformat(),
+                                            "ends_at": (start + timedelta(hours=1)).isoformat()}, format="json").json()
+    # Meanwhile ml's budget is all used (as if it had booked more, counting on losing these GPUs).
+    month = quota_math.months_between(start, start)[0]
+    used = selectors.month_ge_hours(world.team.pk, world.pool.pk, month)
+    Quota.objects.filter(team=world.team, pool=world.pool).update(ge_hours_per_month=int(used))
+    with django_capture_on_commit_callbacks(execute=True):
+        assert api(world.outsider).post(f"{URL}{window['id']}/release/").status_code == 200
+        queue.queue_pass(pool_id=world.pool.pk)
+    borrowed.refresh_from_db()
+    assert borrowed.preempt_at == start and not _withdrawn_events(borrowed)
+    assert set(Allocation.objects.filter(reservation=borrowed).values_list("ends_at", flat=True)) == {start}
+    assert not [m for m in mailoutbox if WITHDRAWN in m.subject]
+
+
 def test_a_notice_stands_for_another_waiter_promised_the_gpus_that_could_have_taken_them_itself(
         world, api, classes, mailoutbox, django_capture_on_commit_callbacks):
     # infra: a node and a pair at class batch (not preemptible), a pair at low (the only possible victim).
