@@ -102,7 +102,9 @@ class ReservationAdmin(admin.ModelAdmin):
     date_hierarchy = "starts_at"
     readonly_fields = ["team", "pool", "requested_by", "gpus", "starts_at", "ends_at", "state", "reason",
                        "ended_at", "idle_warned_at", "idle_since", "keep_reason", "keep_by", "keep_at", "created_at",
-                       "updated_at"]
+                       "updated_at",
+                       # Read-only, not a choice among every reservation (a select of the whole history).
+                       "preempted_for"]
     inlines = [AllocationInline, EventInline]
 
     def has_add_permission(self, request) -> bool:

@@ -121,6 +121,12 @@ class Reservation(models.Model):
                                      message_field="preempt_message")
     preempt_message = models.JSONField(null=True, blank=True, editable=False,
                                        help_text=_("preempt_reason's message and arguments (allocations.messages)"))
+    # The request its notice was given for (a waiting one, or a fixed window ahead): while that one still needs
+    # the GPUs the notice stands; when it has ended without them or was placed elsewhere, the notice is withdrawn
+    # (allocations/reclaim.py, call_off_needless). Empty with preempt_at set: that request was deleted.
+    preempted_for = models.ForeignKey("self", verbose_name=_("reclaimed for"), on_delete=models.SET_NULL,
+                                      null=True, blank=True, related_name="reclaim_notices",
+                                      help_text=_("The request its reclaim notice was given for"))
     priority_class = models.CharField(max_length=32, blank=True, default="", db_default="")
     # After priority_class: selectors.reservation_from_row gives Reservation.from_db its values in this order.
     preemptible = models.BooleanField(default=False, db_default=False,

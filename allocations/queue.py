@@ -40,6 +40,7 @@ import numpy as np
 from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 from django.utils.translation import gettext_noop
 
@@ -985,9 +986,10 @@ def fair_shares(pool_id: int, now: datetime, quota_ge: dict[int, float]) -> dict
 # --- the pass ---------------------------------------------------------------------------------------
 
 def kick(pool_id: int) -> None:
-    """Run a pass over the pool's queue after the current transaction commits, if anyone waits there.
-    Coalesced: while one is queued and not yet started, more kicks add nothing."""
-    if not has_waiting(pool_id):
+    """Run a pass over the pool's queue after the current transaction commits, if anyone waits there or a
+    reclaim notice stands (the pass withdraws one no longer needed). Coalesced: while one is queued and not
+    yet started, more kicks add nothing."""
+    if not has_waiting(pool_id) and not reclaim.has_notices(pool_id):
         return
 
     def send() -> None:
@@ -1006,9 +1008,11 @@ def has_waiting(pool_id: int, *, besides: int | None = None) -> bool:
     return Reservation.objects.filter(pool_id=pool_id, state=State.PENDING).exclude(pk=besides).exists()
 
 
-def pools_waiting_ids() -> list[int]:
-    return list(Reservation.objects.filter(state=State.PENDING).order_by().values_list("pool_id", flat=True)
-                .distinct())
+def pools_to_pass_ids() -> list[int]:
+    """The pools where requests wait or a reclaim notice stands: those the backstop passes over."""
+    return list(Reservation.objects.filter(Q(state=State.PENDING) | Q(state__in=Reservation.LIVE_STATES,
+                                                                      preempt_at__isnull=False))
+                .order_by().values_list("pool_id", flat=True).distinct())
 
 
 @transaction.atomic
@@ -1016,13 +1020,26 @@ def queue_pass(*, pool_id: int, now: datetime | None = None, quiet: Sequence[int
                lock: bool = True) -> dict[str, int]:
     """One scheduling pass over the pool's queue: fail what ran out of time, start what the plan starts
     now, and write every other waiting request's position, reason, promise and estimate. `quiet`:
-    reservations not to mail when they start (one placed in the call that created it). Returns counts."""
+    reservations not to mail when they start (one placed in the call that created it). Then withdraw the
+    pool's reclaim notices no longer needed (reclaim.call_off_needless): a release, cancel or create that
+    kicked this pass may have ended the request one was given for, or this pass placed it elsewhere.
+    Returns counts."""
     now = now or timezone.now()
     try:
         cache.delete(f"queue-pass:{pool_id}")  # kicks from now on queue another pass
     except Exception:  # noqa: BLE001
         pass
     state = read(pool_id, now, lock=lock)
+    counts = _start_and_plan(state, quiet=quiet, now=now)
+    called_off = reclaim.call_off_needless(pool_id, now)
+    if called_off:
+        counts["called_off"] = called_off
+        kick(pool_id)  # the GPUs it gave back were free in this plan: plan again around them
+    return counts
+
+
+def _start_and_plan(state: PoolQueue, *, quiet: Sequence[int], now: datetime) -> dict[str, int]:
+    """The pass's work on its waiting requests (queue_pass)."""
     counts = {"started": 0, "failed": 0, "waiting": 0}
     if not state.waiting:
         return counts
@@ -1222,7 +1239,7 @@ def _reclaim(state: PoolQueue, promised: list[Planned], *, now: datetime) -> boo
                                                                        priority=item.priority), ahead, at)
             if victims:
                 reclaim.give_notice(victims, at=at, team_words=team.quota.team_words, priority=item.priority,
-                                    now=now)
+                                    beneficiary_id=item.reservation_id, now=now)
                 return True
         if planned.start is not None:
             ahead.extend(_as_grants(item.reservation_id, planned.grants, planned.start, planned.start + item.duration))

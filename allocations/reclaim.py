@@ -27,7 +27,14 @@ runs out the sweep releases it through the normal undo path (services.reservatio
 asked `requeue` waits in the queue again at its old place for the rest of its time.
 
 The queue's pass (allocations/queue.py) reclaims for a waiting request; a fixed-window create
-(services.reservation_create) reclaims ahead of its window with make_room.
+(services.reservation_create) reclaims ahead of its window with make_room. Each notice records the request it
+was given for (`preempted_for`).
+
+A notice is withdrawn (call_off_needless) when that request no longer needs the GPUs before they are taken:
+it ended without them (cancelled, failed, released, deleted) or was placed on other GPUs. Its grants are
+given back their old end, if nothing else holds those GPUs by then, and its holders are told once. The
+queue's pass runs it for its pool (after every release, cancel and create), and the sweep before it takes
+any GPUs back.
 """
 from __future__ import annotations
 
@@ -35,15 +42,17 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils.translation import gettext_noop
 
 from allocations import booking, notices, quotas, selectors
 from allocations.messages import Msg
-from allocations.models import Reservation
+from allocations.models import QueueEntry, Reservation
 from allocations.transitions import record
 from common import sql
-from common.errors import instant
+from common.errors import Conflict, instant
+from inventory.models import GpuPool
 
 
 def earliest_takeback(now: datetime) -> datetime:
@@ -103,10 +112,11 @@ def _when(at: datetime, now: datetime) -> str:
 
 
 def give_notice(victims: Sequence[Reservation], *, at: datetime, team_words: str, priority: int,
-                window_start: datetime | None = None, now: datetime) -> None:
+                window_start: datetime | None = None, beneficiary_id: int | None, now: datetime) -> None:
     """Tell each victim its GPUs are taken back at `at`, why, and for which team (`team_words`; a request
     at `priority`; `window_start`: for a booking that starts then, else for a request waiting in the
-    queue), and cut its grants to end then."""
+    queue), and cut its grants to end then. `beneficiary_id`: the request they are taken for (None only
+    while a fixed window's row is not written yet: its create sets it with for_request_of before it commits)."""
     for victim in victims:
         if window_start is None:
             whom = Msg(gettext_noop("team %(team)s, which asks within its quota"), team=team_words)
@@ -136,7 +146,8 @@ def give_notice(victims: Sequence[Reservation], *, at: datetime, team_words: str
         # Only while it is live: a release that won the row's lock before this has ended it already (its
         # grants end earlier, which leaves the room free all the same).
         if not Reservation.objects.filter(pk=victim.pk, state__in=Reservation.LIVE_STATES).update(
-                preempt_at=at, preempt_reason=why.english(), preempt_message=why.data()):
+                preempt_at=at, preempt_reason=why.english(), preempt_message=why.data(),
+                preempted_for_id=beneficiary_id):
             continue
         # Its grants end at `at` from now on: the database guards the GPUs it hands over as any other.
         sql.execute("UPDATE allocations_allocation SET ends_at = CASE WHEN starts_at > %s THEN starts_at ELSE %s END "
@@ -150,17 +161,18 @@ def give_notice(victims: Sequence[Reservation], *, at: datetime, team_words: str
 
 def make_room(*, pool, team_id: int, team_words: str, priority: int, quota: quotas.QuotaLimits,
               shape: booking.Shape, start: datetime, end: datetime, promised: Sequence[booking.Grant],
-              team_promised: Sequence[quotas.Window], asked, now: datetime) -> bool:
+              team_promised: Sequence[quotas.Window], asked, now: datetime) -> list[Reservation]:
     """For a fixed window [start, end) that does not fit: give notice to the victims whose GPUs let it fit
     within its team's quota (and around what the queue was promised), timed to end at its start. Only for
-    a window that opens a full notice from now or later (a notice is never shorter). Returns whether it
-    gave notice (the caller books again on the snapshot read anew). Refuses (Conflict) a window that would
-    go over the team's monthly budget before anything is taken."""
+    a window that opens a full notice from now or later (a notice is never shorter). Returns the victims it
+    gave notice ([]: none; the caller books again on the snapshot read anew, then names its booking as the
+    notices' beneficiary with for_request_of). Refuses (Conflict) a window that would go over the team's
+    monthly budget before anything is taken."""
     if start < earliest_takeback(now):
-        return False
+        return []
     found = for_request(candidates(pool.pk, start), team_id=team_id, priority=priority)
     if not found:
-        return False
+        return []
     snapshot = booking.pool_snapshot(pool.pk, start, end)
     in_pool = [*selectors.team_windows(team_id, pool.pk, start, end), *team_promised]
     everywhere = ([*selectors.team_windows(team_id, None, start, end), *team_promised]
@@ -182,8 +194,136 @@ def make_room(*, pool, team_id: int, team_words: str, priority: int, quota: quot
 
     victims = choose(found, fits)
     if not victims:
-        return False
+        return []
     quotas.check_month_budget(quota, ge=chosen_ge[frozenset(r.pk for r in victims)], asked=asked, start=start,
                               end=end)
-    give_notice(victims, at=start, team_words=team_words, priority=priority, window_start=start, now=now)
+    # The window's own row is written only once it is booked on the GPUs these free: for_request_of names it.
+    give_notice(victims, at=start, team_words=team_words, priority=priority, window_start=start, beneficiary_id=None,
+                now=now)
+    return victims
+
+
+def for_request_of(victims: Sequence[Reservation], beneficiary_id: int) -> None:
+    """Record that the notices make_room just gave (in the same transaction) are for `beneficiary_id`."""
+    Reservation.objects.filter(pk__in=[v.pk for v in victims], preempt_at__isnull=False).update(
+        preempted_for_id=beneficiary_id)
+
+
+
+# --- calling a notice off -----------------------------------------------------------------------------
+
+def has_notices(pool_id: int) -> bool:
+    """Whether a live booking of the pool is under a notice."""
+    return Reservation.objects.filter(pool_id=pool_id, state__in=Reservation.LIVE_STATES,
+                                      preempt_at__isnull=False).exists()
+
+
+def call_off_needless(pool_id: int, now: datetime) -> int:
+    """Withdraw the pool's notices whose request no longer needs the GPUs: it ended without them
+    (cancelled, failed, released, deleted) or holds grants that use none of the victim's GPUs from the
+    notice's end on (placed elsewhere). A notice that has run out but was not carried out yet is judged
+    the same: the sweep runs this before it takes GPUs back. Under the pool's lock (taken here; the pass
+    and the sweep hold it already), so two callers never withdraw one notice twice. Returns how many it
+    withdrew."""
+    if not has_notices(pool_id):
+        return 0  # most passes: no notice in the pool, one cheap query
+    list(GpuPool.objects.select_for_update().filter(pk=pool_id).values_list("pk", flat=True))
+    noticed = list(Reservation.objects.select_for_update(of=("self",))
+                   .select_related("team", "pool", "requested_by", "preempted_for__team")
+                   .filter(pool_id=pool_id, state__in=Reservation.LIVE_STATES, preempt_at__isnull=False)
+                   .order_by("pk"))
+    promises: list[tuple[int, int, datetime, datetime, set[int]]] | None = None
+    withdrawn = 0
+    for victim in noticed:
+        why = _needless_because(victim)
+        if why is None:
+            continue
+        held = list(victim.allocations.filter(ends_at=victim.preempt_at, starts_at__lt=victim.preempt_at))
+        gpu_ids = {grant.gpu_id for grant in held}
+        if promises is None:
+            promises = _promises(pool_id)
+        # The last pass may have promised a waiting request those GPUs from the notice's end (they were free
+        # in its plan then). One that could have taken them itself keeps the notice: withdrawn, its promise
+        # would move later, which only a request ordered ahead or lost capacity may do (allocations/queue.py).
+        if any(gpus & gpu_ids and starts < victim.ends_at and ends > victim.preempt_at
+               and may_take(victim, team_id=team_id, priority=priority)
+               for team_id, priority, starts, ends, gpus in promises):
+            continue
+        if not _give_back_grants(victim, held):
+            continue
+        _withdraw(victim, why, now=now)
+        withdrawn += 1
+    return withdrawn
+
+
+def _needless_because(victim: Reservation) -> Msg | None:
+    """Why the request `victim`'s notice was given for no longer needs its GPUs, or None while it does."""
+    beneficiary = victim.preempted_for
+    if beneficiary is None:
+        return Msg(gettext_noop("the request that it was given for no longer exists"))
+    if beneficiary.state == Reservation.State.PENDING:
+        return None  # still waiting for them
+    team = beneficiary.team.name
+    if beneficiary.state not in Reservation.LIVE_STATES:
+        return Msg(gettext_noop("the request of team %(team)s that it was given for has ended without needing them"),
+                   team=team)
+    if beneficiary.allocations.filter(gpu_id__in=victim.allocations.values("gpu_id"),
+                                      ends_at__gt=victim.preempt_at).exists():
+        return None  # booked on them from the notice's end
+    return Msg(gettext_noop("the request of team %(team)s that it was given for was placed on other GPUs"),
+               team=team)
+
+
+def _promises(pool_id: int) -> list[tuple[int, int, datetime, datetime, set[int]]]:
+    """What the last pass promised each waiting request of the pool: (team, priority, start, end, GPUs)."""
+    return [(team_id, priority, start_by, start_by + duration, set(gpus or ()))
+            for team_id, priority, start_by, duration, gpus in QueueEntry.objects.filter(
+                reservation__pool_id=pool_id, reservation__state=Reservation.State.PENDING, start_by__isnull=False,
+            ).values_list("reservation__team_id", "priority", "start_by", "duration", "planned_gpus")]
+
+
+def _give_back_grants(victim: Reservation, held: Sequence) -> bool:
+    """Let the grants the notice cut (`held`) run to the victim's own end again, when nothing else holds
+    those GPUs (or those parts of them) by then and its team may hold them again. Whether it did."""
+    if not held:
+        return True  # nothing was cut (it held nothing beyond the notice's end)
+    at, end = victim.preempt_at, victim.ends_at
+    # Its team may have booked more since, counting on losing these (its quota and its monthly budget no
+    # longer counted them): what comes back must fit as a booking would, or the notice stands. A borrowed
+    # booking may borrow again as far as the pool still lends.
+    limits = quotas.limits_for(team=victim.team, pool=victim.pool)
+    if limits is not None:
+        try:
+            quotas.check(limits, ge=sum(a.ge for a in held), asked="", field="", start=at, end=end,
+                         exclude_reservation=victim.pk, may_borrow=victim.borrowed_ge > 0)
+        except Conflict:
+            return False
+    own = [booking.NewGrant(gpu_id=a.gpu_id, ge=a.ge, mode=a.mode, share_from=a.share_from, share_to=a.share_to,
+                            milli=a.milli, mig_profile=a.mig_profile, mig_start=a.mig_start, memory_mib=a.memory_mib,
+                            cores_pct=a.cores_pct) for a in held]
+    # The rule placement books by (as an extension checks its extra time): a booking made on the GPUs the
+    # notice freed keeps them, and the notice stands.
+    if booking.first_clash(booking.pool_snapshot(victim.pool_id, at, end, without_reservation=victim.pk), own):
+        return False
+    try:
+        # The database's exclusion constraint guards the same on PostgreSQL: if it refuses, the notice stands
+        # and nothing of this attempt is kept.
+        with transaction.atomic():
+            victim.allocations.filter(pk__in=[a.pk for a in held]).update(ends_at=end)
+    except IntegrityError:
+        return False
     return True
+
+
+def _withdraw(victim: Reservation, why: Msg, *, now: datetime) -> None:
+    """Clear the victim's notice, record why in its history, and tell its holders once."""
+    Reservation.objects.filter(pk=victim.pk).update(preempt_at=None, preempt_reason="", preempt_message=None,
+                                                    preempted_for=None)
+    reason = Msg(gettext_noop("Its GPUs in pool %(pool)s are not taken back after all, and it keeps them until "
+                              "%(end)s: %(why)s."), pool=victim.pool.name, end=instant(victim.ends_at), why=why)
+    victim.preempt_at = None
+    # The same event as the notice's: whoever was told the GPUs are taken back hears that they are not.
+    record(victim, from_state=victim.state, to_state=victim.state, actor=None,
+           reason=Msg(gettext_noop("Reclaim notice withdrawn: %(why)s"), why=reason), at=now)
+    notices.notify_owners(victim, Msg(gettext_noop("Reservation #%(id)s: GPUs no longer taken back"), id=victim.pk),
+                          reason, event="reservation.preempted")

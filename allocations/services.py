@@ -360,10 +360,12 @@ def _book(asked: _Asked, actor: AbstractBaseUser, request: ReservationRequest, s
     snapshot = booking.pool_snapshot(pool.pk, starts_at, ends_at)
     shape = shapes.shape_for(pool, request, snapshot)
     field = shapes.AMOUNT_FIELD[shape.mode]
+    victims: list[Reservation] = []  # those given notice for this window
     try:
         grants = booking.choose(queue.with_promised(snapshot, promised), shape, policy=pool.placement_policy)
     except booking.BookingRefused as refused:
-        if _reclaimed_for(asked, shape, starts_at, ends_at, now, promised):
+        victims = _reclaimed_for(asked, shape, starts_at, ends_at, now, promised)
+        if victims:
             # The victims' grants now end at the window's start: book on the pool as it is now.
             snapshot = booking.pool_snapshot(pool.pk, starts_at, ends_at)
             grants = booking.choose(queue.with_promised(snapshot, promised), shape, policy=pool.placement_policy)
@@ -379,26 +381,28 @@ def _book(asked: _Asked, actor: AbstractBaseUser, request: ReservationRequest, s
     reservation = _insert_reservation(asked=asked, actor=actor, shape=shape, grants=grants, starts_at=starts_at,
                                       ends_at=ends_at, now=now, borrowed_ge=borrowed,
                                       requeue=bool(request.requeue))
+    if victims:
+        reclaim.for_request_of(victims, reservation.pk)  # its notices stand while it needs their GPUs
     if starts_at <= now:
         enqueue_after_commit("allocations.tasks.activate_reservation", reservation.pk)
     return _Booked(reservation, snapshot, grants, shape)
 
 
 def _reclaimed_for(asked: _Asked, shape: booking.Shape, starts_at: datetime, ends_at: datetime, now: datetime,
-                   promised: list[booking.Grant]) -> bool:
+                   promised: list[booking.Grant]) -> list[Reservation]:
     """A future fixed window within its team's quota that does not fit: give notice to the borrowed and
     lower-priority preemptible bookings whose GPUs it needs, so that they are free when it opens
-    (allocations/reclaim.py). Whether it did."""
+    (allocations/reclaim.py). The bookings it gave notice ([]: none)."""
     if starts_at <= now:
-        return False
-    done = reclaim.make_room(
+        return []
+    victims = reclaim.make_room(
         pool=asked.pool, team_id=asked.team.pk, team_words=asked.quota.team_words, priority=asked.priority,
         quota=asked.quota, shape=shape, start=starts_at, end=ends_at, promised=promised,
         team_promised=getattr(promised, "team_windows", {}).get(asked.quota.team_id, ()), asked=shape.in_words(),
         now=now)
-    if done:
+    if victims:
         queue.kick(asked.pool.pk)  # what the victims booked after the window is free now
-    return done
+    return victims
 
 
 def _fits(snapshot: booking.PoolSnapshot, shape: booking.Shape, pool: GpuPool) -> bool:
@@ -718,7 +722,8 @@ def reservation_preempt(*, reservation_id: int, now: datetime | None = None) -> 
     end stopped counting against their budgets when their grants were cut to end there). Then the pool's
     pass starts the request they were taken for, and only then does each that asked `requeue` wait in the
     queue again, at its old place, for the rest of its time: at its old place it may be ordered ahead of
-    that request (fcfs), and requeued first it would take its GPUs straight back. Returns how many it
+    that request (fcfs), and requeued first it would take its GPUs straight back. A notice whose request no
+    longer needs the GPUs is withdrawn first (reclaim.call_off_needless), not carried out. Returns how many it
     released (0: none was due)."""
     now = now or timezone.now()
     pool_id = (Reservation.objects.filter(pk=reservation_id, state__in=Reservation.LIVE_STATES, preempt_at__lte=now)
@@ -727,6 +732,9 @@ def reservation_preempt(*, reservation_id: int, now: datetime | None = None) -> 
         return 0
     # The pool first, as creates, extensions and the pass lock (then reservations): no deadlock with them.
     GpuPool.objects.select_for_update().get(pk=pool_id)
+    # Never take GPUs whose notice is no longer needed: the pass that would have withdrawn it may not have
+    # run since the request it was given for ended or started elsewhere.
+    reclaim.call_off_needless(pool_id, now)
     due = list(Reservation.objects.select_for_update(of=("self",)).select_related("team", "pool", "requested_by")
                .filter(pool_id=pool_id, state__in=Reservation.LIVE_STATES, preempt_at__lte=now).order_by("pk"))
     remaining = {}

@@ -24,9 +24,10 @@ def run_queue(pool_id: int) -> dict[str, int]:
 
 @shared_task(name="allocations.tasks.run_queues")
 def run_queues() -> dict[int, dict[str, int]]:
-    """The backstop (beat, every QUEUE_PASS_SECONDS): a pass over every pool where requests wait."""
+    """The backstop (beat, every QUEUE_PASS_SECONDS): a pass over every pool where requests wait or a reclaim
+    notice stands."""
     done = {}
-    for pool_id in queue.pools_waiting_ids():
+    for pool_id in queue.pools_to_pass_ids():
         try:
             done[pool_id] = queue.queue_pass(pool_id=pool_id)
         except Exception:  # one broken pool must not stop the others

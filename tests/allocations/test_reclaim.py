@@ -358,3 +358,217 @@ def test_two_windows_reclaiming_the_same_borrowed_gpus_at_once_never_both_get_th
     assert ReservationEvent.objects.filter(reservation=borrowed, reason__startswith="Reclaim notice").count() == 1
     won = Reservation.objects.get(team__slug__in=["infra", "vision"], state="scheduled")
     assert gpus_of(won) == gpus_of(borrowed)
+
+
+# --- calling a notice off -----------------------------------------------------------------------------------
+
+WITHDRAWN = "GPUs no longer taken back"
+
+
+@pytest.fixture
+def kicked(monkeypatch):
+    """The passes kicks send to the broker (pool ids), recorded instead of sent: the test runs them."""
+    sent = []
+    monkeypatch.setattr(queue.dispatch, "enqueue", lambda name, *args, **kw: sent.append(args[0])
+                        if name == "allocations.tasks.run_queue" else None)
+    return sent
+
+
+def _preempted_for_a_waiter(world, api, capture):
+    """infra (class low) fills the pool: a node for 3 h (started 3 h ago), 2 and 2 on the other (an hour
+    ago; the second pair of class batch, not preemptible). ml (class high) asks for 2: the younger low booking
+    (the first pair) gets the notice. Returns (victim, its other-node neighbour, the waiter's id)."""
+    started_ago(book(world, api, gpus=4), 180)
+    victim = started_ago(book(world, api, gpus=2), 60)
+    neighbour = started_ago(book(world, api, gpus=2, priority_class="batch"), 60)
+    assert nodes_of(victim) == nodes_of(neighbour)
+    with capture(execute=True):
+        asked = api(world.member).post(URL, {"pool": "a100", "team": "ml", "gpus": 2, "duration": "1h"},
+                                       format="json")
+    assert asked.json()["state"] == "pending"
+    victim.refresh_from_db()
+    assert victim.preempt_at is not None and victim.preempted_for_id == asked.json()["id"]
+    return victim, neighbour, asked.json()["id"]
+
+
+def _withdrawn_events(reservation):
+    return list(ReservationEvent.objects.filter(reservation=reservation, reason__startswith="Reclaim notice withdrawn")
+                .values_list("reason", flat=True))
+
+
+def test_a_notice_is_withdrawn_when_its_waiter_is_cancelled_and_the_booking_keeps_its_gpus(
+        world, api, classes, mailoutbox, kicked, django_capture_on_commit_callbacks):
+    from allocations.tasks import run_queue
+
+    Quota.objects.filter(team=world.other_team, pool=world.pool).update(ge_hours_per_month=10_000)
+    victim, _neighbour, waiter = _preempted_for_a_waiter(world, api, django_capture_on_commit_callbacks)
+    at, end = victim.preempt_at, victim.ends_at
+    assert set(Allocation.objects.filter(reservation=victim).values_list("ends_at", flat=True)) == {at}
+    month = quota_math.months_between(timezone.now(), timezone.now())[0]
+    under_notice = selectors.month_ge_hours(world.other_team.pk, world.pool.pk, month)
+    mailoutbox.clear()
+    kicked.clear()
+
+    # ml withdraws its request before the notice runs out: the cancel kicks a pass, though nobody waits now.
+    with django_capture_on_commit_callbacks(execute=True):
+        assert api(world.member).post(f"{URL}{waiter}/release/").status_code == 200
+    assert kicked == [world.pool.pk]
+    with django_capture_on_commit_callbacks(execute=True):
+        assert run_queue(world.pool.pk)["called_off"] == 1
+    victim.refresh_from_db()
+    assert victim.preempt_at is None and victim.preempt_reason == "" and victim.preempted_for_id is None
+    # Its grants end at its own end again, and their GE-hours count against infra's budget again.
+    assert set(Allocation.objects.filter(reservation=victim).values_list("ends_at", flat=True)) == {end}
+    given_back = 2 * quota_math.overlap_hours((at, end), month)
+    assert selectors.month_ge_hours(world.other_team.pk, world.pool.pk, month) == pytest.approx(
+        under_notice + given_back, abs=1e-3) and given_back > 2
+    # Why, in its history (the team, never the person), and one mail to its holders.
+    [why] = _withdrawn_events(victim)
+    assert "team ML" in why and "has ended without needing them" in why and "member" not in why
+    assert [m.subject for m in mailoutbox] == [f"[GPU Pool] Reservation #{victim.pk}: {WITHDRAWN}"]
+    # The API and its page no longer show a notice; its history shows the withdrawal.
+    assert api(world.staff).get(f"{URL}{victim.pk}/").json()["preempt_at"] is None
+    page = Client()
+    page.force_login(world.outsider)  # infra's manager
+    html = page.get(f"/reservations/{victim.pk}/").content.decode()
+    assert 'id="reclaim-notice"' not in html and "Reclaim notice withdrawn" in html
+    # Another pass, and the sweep after the old notice's end, change nothing: it is not taken back.
+    with django_capture_on_commit_callbacks(execute=True):
+        assert "called_off" not in queue.queue_pass(pool_id=world.pool.pk)
+        assert services.reservation_preempt(reservation_id=victim.pk, now=at + timedelta(seconds=1)) == 0
+    victim.refresh_from_db()
+    assert victim.is_live and len(mailoutbox) == 1 and len(_withdrawn_events(victim)) == 1
+    # And it may be extended again.
+    extend = api(world.staff).post(f"{URL}{victim.pk}/extend/", {"ends_at": (end + timedelta(hours=1)).isoformat()},
+                                   format="json")
+    assert extend.status_code == 200, extend.content
+
+
+def test_a_notice_is_withdrawn_when_its_waiter_starts_on_other_gpus(world, api, classes, mailoutbox,
+                                                                     django_capture_on_commit_callbacks):
+    victim, neighbour, waiter = _preempted_for_a_waiter(world, api, django_capture_on_commit_callbacks)
+    end = victim.ends_at
+    # The batch pair beside it is released early: the waiter starts there at once.
+    with django_capture_on_commit_callbacks(execute=True):
+        assert api(world.staff).post(f"{URL}{neighbour.pk}/release/").status_code == 200
+        counts = queue.queue_pass(pool_id=world.pool.pk)
+    assert counts["started"] == 1 and counts["called_off"] == 1
+    placed = Reservation.objects.get(pk=waiter)
+    assert placed.state == "scheduled" and gpus_of(placed) == gpus_of(neighbour)
+    victim.refresh_from_db()
+    assert victim.preempt_at is None
+    assert set(Allocation.objects.filter(reservation=victim).values_list("ends_at", flat=True)) == {end}
+    [why] = _withdrawn_events(victim)
+    assert "placed on other GPUs" in why
+    assert [m.subject for m in mailoutbox if WITHDRAWN in m.subject] == [
+        f"[GPU Pool] Reservation #{victim.pk}: {WITHDRAWN}"]
+
+
+def test_a_notice_given_ahead_of_a_window_is_withdrawn_when_the_window_is_cancelled(
+        world, api, mailoutbox, kicked, django_capture_on_commit_callbacks):
+    from allocations.tasks import run_queue
+
+    _within, borrowed = _borrow(world, api, 2)
+    end = borrowed.ends_at
+    start = timezone.now() + timedelta(hours=2)
+    window = api(world.outsider).post(URL, {"pool": "a100", "team": "infra", "gpus": 2, "starts_at": start.isoformat(),
+                                            "ends_at": (start + timedelta(hours=1)).isoformat()}, format="json").json()
+    borrowed.refresh_from_db()
+    assert borrowed.preempt_at == start and borrowed.preempted_for_id == window["id"]
+    kicked.clear()
+    with django_capture_on_commit_callbacks(execute=True):
+        assert api(world.outsider).post(f"{URL}{window['id']}/release/").status_code == 200
+    assert kicked == [world.pool.pk]  # nobody waits in the pool: the notice alone is worth a pass
+    with django_capture_on_commit_callbacks(execute=True):
+        run_queue(world.pool.pk)
+    borrowed.refresh_from_db()
+    assert borrowed.preempt_at is None
+    assert set(Allocation.objects.filter(reservation=borrowed).values_list("ends_at", flat=True)) == {end}
+    [why] = _withdrawn_events(borrowed)
+    assert "team Infra" in why
+    assert [m.subject for m in mailoutbox if WITHDRAWN in m.subject] == [
+        f"[GPU Pool] Reservation #{borrowed.pk}: {WITHDRAWN}"]
+
+
+def test_a_notice_stands_when_another_booking_took_the_gpus_it_frees_and_the_booking_is_taken_back(
+        world, api, mailoutbox, django_capture_on_commit_callbacks):
+    _within, borrowed = _borrow(world, api, 2)
+    start = timezone.now() + timedelta(hours=2)
+    window = api(world.outsider).post(URL, {"pool": "a100", "team": "infra", "gpus": 2, "starts_at": start.isoformat(),
+                                            "ends_at": (start + timedelta(hours=1)).isoformat()}, format="json").json()
+    # Vision books the borrower's GPUs after the window: the only ones free then.
+    vision = TeamFactory(slug="vision", name="Vision")
+    QuotaFactory(team=vision, pool=world.pool, max_ge=8)
+    later = book(world, api, team="vision", gpus=2, hours=5, starts_at=(start + timedelta(hours=2)).isoformat())
+    borrowed.refresh_from_db()
+    assert gpus_of(later) == gpus_of(borrowed)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert api(world.outsider).post(f"{URL}{window['id']}/release/").status_code == 200
+        queue.queue_pass(pool_id=world.pool.pk)
+    borrowed.refresh_from_db()
+    assert borrowed.preempt_at == start and not _withdrawn_events(borrowed)
+    assert set(Allocation.objects.filter(reservation=borrowed).values_list("ends_at", flat=True)) == {start}
+    assert not [m for m in mailoutbox if WITHDRAWN in m.subject]
+    # When it runs out, it is taken back as before.
+    assert services.reservation_preempt(reservation_id=borrowed.pk, now=start) == 1
+    assert Reservation.objects.get(pk=borrowed.pk).state == "released"
+
+
+def test_a_notice_stands_when_the_gpus_back_would_take_the_team_over_its_monthly_budget(
+        world, api, mailoutbox, django_capture_on_commit_callbacks):
+    _within, borrowed = _borrow(world, api, 2)
+    start = timezone.now() + timedelta(hours=2)
+    window = api(world.outsider).post(URL, {"pool": "a100", "team": "infra", "gpus": 2, "starts_at": start.isoformat(),
+                                            "ends_at": (start + timedelta(hours=1)).isoformat()}, format="json").json()
+    # Meanwhile ml's budget is all used (as if it had booked more, counting on losing these GPUs).
+    month = quota_math.months_between(start, start)[0]
+    used = selectors.month_ge_hours(world.team.pk, world.pool.pk, month)
+    Quota.objects.filter(team=world.team, pool=world.pool).update(ge_hours_per_month=int(used))
+    with django_capture_on_commit_callbacks(execute=True):
+        assert api(world.outsider).post(f"{URL}{window['id']}/release/").status_code == 200
+        queue.queue_pass(pool_id=world.pool.pk)
+    borrowed.refresh_from_db()
+    assert borrowed.preempt_at == start and not _withdrawn_events(borrowed)
+    assert set(Allocation.objects.filter(reservation=borrowed).values_list("ends_at", flat=True)) == {start}
+    assert not [m for m in mailoutbox if WITHDRAWN in m.subject]
+
+
+def test_a_notice_stands_for_another_waiter_promised_the_gpus_that_could_have_taken_them_itself(
+        world, api, classes, mailoutbox, django_capture_on_commit_callbacks):
+    # infra: a node and a pair at class batch (not preemptible), a pair at low (the only possible victim).
+    started_ago(book(world, api, gpus=4, priority_class="batch"), 180)
+    victim = started_ago(book(world, api, gpus=2), 60)
+    started_ago(book(world, api, gpus=2, priority_class="batch"), 60)
+    asked = [api(world.member).post(URL, {"pool": "a100", "team": "ml", "gpus": 2, "duration": "1h"},
+                                    format="json").json()["id"] for _ in range(2)]
+    victim.refresh_from_db()
+    assert victim.preempted_for_id == asked[0]
+    # The first waiter goes; the pass promises the second the victim's GPUs from the notice's end, and ml's
+    # class could have taken them for it: the notice stands, and is carried out when it runs out.
+    with django_capture_on_commit_callbacks(execute=True):
+        assert api(world.member).post(f"{URL}{asked[0]}/release/").status_code == 200
+        assert "called_off" not in queue.queue_pass(pool_id=world.pool.pk)
+    entry = QueueEntry.objects.get(pk=asked[1])
+    assert entry.start_by == Reservation.objects.get(pk=victim.pk).preempt_at
+    assert set(entry.planned_gpus) == gpus_of(victim)
+    assert not _withdrawn_events(victim) and not [m for m in mailoutbox if WITHDRAWN in m.subject]
+    assert services.reservation_preempt(reservation_id=victim.pk, now=entry.start_by) == 1
+    assert gpus_of(Reservation.objects.get(pk=asked[1], state="scheduled")) == gpus_of(victim)
+
+
+def test_two_callers_at_once_withdraw_a_notice_once(world, api, classes, mailoutbox, monkeypatch, transactional_db):
+    from contextlib import nullcontext
+
+    from tests.races import race_past_the_check
+
+    # Transactional: each commit runs its callbacks itself.
+    victim, _neighbour, waiter = _preempted_for_a_waiter(world, api, lambda execute: nullcontext())
+    # The waiter goes without a pass after it; then two (a pass's and the sweep's, say) find the notice at once.
+    Reservation.objects.filter(pk=waiter).update(state="failed")
+    mailoutbox.clear()
+    outcomes = race_past_the_check(monkeypatch, Reservation, lambda: transaction.atomic(reclaim.call_off_needless)(
+        world.pool.pk, timezone.now()))
+    assert outcomes == ["written", "written"]
+    victim.refresh_from_db()
+    assert victim.preempt_at is None and len(_withdrawn_events(victim)) == 1
+    assert [m.subject for m in mailoutbox] == [f"[GPU Pool] Reservation #{victim.pk}: {WITHDRAWN}"]
