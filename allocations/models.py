@@ -123,7 +123,8 @@ class Reservation(models.Model):
                                        help_text=_("preempt_reason's message and arguments (allocations.messages)"))
     # The request its notice was given for (a waiting one, or a fixed window ahead): while that one still needs
     # the GPUs the notice stands; when it has ended without them or was placed elsewhere, the notice is withdrawn
-    # (allocations/reclaim.py, call_off_needless). Empty with preempt_at set: that request was deleted.
+    # (allocations/reclaim.py, call_off_needless). Empty with preempt_at set: not known (given before 0019, or
+    # that request was deleted), and the notice stands.
     preempted_for = models.ForeignKey("self", verbose_name=_("reclaimed for"), on_delete=models.SET_NULL,
                                       null=True, blank=True, related_name="reclaim_notices",
                                       help_text=_("The request its reclaim notice was given for"))

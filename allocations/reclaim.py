@@ -260,7 +260,10 @@ def _needless_because(victim: Reservation) -> Msg | None:
     """Why the request `victim`'s notice was given for no longer needs its GPUs, or None while it does."""
     beneficiary = victim.preempted_for
     if beneficiary is None:
-        return Msg(gettext_noop("the request that it was given for no longer exists"))
+        # Unknown: a notice given before notices recorded their request (migration 0019), or one whose request
+        # staff deleted. It stands: withdrawing every such notice on the first pass after an upgrade would
+        # hand GPUs back that a waiting request may still need.
+        return None
     if beneficiary.state == Reservation.State.PENDING:
         return None  # still waiting for them
     team = beneficiary.team.name

@@ -444,6 +444,20 @@ def test_a_notice_is_withdrawn_when_its_waiter_is_cancelled_and_the_booking_keep
     assert extend.status_code == 200, extend.content
 
 
+def test_a_notice_whose_request_is_not_known_stands_as_one_given_before_notices_named_it(
+        world, api, classes, mailoutbox, django_capture_on_commit_callbacks):
+    # A notice given before migration 0019 has no request: the first pass after the upgrade must not
+    # hand its GPUs back while the request it was given for may still be waiting for them.
+    victim, _neighbour, waiter = _preempted_for_a_waiter(world, api, django_capture_on_commit_callbacks)
+    Reservation.objects.filter(pk=victim.pk).update(preempted_for=None)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert api(world.member).post(f"{URL}{waiter}/release/").status_code == 200
+        assert "called_off" not in queue.queue_pass(pool_id=world.pool.pk)
+    victim.refresh_from_db()
+    assert victim.preempt_at is not None and not _withdrawn_events(victim)
+    assert set(Allocation.objects.filter(reservation=victim).values_list("ends_at", flat=True)) == {victim.preempt_at}
+
+
 def test_a_notice_is_withdrawn_when_its_waiter_starts_on_other_gpus(world, api, classes, mailoutbox,
                                                                      django_capture_on_commit_callbacks):
     victim, neighbour, waiter = _preempted_for_a_waiter(world, api, django_capture_on_commit_callbacks)
