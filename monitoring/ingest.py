@@ -179,16 +179,41 @@ def cluster_gpus(cluster_id: int, now=None) -> dict[str, GpuRef]:
     return _gpu_map(_cluster_key(cluster_id), lambda: Gpu.objects.filter(node__cluster_id=cluster_id), now, None)
 
 
+def hosts_gpus(tokens: Sequence[HostToken], cached: dict) -> dict[int, dict[str, GpuRef]]:
+    """host_gpus of several tokens (by token id), `cached` holding the maps the cache had: those it lacks
+    are built together, one query for their GPUs and one for the shares on them, and cached in one write.
+    The agents' socket gathers many hosts per ingest, and one by one their rebuilds (each host's map
+    every HOST_MAP_TTL) were two queries each: about 40 % of the ingest thread's time at 1,250 hosts."""
+    missing = {_host_key(t): t for t in tokens if _host_key(t) not in cached}
+    if missing:
+        wanted = {(t.cluster_id, t.host_name) for t in missing.values()}
+        by_host: dict[tuple[int, str], list[tuple]] = defaultdict(list)
+        for gpu_id, uuid, pool_id, node_id, cluster_id, host in Gpu.objects.filter(
+                node__cluster_id__in={c for c, _ in wanted}, node__name__in={h for _, h in wanted}).values_list(
+                "id", "uuid", "pool_id", "node_id", "node__cluster_id", "node__name"):
+            if (cluster_id, host) in wanted:
+                by_host[(cluster_id, host)].append((gpu_id, uuid, pool_id, node_id))
+        rows = {row[0]: row for row in _map_rows([g for gpus in by_host.values() for g in gpus], timezone.now())}
+        built = {key: [rows[g[0]] for g in by_host.get((t.cluster_id, t.host_name), ())] for key, t in missing.items()}
+        # One expiry for the lot, jittered between lots, as _gpu_map jitters each map.
+        cache.set_many(built, HOST_MAP_TTL * random.uniform(0.5, 1.0))
+        cached = {**cached, **built}
+    return {t.pk: host_gpus(t, cached=cached) for t in tokens}
+
+
+def _map_rows(gpus: list[tuple], now) -> list[tuple]:
+    """(id, uuid, pool, node, the team holding it, its holders) of each GPU (id, uuid, pool, node) given.
+    Plain tuples: this is read back on every request, and tuples unpickle fastest."""
+    holders = shares.holders_by_gpu(shares.shares_now(now, [g[0] for g in gpus]))
+    return [(gpu_id, uuid, pool_id, node_id, holders[gpu_id][0].team_id if gpu_id in holders else None,
+             tuple(tuple(h) for h in holders.get(gpu_id, ())))
+            for gpu_id, uuid, pool_id, node_id in gpus]
+
+
 def _gpu_map(key: str, gpus_of, now, cached: dict | None) -> dict[str, GpuRef]:
     rows = cached.get(key) if cached is not None else cache.get(key)
     if rows is None:
-        now = now or timezone.now()
-        gpus = list(gpus_of().values_list("id", "uuid", "pool_id", "node_id"))
-        holders = shares.holders_by_gpu(shares.shares_now(now, [g[0] for g in gpus]))
-        # Plain tuples: this is read back on every request, and tuples unpickle fastest.
-        rows = [(gpu_id, uuid, pool_id, node_id, holders[gpu_id][0].team_id if gpu_id in holders else None,
-                 tuple(tuple(h) for h in holders.get(gpu_id, ())))
-                for gpu_id, uuid, pool_id, node_id in gpus]
+        rows = _map_rows(list(gpus_of().values_list("id", "uuid", "pool_id", "node_id")), now or timezone.now())
         # Jittered: hosts that started together must not all rebuild their maps in the same second.
         cache.set(key, rows, HOST_MAP_TTL * random.uniform(0.5, 1.0))
     return {row[1]: GpuRef(*row[:5], tuple(shares.Holder(*h) for h in row[5]) if len(row) > 5 else ())
@@ -264,14 +289,18 @@ def telemetry_ingest_many(deliveries: Sequence[tuple[HostToken, object]], *, now
     totals, cached, _positions = hot.exchange(
         incr=dict(flood), incr_timeout=120,
         get=list(dict.fromkeys([_host_key(c[1]) for c in checked] + [c[4] for c in checked])))
-    senders, owners = [], []
+    admitted = []
     for index, token, batches, size, stream_key in checked:
         try:
             _refuse_flood(token, size, totals.get(_flood_key(token, now), 0))
         except Flooding as error:
             outcomes[index] = error
             continue
-        senders.append(Sender(refs=host_gpus(token, cached=cached), batches=batches,
+        admitted.append((index, token, batches, stream_key))
+    maps = hosts_gpus([token for _index, token, _batches, _key in admitted], cached)
+    senders, owners = [], []
+    for index, token, batches, stream_key in admitted:
+        senders.append(Sender(refs=maps[token.pk], batches=batches,
                               who=f"{token.cluster.slug}/{token.host_name}", stream_key=stream_key,
                               last_seq=cached.get(stream_key, -1)))
         owners.append(index)

@@ -114,6 +114,27 @@ def test_one_hosts_bad_seq_refuses_only_its_own_request(hosts):
     assert stored == set(Gpu.objects.filter(uuid__in=uuids_b).values_list("pk", flat=True))
 
 
+@pytest.mark.django_db
+def test_the_host_maps_a_gathered_ingest_lacks_are_built_together_and_match_one_by_one(
+        hosts, django_assert_max_num_queries):
+    """Cold maps of every host in one ingest: two queries for all of them (their GPUs, the shares on those),
+    not two per host, and the same maps host_gpus builds for each alone."""
+    from django.core.cache import cache
+
+    (_, uuids_a, token_a), (_, uuids_b, token_b) = hosts
+    cache.delete_many([ingest._host_key(token_a), ingest._host_key(token_b)])
+    with django_assert_max_num_queries(2):
+        maps = ingest.hosts_gpus([token_a, token_b, token_a], cached={})
+    assert set(maps[token_a.pk]) == set(uuids_a) and set(maps[token_b.pk]) == set(uuids_b)
+    built_together = dict(maps)
+    cache.delete_many([ingest._host_key(token_a), ingest._host_key(token_b)])
+    assert {t.pk: ingest.host_gpus(t) for t in (token_a, token_b)} == built_together
+    # Cached now: an ingest that found them reads nothing.
+    cached = {ingest._host_key(t): cache.get(ingest._host_key(t)) for t in (token_a, token_b)}
+    with django_assert_max_num_queries(0):
+        assert ingest.hosts_gpus([token_a, token_b], cached=cached) == built_together
+
+
 def test_an_unknown_or_revoked_token_is_closed_with_4401(hosts, world, monkeypatch):
     from channels.db import database_sync_to_async
 
