@@ -5,7 +5,7 @@ Django's `RedisCacheClient.get_client` builds a new `redis.Redis` for every cach
 building one fills a table of ~170 response callbacks: about 0.4 ms of CPU per call, the
 largest single cost of a telemetry ingest request (four cache calls) before this. A
 redis-py client is safe to share between threads (each command takes a connection from
-the pool), so one per pool is enough.
+the pool), so one pool and one client per server serve the whole process.
 
 What goes through the cache API is a copy of what the database holds (token and host
 lookups, host maps) or a count that may start again (throttles), so while Redis is down a
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 
 from django.core.cache.backends.redis import RedisCache, RedisCacheClient
 
@@ -30,17 +31,33 @@ log = logging.getLogger(__name__)
 outage = Outage(probe_every=1.0)
 
 
+# One connection pool and one client per server and options, for the whole process. Django keeps a cache
+# backend per thread and per asyncio context (asgiref's Local), and each backend made its own pool: in
+# the WebSocket process every socket's first cache call (its token lookup) opened a Redis connection of
+# its own, with its handshake. The fleet benchmark counted 1,273 connections from that one process.
+_shared: dict[tuple, tuple[object, object]] = {}
+_shared_lock = threading.Lock()
+
+
 class _SharedClient(RedisCacheClient):
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self._clients: dict[int, object] = {}
+    def _get_connection_pool(self, write):
+        return self._shared(write)[0]
 
     def get_client(self, key=None, *, write=False):
-        pool = self._get_connection_pool(write)
-        client = self._clients.get(id(pool))
-        if client is None:
-            client = self._clients[id(pool)] = self._client(connection_pool=pool)
-        return client
+        return self._shared(write)[1]
+
+    def _shared(self, write) -> tuple[object, object]:
+        """(pool, client) of the server this call goes to, made once per process."""
+        server = self._servers[self._get_connection_pool_index(write)]
+        key = (server, self._client, tuple(sorted((name, repr(value)) for name, value in self._pool_options.items())))
+        found = _shared.get(key)
+        if found is None:
+            with _shared_lock:
+                found = _shared.get(key)
+                if found is None:
+                    pool = self._pool_class.from_url(server, **self._pool_options)
+                    found = _shared[key] = (pool, self._client(connection_pool=pool))
+        return found
 
 
 def _or_while_down(fallback):
