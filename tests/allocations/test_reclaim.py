@@ -469,25 +469,47 @@ def test_a_notice_is_withdrawn_when_its_waiter_starts_on_other_gpus(world, api, 
     assert counts["started"] == 1 and counts["called_off"] == 1
     placed = Reservation.objects.get(pk=waiter)
     assert placed.state == "scheduled" and gpus_of(placed) == gpus_of(neighbour)
-    victim.refresh_from_db()
-    assert victim.preempt_at is None
-    assert set(Allocation.objects.filter(reservation=victim).values_list("ends_at", flat=True)) == {end}
-    [why] = _withdrawn_events(victim)
-    assert "placed on other GPUs" in why
+    assert "placed on other GPUs" in _withdrawn_once(victim, end, mailoutbox)
+
+
+def _window_cancelled_and_the_notice_stands(world, api, borrowed, window, start, mailoutbox, capture) -> None:
+    with capture(execute=True):
+        assert api(world.outsider).post(f"{URL}{window['id']}/release/").status_code == 200
+        queue.queue_pass(pool_id=world.pool.pk)
+    borrowed.refresh_from_db()
+    assert borrowed.preempt_at == start and not _withdrawn_events(borrowed)
+    assert set(Allocation.objects.filter(reservation=borrowed).values_list("ends_at", flat=True)) == {start}
+    assert not [m for m in mailoutbox if WITHDRAWN in m.subject]
+
+
+def _withdrawn_once(reservation, end, mailoutbox) -> str:
+    """Its notice is gone, its grants run to `end` again and its holders were mailed once: the reason recorded."""
+    reservation.refresh_from_db()
+    assert reservation.preempt_at is None
+    assert set(Allocation.objects.filter(reservation=reservation).values_list("ends_at", flat=True)) == {end}
+    [why] = _withdrawn_events(reservation)
     assert [m.subject for m in mailoutbox if WITHDRAWN in m.subject] == [
-        f"[GPU Pool] Reservation #{victim.pk}: {WITHDRAWN}"]
+        f"[GPU Pool] Reservation #{reservation.pk}: {WITHDRAWN}"]
+    return why
+
+
+def _window_ahead_of_borrowed(world, api):
+    """ml borrows 2 GPUs; infra books a window of 2 in two hours that needs them: (the borrower, read after the
+    window's notice, the window as the API gave it, its start)."""
+    _within, borrowed = _borrow(world, api, 2)
+    start = timezone.now() + timedelta(hours=2)
+    window = api(world.outsider).post(URL, {"pool": "a100", "team": "infra", "gpus": 2, "starts_at": start.isoformat(),
+                                            "ends_at": (start + timedelta(hours=1)).isoformat()}, format="json").json()
+    borrowed.refresh_from_db()
+    return borrowed, window, start
 
 
 def test_a_notice_given_ahead_of_a_window_is_withdrawn_when_the_window_is_cancelled(
         world, api, mailoutbox, kicked, django_capture_on_commit_callbacks):
     from allocations.tasks import run_queue
 
-    _within, borrowed = _borrow(world, api, 2)
+    borrowed, window, start = _window_ahead_of_borrowed(world, api)
     end = borrowed.ends_at
-    start = timezone.now() + timedelta(hours=2)
-    window = api(world.outsider).post(URL, {"pool": "a100", "team": "infra", "gpus": 2, "starts_at": start.isoformat(),
-                                            "ends_at": (start + timedelta(hours=1)).isoformat()}, format="json").json()
-    borrowed.refresh_from_db()
     assert borrowed.preempt_at == start and borrowed.preempted_for_id == window["id"]
     kicked.clear()
     with django_capture_on_commit_callbacks(execute=True):
@@ -495,34 +517,20 @@ def test_a_notice_given_ahead_of_a_window_is_withdrawn_when_the_window_is_cancel
     assert kicked == [world.pool.pk]  # nobody waits in the pool: the notice alone is worth a pass
     with django_capture_on_commit_callbacks(execute=True):
         run_queue(world.pool.pk)
-    borrowed.refresh_from_db()
-    assert borrowed.preempt_at is None
-    assert set(Allocation.objects.filter(reservation=borrowed).values_list("ends_at", flat=True)) == {end}
-    [why] = _withdrawn_events(borrowed)
-    assert "team Infra" in why
-    assert [m.subject for m in mailoutbox if WITHDRAWN in m.subject] == [
-        f"[GPU Pool] Reservation #{borrowed.pk}: {WITHDRAWN}"]
+    assert "team Infra" in _withdrawn_once(borrowed, end, mailoutbox)
 
 
 def test_a_notice_stands_when_another_booking_took_the_gpus_it_frees_and_the_booking_is_taken_back(
         world, api, mailoutbox, django_capture_on_commit_callbacks):
-    _within, borrowed = _borrow(world, api, 2)
-    start = timezone.now() + timedelta(hours=2)
-    window = api(world.outsider).post(URL, {"pool": "a100", "team": "infra", "gpus": 2, "starts_at": start.isoformat(),
-                                            "ends_at": (start + timedelta(hours=1)).isoformat()}, format="json").json()
+    borrowed, window, start = _window_ahead_of_borrowed(world, api)
     # Vision books the borrower's GPUs after the window: the only ones free then.
     vision = TeamFactory(slug="vision", name="Vision")
     QuotaFactory(team=vision, pool=world.pool, max_ge=8)
     later = book(world, api, team="vision", gpus=2, hours=5, starts_at=(start + timedelta(hours=2)).isoformat())
     borrowed.refresh_from_db()
     assert gpus_of(later) == gpus_of(borrowed)
-    with django_capture_on_commit_callbacks(execute=True):
-        assert api(world.outsider).post(f"{URL}{window['id']}/release/").status_code == 200
-        queue.queue_pass(pool_id=world.pool.pk)
-    borrowed.refresh_from_db()
-    assert borrowed.preempt_at == start and not _withdrawn_events(borrowed)
-    assert set(Allocation.objects.filter(reservation=borrowed).values_list("ends_at", flat=True)) == {start}
-    assert not [m for m in mailoutbox if WITHDRAWN in m.subject]
+    _window_cancelled_and_the_notice_stands(world, api, borrowed, window, start, mailoutbox,
+                                            django_capture_on_commit_callbacks)
     # When it runs out, it is taken back as before.
     assert services.reservation_preempt(reservation_id=borrowed.pk, now=start) == 1
     assert Reservation.objects.get(pk=borrowed.pk).state == "released"
@@ -530,21 +538,13 @@ def test_a_notice_stands_when_another_booking_took_the_gpus_it_frees_and_the_boo
 
 def test_a_notice_stands_when_the_gpus_back_would_take_the_team_over_its_monthly_budget(
         world, api, mailoutbox, django_capture_on_commit_callbacks):
-    _within, borrowed = _borrow(world, api, 2)
-    start = timezone.now() + timedelta(hours=2)
-    window = api(world.outsider).post(URL, {"pool": "a100", "team": "infra", "gpus": 2, "starts_at": start.isoformat(),
-                                            "ends_at": (start + timedelta(hours=1)).isoformat()}, format="json").json()
+    borrowed, window, start = _window_ahead_of_borrowed(world, api)
     # Meanwhile ml's budget is all used (as if it had booked more, counting on losing these GPUs).
     month = quota_math.months_between(start, start)[0]
     used = selectors.month_ge_hours(world.team.pk, world.pool.pk, month)
     Quota.objects.filter(team=world.team, pool=world.pool).update(ge_hours_per_month=int(used))
-    with django_capture_on_commit_callbacks(execute=True):
-        assert api(world.outsider).post(f"{URL}{window['id']}/release/").status_code == 200
-        queue.queue_pass(pool_id=world.pool.pk)
-    borrowed.refresh_from_db()
-    assert borrowed.preempt_at == start and not _withdrawn_events(borrowed)
-    assert set(Allocation.objects.filter(reservation=borrowed).values_list("ends_at", flat=True)) == {start}
-    assert not [m for m in mailoutbox if WITHDRAWN in m.subject]
+    _window_cancelled_and_the_notice_stands(world, api, borrowed, window, start, mailoutbox,
+                                            django_capture_on_commit_callbacks)
 
 
 def test_a_notice_stands_for_another_waiter_promised_the_gpus_that_could_have_taken_them_itself(
