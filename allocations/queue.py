@@ -989,7 +989,7 @@ def kick(pool_id: int) -> None:
     """Run a pass over the pool's queue after the current transaction commits, if anyone waits there or a
     reclaim notice stands (the pass withdraws one no longer needed). Coalesced: while one is queued and not
     yet started, more kicks add nothing."""
-    if not has_waiting(pool_id) and not reclaim.has_notices(pool_id):
+    if not Reservation.objects.filter(_WORTH_A_PASS, pool_id=pool_id).exists():
         return
 
     def send() -> None:
@@ -1008,11 +1008,14 @@ def has_waiting(pool_id: int, *, besides: int | None = None) -> bool:
     return Reservation.objects.filter(pool_id=pool_id, state=State.PENDING).exclude(pk=besides).exists()
 
 
+# What makes a pool worth a pass: a request waits there, or a reclaim notice stands (the pass withdraws one no
+# longer needed). One query, as a kick on every release asks it.
+_WORTH_A_PASS = Q(state=State.PENDING) | Q(state__in=Reservation.LIVE_STATES, preempt_at__isnull=False)
+
+
 def pools_to_pass_ids() -> list[int]:
     """The pools where requests wait or a reclaim notice stands: those the backstop passes over."""
-    return list(Reservation.objects.filter(Q(state=State.PENDING) | Q(state__in=Reservation.LIVE_STATES,
-                                                                      preempt_at__isnull=False))
-                .order_by().values_list("pool_id", flat=True).distinct())
+    return list(Reservation.objects.filter(_WORTH_A_PASS).order_by().values_list("pool_id", flat=True).distinct())
 
 
 @transaction.atomic

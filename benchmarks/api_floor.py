@@ -147,10 +147,16 @@ LOCK_RESERVATION = (
     "JOIN inventory_gpupool p ON p.id = r.pool_id LEFT JOIN auth_user u ON u.id = r.requested_by_id "
     "LEFT JOIN teams_membership m ON m.team_id = r.team_id AND m.user_id = %s WHERE r.id = %s FOR UPDATE OF r")
 # Whether anyone waits in the pool's queue (allocations.queue.has_waiting, the ORM's EXISTS): a create asks it
-# before it books (the queue's promises), a release before it kicks a pass.
+# before it books (the queue's promises).
 HAS_WAITING = (
     'SELECT %s AS "a" FROM "allocations_reservation" WHERE ("allocations_reservation"."pool_id" = %s AND '
     '"allocations_reservation"."state" = %s AND NOT ("allocations_reservation"."id" IS NULL)) LIMIT 1')
+# Whether the pool is worth a pass (allocations.queue.kick): someone waits, or a reclaim notice stands. A release
+# asks it before it kicks one.
+WORTH_A_PASS = (
+    'SELECT %s AS "a" FROM "allocations_reservation" WHERE (("allocations_reservation"."state" = %s OR '
+    '("allocations_reservation"."preempt_at" IS NOT NULL AND "allocations_reservation"."state" IN (%s, %s, %s))) '
+    'AND "allocations_reservation"."pool_id" = %s) LIMIT 1')
 CANCEL_ALLOCATIONS = "UPDATE allocations_allocation SET ends_at = starts_at WHERE reservation_id = %s"
 RELEASE_RESERVATION = (
     "UPDATE allocations_reservation SET state = %s, reason = %s, reason_message = %s, updated_at = %s, ended_at = %s "
@@ -209,7 +215,7 @@ def _sql_client(dsn: str, ids: list[tuple], deadline: float, seed: int, out: lis
             latencies.append((time.perf_counter() - started) * 1000)
             with conn.transaction():
                 conn.execute(LOCK_RESERVATION, (user_id, reservation_id)).fetchall()
-                conn.execute(HAS_WAITING, (1, pool_id, "pending")).fetchall()
+                conn.execute(WORTH_A_PASS, (1, "pending", "scheduled", "applying", "active", pool_id)).fetchall()
                 conn.execute(CANCEL_ALLOCATIONS, (reservation_id,))
                 now = datetime.now(timezone.utc)
                 cancelled = json.dumps({"id": "Cancelled before its start by %(who)s.", "args": {"who": "bench"}})

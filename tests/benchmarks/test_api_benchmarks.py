@@ -88,13 +88,13 @@ def test_floor_sql_tier_sends_the_statements_the_services_send(world):
 
     floor = [api_floor.LOCK_POOL, api_floor.POOL_GPUS, api_floor.POOL_GRANTS, api_floor.TEAM_WINDOWS, api_floor.INSERT_RESERVATION,
              api_floor.INSERT_ALLOCATION, api_floor.INSERT_EVENT, api_floor.INSERT_AUDIT_ENTRY, api_floor.LOCK_RESERVATION,
-             api_floor.HAS_WAITING,
+             api_floor.HAS_WAITING, api_floor.WORTH_A_PASS,
              api_floor.CANCEL_ALLOCATIONS, api_floor.RELEASE_RESERVATION]
     for statement in floor:
         assert any(s.startswith(normalized(statement)) for s in sent), f"the services no longer send: {statement}\n{sent}"
     # ALLOCATED_GPUS reads one reservation's; the services' read takes a list (IN (...)).
     assert any(s.startswith(normalized(api_floor.ALLOCATED_GPUS).split(" WHERE ")[0]) for s in sent)
     # Nothing the services send is missing from the floor (savepoints aside: the test's own transaction
-    # turns the services' BEGIN/COMMIT into them). INSERT_EVENT, INSERT_AUDIT_ENTRY and HAS_WAITING run twice,
-    # once in each transaction; ALLOCATED_GPUS once.
-    assert len([s for s in sent if not s.startswith(("SAVEPOINT", "RELEASE SAVEPOINT"))]) == len(floor) + 4, sent
+    # turns the services' BEGIN/COMMIT into them). INSERT_EVENT and INSERT_AUDIT_ENTRY run twice, once in each
+    # transaction; ALLOCATED_GPUS once.
+    assert len([s for s in sent if not s.startswith(("SAVEPOINT", "RELEASE SAVEPOINT"))]) == len(floor) + 3, sent
