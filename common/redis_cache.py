@@ -40,6 +40,10 @@ _shared_lock = threading.Lock()
 
 
 class _SharedClient(RedisCacheClient):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._by_index: dict[int, tuple[object, object]] = {}  # this backend's look-ups in `_shared`, kept
+
     def _get_connection_pool(self, write):
         return self._shared(write)[0]
 
@@ -47,16 +51,19 @@ class _SharedClient(RedisCacheClient):
         return self._shared(write)[1]
 
     def _shared(self, write) -> tuple[object, object]:
-        """(pool, client) of the server this call goes to, made once per process."""
-        server = self._servers[self._get_connection_pool_index(write)]
-        key = (server, self._client, tuple(sorted((name, repr(value)) for name, value in self._pool_options.items())))
-        found = _shared.get(key)
+        """(pool, client) of the server this call goes to, made once per process (looked up once per backend:
+        every cache call comes here)."""
+        index = self._get_connection_pool_index(write)
+        found = self._by_index.get(index)
         if found is None:
+            server = self._servers[index]
+            key = (server, self._client, tuple(sorted((name, repr(value)) for name, value in self._pool_options.items())))
             with _shared_lock:
                 found = _shared.get(key)
                 if found is None:
                     pool = self._pool_class.from_url(server, **self._pool_options)
                     found = _shared[key] = (pool, self._client(connection_pool=pool))
+            self._by_index[index] = found
         return found
 
 
