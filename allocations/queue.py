@@ -1010,7 +1010,7 @@ def has_waiting(pool_id: int, *, besides: int | None = None) -> bool:
 
 # What makes a pool worth a pass: a request waits there, or a reclaim notice stands (the pass withdraws one no
 # longer needed). One query, as a kick on every release asks it.
-_WORTH_A_PASS = Q(state=State.PENDING) | Q(state__in=Reservation.LIVE_STATES, preempt_at__isnull=False)
+_WORTH_A_PASS = Q(state=State.PENDING) | reclaim.NOTICE_STANDS
 
 
 def pools_to_pass_ids() -> list[int]:

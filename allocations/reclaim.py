@@ -209,13 +209,15 @@ def for_request_of(victims: Sequence[Reservation], beneficiary_id: int) -> None:
         preempted_for_id=beneficiary_id)
 
 
-
 # --- calling a notice off -----------------------------------------------------------------------------
+
+# A live booking under a notice (queue.kick and the backstop pass such a pool too).
+NOTICE_STANDS = Q(state__in=Reservation.LIVE_STATES, preempt_at__isnull=False)
+
 
 def has_notices(pool_id: int) -> bool:
     """Whether a live booking of the pool is under a notice."""
-    return Reservation.objects.filter(pool_id=pool_id, state__in=Reservation.LIVE_STATES,
-                                      preempt_at__isnull=False).exists()
+    return Reservation.objects.filter(NOTICE_STANDS, pool_id=pool_id).exists()
 
 
 def call_off_needless(pool_id: int, now: datetime) -> int:
@@ -230,8 +232,7 @@ def call_off_needless(pool_id: int, now: datetime) -> int:
     list(GpuPool.objects.select_for_update().filter(pk=pool_id).values_list("pk", flat=True))
     noticed = list(Reservation.objects.select_for_update(of=("self",))
                    .select_related("team", "pool", "requested_by", "preempted_for__team")
-                   .filter(pool_id=pool_id, state__in=Reservation.LIVE_STATES, preempt_at__isnull=False)
-                   .order_by("pk"))
+                   .filter(NOTICE_STANDS, pool_id=pool_id).order_by("pk"))
     promises: list[tuple[int, int, datetime, datetime, set[int]]] | None = None
     withdrawn = 0
     for victim in noticed:
