@@ -295,7 +295,8 @@ def main(argv: list[str] | None = None) -> int:
         telemetry_socket = (telemetry.socket_url(args.ws_url or lease_channel.ws_url(args.portal))
                             if args.telemetry_over == "websocket" else None)
         telemetry.start(agent.client, backend, agent.stop, lambda: agent.registered, args.telemetry_interval,
-                        socket=telemetry_socket, socket_open=agent.telemetry_socket_open)
+                        socket=telemetry_socket, socket_open=agent.telemetry_socket_open,
+                        lease_channel_open=agent.lease_channel_open)
     try:
         return agent.run()
     finally:

@@ -250,6 +250,7 @@ async def _lease_channel(session, ws_base: str, host: dict, stats: dict, window:
         async with session.ws_connect(f"{ws_base}/ws/agent/", headers={"Authorization": f"Host {host['key']}"},
                                       heartbeat=None) as ws:
             stats["lease_connected"] += 1
+            host["lease_channel_open"] = True  # the telemetry socket's sign that WebSockets pass (agent_loop)
             async for msg in ws:
                 if msg.type != 1:  # TEXT
                     break
@@ -260,6 +261,7 @@ async def _lease_channel(session, ws_base: str, host: dict, stats: dict, window:
                             and lease.get("key")]
                     await ws.send_str(json.dumps({"type": "held", "held": held, "failed": {},
                                                   "unleased_in_use": []}))
+            host["lease_channel_open"] = False
             if time.time() < window.end:
                 stats["lease_closed_early"] += 1
     except asyncio.CancelledError:
@@ -588,6 +590,8 @@ def run_portal(label: str, database_url: str, redis_url: str, sizes: dict, args)
                 process.kill()
     agents = json.loads((Path(var_dir) / "load-agents.json").read_text())
     users = json.loads((Path(var_dir) / "load-users.json").read_text())
+    for role, stats in (("agents", agents), ("users", users)):
+        rss[role] = max(rss[role], stats.get("peak_rss_mib", 0.0))
     seconds = window.end - window.begin
     hosts = len(fleet["hosts"])
     samples_offered = hosts * GPUS_PER_HOST * seconds / args.telemetry_period
@@ -613,6 +617,10 @@ def run_portal(label: str, database_url: str, redis_url: str, sizes: dict, args)
             "late_ticks": agents["ticks_skipped"], "late_samples": agents["ticks_skipped"] * GPUS_PER_HOST,
             # Batches an agent POSTed because its telemetry socket could not be opened (as the agent falls back).
             "sent_over_http_while_socket_down": agents.get("sent_over_http", 0),
+            # Ticks whose batch stayed buffered because the socket was busy and in its backoff (sent later),
+            # and batches dropped from a full buffer (lost).
+            "held_while_socket_busy": agents.get("held_while_busy", 0),
+            "buffer_dropped": agents.get("buffer_dropped", 0),
         },
         "lease_channels": {"hosts": hosts, "open_at_start": agents["lease_connected_at_start"],
                            "opened": agents["lease_connected"], "closed_early": agents["lease_closed_early"],
@@ -717,6 +725,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             stats = _loop_runner()(run_users(args.http, args.ws, fleet, args.users, args.think, args.watchers,
                                              window, args.seed))
+        import resource
+
+        # Its own peak, as the parent's /proc read misses a load process that has already exited (a zombie
+        # has no VmHWM): Linux gives ru_maxrss in KiB.
+        stats["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
         args.out.write_text(json.dumps(stats))
         return 0
 
@@ -752,7 +765,8 @@ def main(argv: list[str] | None = None) -> int:
         t = portal["telemetry"]
         print(f"[{label}] telemetry: offered {t['offered_samples_per_s']} samples/s, achieved "
               f"{t['achieved_samples_per_s']}, refused {t['refused_samples']}, late {t['late_samples']}, POSTed while the "
-              f"socket was down {t['sent_over_http_while_socket_down']} batches; lease "
+              f"socket was down {t['sent_over_http_while_socket_down']} batches, held while it was busy "
+              f"{t['held_while_socket_busy']} ticks, dropped {t['buffer_dropped']}; lease "
               f"channels open {portal['lease_channels']['open_at_start']}/{t['hosts']}; heartbeats "
               f"{portal['heartbeats']['answered']}, hosts silent at the end {portal['hosts_unhealthy_at_end']}; machine busy "
               f"{portal['machine_busy_fraction']:.0%}; celery queue at end {portal['celery_queue_at_end']}")

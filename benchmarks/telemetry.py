@@ -130,24 +130,35 @@ def _percentile(values: list[float], p: float) -> float | None:
     return round(ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))], 1)
 
 
-# As agent.telemetry.SocketPost: how long a send waits for its answer, and how long after a socket could not
-# be opened the agent sends over HTTP before it tries the socket again.
+# As agent.telemetry.SocketPost: how long a send waits for its answer; how long after a socket was refused the
+# agent sends over HTTP before it tries the socket again; the cap of its backoff while the socket is only busy.
 SOCKET_TIMEOUT_SECONDS = 10.0
 SOCKET_RETRY_SECONDS = 60.0
+SOCKET_BACKOFF_CAP_SECONDS = 30.0
+# As agent.telemetry.TelemetrySender: batches held while unsent, and at most so many in one request.
+BUFFER_BATCHES = 600
+BATCHES_PER_REQUEST = 60
+
+
+class SocketBusy(Exception):
+    """The socket is in its backoff: the batches stay buffered (agent.portal_client.PortalUnreachable)."""
 
 
 async def agent_loop(session, base: str, agent: dict, stats: dict, rng: random.Random, period: float = 1.0,
                      socket_base: str | None = None) -> None:
     """One host: every `period` seconds (the agent's default: 1), one batch of all its GPUs, sent as
     `python -m agent` sends it: a text frame on /ws/agent/telemetry/ of `socket_base` (the ws process)
-    when given, awaiting its answer, else a POST to the web process. As the agent does, a socket that
-    cannot be opened sends over HTTP and is tried again SOCKET_RETRY_SECONDS later; one that closes or
-    times out is dropped (an answer may still come on it) and opened again for the next batch."""
+    when given, awaiting its answer, else a POST to the web process. As the agent's SocketPost does:
+    a socket that is refused sends over HTTP and is tried again SOCKET_RETRY_SECONDS later; one that times
+    out (opening, or awaiting an answer) once the socket has answered or while the host's lease channel is
+    up (`agent["lease_channel_open"]`, set by the fleet benchmark) keeps its batches and is tried again after
+    a doubling, jittered backoff; one that closes or fails otherwise is dropped and opened again for the
+    next batch."""
     import aiohttp
 
     headers = {"Authorization": f"Host {agent['key']}", "Content-Type": "application/json"}
     url = socket_base.replace("http", "ws", 1) + "/ws/agent/telemetry/" if socket_base is not None else None
-    state: dict = {"socket": None, "retry_at": 0.0}
+    state: dict = {"socket": None, "retry_at": 0.0, "over_http": False, "answered": False, "busy_failures": 0}
 
     def count(name: str) -> None:
         stats["errors"][name] = stats["errors"].get(name, 0) + 1
@@ -157,6 +168,12 @@ async def agent_loop(session, base: str, agent: dict, stats: dict, rng: random.R
         if socket is not None:
             await socket.close()
 
+    def back_off() -> None:
+        state["busy_failures"] += 1
+        state["over_http"] = False
+        state["retry_at"] = time.monotonic() + min(SOCKET_BACKOFF_CAP_SECONDS,
+                                                   2.0 ** state["busy_failures"]) * rng.uniform(0.5, 1.0)
+
     async def open_socket():
         if url is None or state["socket"] is not None or time.monotonic() < state["retry_at"]:
             return state["socket"]
@@ -164,9 +181,16 @@ async def agent_loop(session, base: str, agent: dict, stats: dict, rng: random.R
             state["socket"] = await asyncio.wait_for(session.ws_connect(
                 url, headers={"Authorization": f"Host {agent['key']}"}, heartbeat=None, max_msg_size=0),
                 SOCKET_TIMEOUT_SECONDS)
-        except (OSError, asyncio.TimeoutError, aiohttp.ClientError) as error:
+            state["over_http"] = False
+        except asyncio.TimeoutError:
+            count("socket open:TimeoutError")
+            if state["answered"] or agent.get("lease_channel_open"):
+                back_off()
+            else:
+                state["over_http"], state["retry_at"] = True, time.monotonic() + SOCKET_RETRY_SECONDS
+        except (OSError, aiohttp.ClientError) as error:
             count(f"socket open:{type(error).__name__}")
-            state["retry_at"] = time.monotonic() + SOCKET_RETRY_SECONDS
+            state["over_http"], state["retry_at"] = True, time.monotonic() + SOCKET_RETRY_SECONDS
         return state["socket"]
 
     async def send(body: dict) -> tuple[int, dict]:
@@ -175,14 +199,23 @@ async def agent_loop(session, base: str, agent: dict, stats: dict, rng: random.R
             try:
                 await socket.send_str(orjson.dumps(body).decode())
                 message = await asyncio.wait_for(socket.receive(), SOCKET_TIMEOUT_SECONDS)
-            except (OSError, asyncio.TimeoutError, aiohttp.ClientError):
+            except asyncio.TimeoutError:
+                await drop_socket()
+                back_off()
+                raise
+            except (OSError, aiohttp.ClientError):
                 await drop_socket()
                 raise
             if message.type != aiohttp.WSMsgType.TEXT:  # the portal closed the socket
                 await drop_socket()
                 raise ConnectionError(f"telemetry socket: {message.type!r} {message.data!r}")
             answer = orjson.loads(message.data)
-            return (200 if answer.get("type") == "ack" else answer.get("status", 0)), answer
+            if answer.get("type") == "ack":
+                state["answered"], state["busy_failures"] = True, 0
+                return 200, answer
+            return answer.get("status", 0), answer
+        if url is not None and not state["over_http"]:
+            raise SocketBusy()
         if url is not None and stats["measuring"]:
             stats["sent_over_http"] = stats.get("sent_over_http", 0) + 1
         async with session.post(f"{base}/api/v1/agent/telemetry/", data=orjson.dumps(body),
@@ -199,6 +232,7 @@ async def _agent_ticks(send, agent: dict, stats: dict, rng: random.Random, perio
     stream = f"bench-{rng.getrandbits(48):x}"
     util = [rng.uniform(0, 100) for _ in agent["uuids"]]
     seq = 0
+    pending: list[dict] = []  # as the agent's TelemetryBuffer: unsent batches, oldest first
     await asyncio.sleep(rng.random() * period)  # spread the hosts over the period
     next_at = time.monotonic()
     while time.time() < stats["stop"]:
@@ -211,18 +245,29 @@ async def _agent_ticks(send, agent: dict, stats: dict, rng: random.Random, perio
                          "memory_used_mib": 800 * u, "memory_total_mib": 81559, "temperature_c": 35 + u // 2,
                          "power_w": 100.0 + 6 * u, "processes": [{"pid": 1000 + k, "used_memory_mib": 800 * u}]})
         t = time.time()
-        body = {"stream": stream, "batches": [{"seq": seq, "t": t, "gpus": gpus}]}
+        pending.append({"seq": seq, "t": t, "gpus": gpus})
+        if len(pending) > BUFFER_BATCHES:
+            del pending[0]
+            if stats["measuring"]:
+                stats["buffer_dropped"] = stats.get("buffer_dropped", 0) + 1
+        chunk = pending[:BATCHES_PER_REQUEST]
+        body = {"stream": stream, "batches": chunk}
         try:
             # orjson: the load generator shares the machine with the portal, so it should cost little.
             status, answer = await send(body)
             elapsed = (time.time() - t) * 1000
             if status == 200:
+                del pending[:len(chunk)]
                 if stats["measuring"]:
                     stats["accepted"] += answer["accepted"]
                     stats["ingest_ms"].append(elapsed)
             else:
+                del pending[:len(chunk)]  # refused as it is: the agent drops it rather than retry forever
                 stats["http_errors"][status] = stats["http_errors"].get(status, 0) + 1
-        except Exception as error:  # noqa: BLE001 - count and go on, as an agent would
+        except SocketBusy:
+            if stats["measuring"]:
+                stats["held_while_busy"] = stats.get("held_while_busy", 0) + 1
+        except Exception as error:  # noqa: BLE001 - count and go on, as an agent would (its batches stay buffered)
             stats["errors"][type(error).__name__] = stats["errors"].get(type(error).__name__, 0) + 1
         # As `python -m agent` does (agent/telemetry.py: TelemetrySender.run): the next sample is
         # taken on the next whole tick after the request returned; ticks missed while a request was
