@@ -6,15 +6,19 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from django.core.cache import cache
+from django.db import connections
 from rest_framework.test import APIClient
 
+from common import agent_threads
 from inventory.models import GpuPool
+from monitoring import gather
 from teams.models import Membership, Team
 from tests.factories import MembershipFactory, PoolFactory, QuotaFactory, TeamFactory, UserFactory, add_node
 from tests.smtp import start_smtp
@@ -38,6 +42,26 @@ def _fresh_cache():
     """Throttle counters live in the cache (Redis in the suite): start every test from zero."""
     cache.clear()
     yield
+
+
+def _let_connection_go(barrier: threading.Barrier) -> None:
+    connections.close_all()
+    barrier.wait(timeout=5)  # so that each of the executor's threads runs one of these
+
+
+@pytest.fixture(autouse=True)
+def _background_threads_let_their_connections_go():
+    """The WebSocket process's own database threads (the telemetry ingest's, the agents') keep a connection
+    between calls, and a test's event loop can end before the ingest thread's quiet-time close runs: left
+    open, the last one made pytest-django's teardown warn that the test database "is being accessed by
+    other users" and leave it behind. Each thread that exists lets its connection go after every test."""
+    yield
+    for executor in (gather._INGEST_THREAD, agent_threads._executor):
+        threads = len(executor._threads)
+        if threads:
+            barrier = threading.Barrier(threads)
+            for future in [executor.submit(_let_connection_go, barrier) for _ in range(threads)]:
+                future.result(timeout=10)
 
 
 @dataclass
