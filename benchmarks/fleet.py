@@ -271,23 +271,39 @@ async def _lease_channel(session, ws_base: str, host: dict, stats: dict, window:
 
 
 async def _heartbeats(session, http_base: str, host: dict, stats: dict, every: float, rng: random.Random) -> None:
-    """A host's HTTP heartbeats, as `python -m agent` sends them: every AGENT_HEARTBEAT_SECONDS (10), or every
-    sixth of those while its telemetry frames are answered on the socket (agent.__main__.HEARTBEATS_WHILE_STREAMING).
-    Without them the portal takes the hosts for silent after HOST_SILENCE_TIMEOUT_SECONDS and fails their GPUs
-    over (what refused the first runs' creates `insufficient_capacity`)."""
+    """A host's main loop over HTTP, as `python -m agent` runs it (agent/__main__.py: Agent.run): every
+    AGENT_HEARTBEAT_SECONDS (`every`, 10) a heartbeat, except that while its telemetry frames are answered on
+    the socket (`host["telemetry_socket_open"]`, kept by benchmarks.telemetry.agent_loop) only every
+    HEARTBEATS_WHILE_STREAMING-th is sent; and while its lease channel is not open, a lease poll
+    (/api/v1/agent/leases/) each time as well. Without heartbeats the portal takes the hosts for silent after
+    HOST_SILENCE_TIMEOUT_SECONDS and fails their GPUs over (what refused the first runs' creates
+    `insufficient_capacity`)."""
+    from agent.__main__ import HEARTBEATS_WHILE_STREAMING
+
     headers = {"Authorization": f"Host {host['key']}", "Content-Type": "application/json"}
-    await asyncio.sleep(rng.random() * every)
-    while time.time() < stats["stop"]:
+    quiet_beats = 0
+
+    async def post(path: str, body: bytes, name: str) -> None:
         try:
-            async with session.post(f"{http_base}/api/v1/agent/heartbeat/", data=b"{}", headers=headers) as response:
+            async with session.post(f"{http_base}{path}", data=body, headers=headers) as response:
                 await response.read()
                 if response.status != 200:
                     stats["heartbeat_errors"][response.status] = stats["heartbeat_errors"].get(response.status, 0) + 1
                 elif stats["measuring"]:
-                    stats["heartbeats"] += 1
+                    stats[name] = stats.get(name, 0) + 1
         except Exception as error:  # noqa: BLE001 - count and go on, as an agent would
-            stats["errors"][f"heartbeat:{type(error).__name__}"] = stats["errors"].get(
-                f"heartbeat:{type(error).__name__}", 0) + 1
+            stats["errors"][f"{name}:{type(error).__name__}"] = stats["errors"].get(
+                f"{name}:{type(error).__name__}", 0) + 1
+
+    await asyncio.sleep(rng.random() * every)
+    while time.time() < stats["stop"]:
+        if host.get("telemetry_socket_open") and quiet_beats < HEARTBEATS_WHILE_STREAMING - 1:
+            quiet_beats += 1
+        else:
+            quiet_beats = 0
+            await post("/api/v1/agent/heartbeat/", b"{}", "heartbeats")
+        if not host.get("lease_channel_open"):
+            await post("/api/v1/agent/leases/", b'{"held": [], "failed": {}, "unleased_in_use": []}', "lease_polls")
         await asyncio.sleep(every)
 
 
@@ -306,10 +322,7 @@ async def run_agents(http_base: str, ws_base: str, hosts: list[dict], window: Wi
                                      cookie_jar=aiohttp.DummyCookieJar()) as session:
         leases = [asyncio.create_task(_lease_channel(session, ws_base, h, stats, window)) for h in hosts]
         socket_base = ws_base if over == "websocket" else None
-        from agent.__main__ import HEARTBEATS_WHILE_STREAMING
-
-        every = 10.0 * (HEARTBEATS_WHILE_STREAMING if socket_base else 1)
-        beats = [asyncio.create_task(_heartbeats(session, http_base, h, stats, every, random.Random(-i)))
+        beats = [asyncio.create_task(_heartbeats(session, http_base, h, stats, 10.0, random.Random(-i)))
                  for i, h in enumerate(hosts)]
         agents = [asyncio.create_task(agent_loop(session, http_base, h, stats, random.Random(i), period, socket_base))
                   for i, h in enumerate(hosts)]
@@ -625,7 +638,8 @@ def run_portal(label: str, database_url: str, redis_url: str, sizes: dict, args)
         "lease_channels": {"hosts": hosts, "open_at_start": agents["lease_connected_at_start"],
                            "opened": agents["lease_connected"], "closed_early": agents["lease_closed_early"],
                            "leases_messages": agents["lease_messages"]},
-        "heartbeats": {"answered": agents["heartbeats"], "refused": agents["heartbeat_errors"]},
+        "heartbeats": {"answered": agents["heartbeats"], "refused": agents["heartbeat_errors"],
+                       "lease_polls": agents.get("lease_polls", 0)},
         # Hosts the portal took for silent by the end (they would have failed their bookings over).
         "hosts_unhealthy_at_end": _unhealthy_hosts(database_url),
         "users": {"clients": sizes["load_users"], "think_s_mean": args.think, "actions": users["actions"],
@@ -768,7 +782,7 @@ def main(argv: list[str] | None = None) -> int:
               f"socket was down {t['sent_over_http_while_socket_down']} batches, held while it was busy "
               f"{t['held_while_socket_busy']} ticks, dropped {t['buffer_dropped']}; lease "
               f"channels open {portal['lease_channels']['open_at_start']}/{t['hosts']}; heartbeats "
-              f"{portal['heartbeats']['answered']}, hosts silent at the end {portal['hosts_unhealthy_at_end']}; machine busy "
+              f"{portal['heartbeats']['answered']} (and {portal['heartbeats']['lease_polls']} lease polls), hosts silent at the end {portal['hosts_unhealthy_at_end']}; machine busy "
               f"{portal['machine_busy_fraction']:.0%}; celery queue at end {portal['celery_queue_at_end']}")
         print(f"[{label}] processes: " + ", ".join(
             f"{name} {p['cpu_s']} CPU s ({p['cores']} cores), peak RSS {p['peak_rss_mib']} MiB"

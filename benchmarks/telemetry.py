@@ -165,6 +165,7 @@ async def agent_loop(session, base: str, agent: dict, stats: dict, rng: random.R
 
     async def drop_socket() -> None:
         socket, state["socket"] = state["socket"], None
+        agent["telemetry_socket_open"] = False  # as SocketPost.open_event (the fleet's heartbeats read it)
         if socket is not None:
             await socket.close()
 
@@ -212,6 +213,7 @@ async def agent_loop(session, base: str, agent: dict, stats: dict, rng: random.R
             answer = orjson.loads(message.data)
             if answer.get("type") == "ack":
                 state["answered"], state["busy_failures"] = True, 0
+                agent["telemetry_socket_open"] = True
                 return 200, answer
             return answer.get("status", 0), answer
         if url is not None and not state["over_http"]:
