@@ -156,12 +156,14 @@ class SocketPost:
     while the socket cannot be opened (an older portal without it answers 404, a proxy that blocks
     WebSockets) it POSTs over HTTP instead and tries the socket again `retry_seconds` later.
 
-    Except when the socket is only slow: an open or an answer that times out while WebSockets are known to
-    pass (this socket was answered in this run, or `websockets_pass` is set: the lease channel is up) means
-    the ws process is busy, not absent. Then the samples stay in the buffer and the socket is tried again
-    after a backoff (doubling to `backoff_cap`, jittered). Sending them over HTTP instead would load the web
-    process, which shares the portal's cores, so more sockets would time out: at 1,250 hosts that loop sent
-    7,039 batches over HTTP in a minute (README, fleet scale).
+    Except when the socket is only slow: an open or an answer that times out means the ws process is busy,
+    not absent, while WebSockets are known to pass (this socket was answered in this run, or
+    `websockets_pass` is set: the lease channel is up), and for the first `timeouts_before_http` timeouts in
+    a row in any case (a proxy that blocks WebSockets refuses them, it seldom lets them hang; and a portal
+    starting up, or a fleet of agents starting at once, makes every socket wait). Then the samples stay in
+    the buffer and the socket is tried again after a backoff (doubling to `backoff_cap`, jittered). Sending
+    them over HTTP instead would load the web process, which shares the portal's cores, so more sockets
+    would time out: at 1,250 hosts that loop sent 7,039 batches over HTTP in a minute (README, fleet scale).
 
     Why a socket: the portal ingests the frames of many hosts together (monitoring.gather), where each
     HTTP request pays the web server's per-request cost; at a thousand hosts sending every second that
@@ -169,7 +171,8 @@ class SocketPost:
     refusal inside: the sender treats both paths alike."""
 
     def __init__(self, url: str, token: str, fallback: Callable[[dict], dict], *, timeout: float = 10.0,
-                 retry_seconds: float = 60.0, backoff_cap: float = 30.0, clock: Callable[[], float] = time.monotonic,
+                 retry_seconds: float = 60.0, backoff_cap: float = 30.0, timeouts_before_http: int = 4,
+                 clock: Callable[[], float] = time.monotonic,
                  open_event: threading.Event | None = None, websockets_pass: threading.Event | None = None,
                  jitter: Callable[[], float] = lambda: random.uniform(0.5, 1.0)) -> None:
         self.url = url
@@ -180,6 +183,7 @@ class SocketPost:
         self.timeout = timeout
         self.retry_seconds = retry_seconds
         self.backoff_cap = backoff_cap
+        self.timeouts_before_http = timeouts_before_http
         self.clock = clock
         self.jitter = jitter
         self.socket = None
@@ -210,9 +214,10 @@ class SocketPost:
 
     def _only_slow(self) -> bool:
         """A timeout here means a busy portal, not a network that blocks WebSockets."""
-        return self.answered or self.websockets_pass.is_set()
+        return self.answered or self.websockets_pass.is_set() or self.busy_failures < self.timeouts_before_http
 
     def _post_over_http(self, error: Exception) -> None:
+        self.busy_failures = 0
         log.warning("telemetry: no WebSocket at %s (%s); sending over HTTP, trying again in %.0f s",
                     self.url, error, self.retry_seconds)
         self.over_http = True

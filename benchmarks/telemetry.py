@@ -135,6 +135,7 @@ def _percentile(values: list[float], p: float) -> float | None:
 SOCKET_TIMEOUT_SECONDS = 10.0
 SOCKET_RETRY_SECONDS = 60.0
 SOCKET_BACKOFF_CAP_SECONDS = 30.0
+TIMEOUTS_BEFORE_HTTP = 4
 # As agent.telemetry.TelemetrySender: batches held while unsent, and at most so many in one request.
 BUFFER_BATCHES = 600
 BATCHES_PER_REQUEST = 60
@@ -150,10 +151,10 @@ async def agent_loop(session, base: str, agent: dict, stats: dict, rng: random.R
     `python -m agent` sends it: a text frame on /ws/agent/telemetry/ of `socket_base` (the ws process)
     when given, awaiting its answer, else a POST to the web process. As the agent's SocketPost does:
     a socket that is refused sends over HTTP and is tried again SOCKET_RETRY_SECONDS later; one that times
-    out (opening, or awaiting an answer) once the socket has answered or while the host's lease channel is
-    up (`agent["lease_channel_open"]`, set by the fleet benchmark) keeps its batches and is tried again after
-    a doubling, jittered backoff; one that closes or fails otherwise is dropped and opened again for the
-    next batch."""
+    out (opening, or awaiting an answer) keeps its batches and is tried again after a doubling, jittered
+    backoff, if the socket has answered before, or the host's lease channel is up (`agent["lease_channel_open"]`,
+    set by the fleet benchmark), or for the first TIMEOUTS_BEFORE_HTTP timeouts in a row (then HTTP);
+    one that closes or fails otherwise is dropped and opened again for the next batch."""
     import aiohttp
 
     headers = {"Authorization": f"Host {agent['key']}", "Content-Type": "application/json"}
@@ -185,10 +186,11 @@ async def agent_loop(session, base: str, agent: dict, stats: dict, rng: random.R
             state["over_http"] = False
         except asyncio.TimeoutError:
             count("socket open:TimeoutError")
-            if state["answered"] or agent.get("lease_channel_open"):
+            if state["answered"] or agent.get("lease_channel_open") or state["busy_failures"] < TIMEOUTS_BEFORE_HTTP:
                 back_off()
             else:
                 state["over_http"], state["retry_at"] = True, time.monotonic() + SOCKET_RETRY_SECONDS
+                state["busy_failures"] = 0
         except (OSError, aiohttp.ClientError) as error:
             count(f"socket open:{type(error).__name__}")
             state["over_http"], state["retry_at"] = True, time.monotonic() + SOCKET_RETRY_SECONDS

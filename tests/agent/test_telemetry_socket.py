@@ -80,7 +80,7 @@ def post_to(url: str, **kwargs) -> tuple[SocketPost, Http, Clock]:
 
 
 def test_a_refused_socket_sends_over_http_and_tries_the_socket_again_after_retry_seconds(refusing_socket):
-    post, http, clock = post_to(refusing_socket, retry_seconds=60)
+    post, http, clock = post_to(refusing_socket, retry_seconds=60)  # refused: HTTP at once, no tries first
     assert post(batch(1))["ack"] == 1
     assert len(http.bodies) == 1 and post.over_http
     clock.t += 59
@@ -109,12 +109,18 @@ def test_a_socket_that_times_out_while_the_lease_channel_is_up_keeps_the_samples
     assert post.retry_at == clock.t + 30
 
 
-def test_a_timeout_with_no_sign_that_websockets_pass_sends_over_http(busy_socket):
+def test_timeouts_with_no_sign_that_websockets_pass_send_over_http_after_a_few_tries(busy_socket):
     """A proxy that swallows upgrades looks like a busy portal; without a lease channel up or an earlier answer
-    there is no telling them apart, and samples must not wait forever."""
-    post, http, _ = post_to(busy_socket)
+    there is no telling them apart for long, and samples must not wait forever: the first timeouts are taken
+    for a busy (or starting) portal, the next one sends over HTTP."""
+    post, http, clock = post_to(busy_socket, timeouts_before_http=2)
+    for _ in range(2):
+        with pytest.raises(PortalUnreachable):
+            post(batch(1))
+        clock.t = post.retry_at
+    assert http.bodies == [] and post.busy_failures == 2
     assert post(batch(1))["ack"] == 1
-    assert len(http.bodies) == 1 and post.over_http
+    assert len(http.bodies) == 1 and post.over_http and post.busy_failures == 0
 
 
 def test_once_answered_a_socket_that_stops_answering_backs_off_and_comes_back_to_the_socket(portal_socket,
