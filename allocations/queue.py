@@ -68,7 +68,8 @@ REASONS = {
     "held_for_queue": gettext_noop("What is free now is promised to requests ahead of it in the queue."),
     "behind": gettext_noop("Requests ahead of it start first: this pool's queue keeps strict order."),
     "not_before": gettext_noop("It asked not to start before its not_before time."),
-    "no_model": gettext_noop("No usable GPU in the pool can take it now (unhealthy or drained)."),
+    "no_model": gettext_noop("Not enough GPUs of the models it accepts are free for it now (or they are unhealthy "
+                             "or drained)."),
     "no_start": gettext_noop("No start fits within the booking horizon, even if every booking ends on time."),
     "not_planned": gettext_noop("Not planned yet: each pass plans only the first requests of the queue in full; "
                                 "it gets a promised start when it moves up."),
@@ -169,9 +170,12 @@ def _whole_gpus_short(gpus: Sequence[booking.PoolGpu], grants: Sequence[booking.
 
 
 def _try(gpus, grants, shape, start, end, policy) -> tuple[list[booking.NewGrant] | None, str]:
-    short = _whole_gpus_short(gpus, grants, shape.gpus, start, end) if shape.mode == SharingMode.EXCLUSIVE else ""
-    if short:
-        return None, short
+    if shape.mode == SharingMode.EXCLUSIVE:
+        allowed = [gpu for gpu in gpus if gpu.model in shape.gpu_models] if shape.gpu_models else gpus
+        short = _whole_gpus_short(allowed, grants, shape.gpus, start, end)
+        if short:
+            # Short of GPUs of the models it accepts: say so (booking.choose's no_gpu_model does the same).
+            return None, "no_model" if short == "not_enough" and shape.gpu_models else short
     snapshot = booking.PoolSnapshot(start=start, end=end, gpus=gpus, grants=_overlapping(grants, start, end))
     try:
         return booking.choose(snapshot, shape, policy=policy), ""
@@ -308,7 +312,9 @@ class WholeGpuBoard:
     @staticmethod
     def fits(shapes: Sequence[booking.Shape], grants: Sequence[booking.Grant]) -> bool:
         """Whether the board can plan these: whole-GPU requests among bookings of whole cards only."""
-        return (all(shape.mode == SharingMode.EXCLUSIVE for shape in shapes)
+        # A request that accepts only some models is planned by the walk (booking.choose cuts the pool to
+        # its models); the board's timeline and arrays count every GPU of the pool.
+        return (all(shape.mode == SharingMode.EXCLUSIVE and not shape.gpu_models for shape in shapes)
                 and all(not g.is_vgpu and not g.mig_profile and g.milli >= units.MILLI_PER_GPU for g in grants))
 
     def _t(self, at: datetime) -> int:
@@ -613,7 +619,7 @@ def _why_later(item: Waiting, now: datetime, reason: str, gpus, grants, policy, 
         return "not_before"
     if not backfill and earliest > now:
         return "behind"
-    if reason in ("not_enough", "fragmented", ""):
+    if reason in ("not_enough", "fragmented", "no_model", ""):
         # Room now among the bookings alone, but not among the plan's holdings: promised ahead.
         if board is not None:
             end = now + item.duration
@@ -815,7 +821,8 @@ def shape_data(shape: booking.Shape) -> dict:
 
 def shape_from(data: dict) -> booking.Shape:
     layout = data.get("mig_layout", ())
-    return booking.Shape(**{**data, "mig_layout": layout if isinstance(layout, str) else tuple(layout)})
+    return booking.Shape(**{**data, "mig_layout": layout if isinstance(layout, str) else tuple(layout),
+                            "gpu_models": tuple(data.get("gpu_models") or ())})
 
 
 @dataclass(frozen=True)
