@@ -12,8 +12,9 @@ from django.utils import timezone
 
 from allocations import queue
 from allocations.failover import node_failover
-from allocations.models import Allocation, QueueEntry, Reservation
+from allocations.models import Allocation, PriorityClass, QueueEntry, Quota, Reservation
 from inventory.models import GpuModel, Node
+from tests.allocations.test_reclaim import started_ago
 from tests.factories import ClusterFactory, GpuFactory, NodeFactory, PoolFactory, QuotaFactory, window
 
 URL = "/api/v1/reservations/"
@@ -210,3 +211,29 @@ def test_an_empty_list_means_any_model(world, api, mixed):
     # 8 GPUs of 12 GE quota: 4 H100 (8 GE) + 4 A100 (4 GE) = 12 GE; it books the whole pool.
     assert response.status_code == 201, response.content
     assert response.json()["gpu_models"] == [] and models_held(response.json()["id"]) == {A100, H100}
+
+
+def test_a_pinned_future_window_preempts_only_bookings_on_its_model(world, api, mixed, mailoutbox,
+                                                                     django_capture_on_commit_callbacks):
+    """infra (preemptible, low) fills the pool: the H100s with two older bookings, the A100s with the youngest
+    one. ml (high) books two H100s from in an hour: the youngest booking alone would free the most, but only
+    A100s; the notice goes to an H100 booking."""
+    low = PriorityClass.objects.create(name="low", value=10, preemptible=True)
+    high = PriorityClass.objects.create(name="high", value=100, preemptible=True)
+    Quota.objects.filter(team=world.team, pool=mixed).update(priority_class=high)
+    Quota.objects.filter(team=world.other_team, pool=mixed).update(priority_class=low)
+    ids = []
+    for model, gpus, minutes in ((H100, 2, 180), (H100, 2, 120), (A100, 4, 60)):
+        made = book(api, world.staff, team="infra", gpus=gpus, hours=6, gpu_models=[model])
+        assert made.status_code == 201, made.content
+        started_ago(Reservation.objects.get(pk=made.json()["id"]), minutes)
+        ids.append(made.json()["id"])
+    start = timezone.now() + timedelta(hours=1)
+    with django_capture_on_commit_callbacks(execute=True):
+        response = api(world.member).post(URL, {"pool": "mixed", "team": "ml", "gpus": 2, "gpu_models": [H100],
+                                                "starts_at": start.isoformat(),
+                                                "ends_at": (start + timedelta(hours=1)).isoformat()}, format="json")
+    assert response.status_code == 201, response.content
+    noticed = [r.pk for r in Reservation.objects.filter(pk__in=ids, preempt_at__isnull=False)]
+    assert noticed == [ids[1]]  # the younger of the H100 bookings; never the A100 one
+    assert models_held(response.json()["id"]) == {H100}
