@@ -42,7 +42,8 @@ def earliest_window(*, pool: GpuPool, request: shapes.Amounts, quota: quotas.Quo
     shape = shapes.shape_for(pool, request, snapshot)
     start, _grants, _why = queue.earliest_fit(
         gpus=snapshot.gpus, grants=[*snapshot.grants, *promised], shape=shape, duration=duration, earliest=earliest,
-        latest=latest, policy=pool.placement_policy, team=queue.team_holding(quota, earliest, latest + duration))
+        latest=latest, policy=pool.placement_policy, team=queue.team_holding(quota, earliest, latest + duration),
+        profile=snapshot.profile)
     return start
 
 

@@ -24,7 +24,7 @@ from datetime import datetime
 
 from django.utils.translation import gettext_noop
 
-from allocations import units
+from allocations import profiles, units
 from allocations.messages import Msg
 from allocations.placement import mig
 from allocations.placement import (
@@ -239,7 +239,8 @@ def pool_snapshot(pool_id: int, start: datetime, end: datetime, *,
                   without_reservation: int | None = None) -> PoolSnapshot:
     """Read the pool for [start, end) (the caller holds the pool's row lock). `without_reservation`
     leaves that reservation's own grants out (an extension asks whether its GPUs stay free).
-    Two hand-written queries: every create runs them."""
+    Two hand-written queries: every create runs them. The pool's workload profile comes with it
+    (profiles.pool_profile: cached, a third query once in a while)."""
     gpu_rows = sql.fetch_all(
         'SELECT g.id, g.node_id, n.name, g."index", g.uuid, g.model_name, g.memory_mib, '
         "g.healthy AND n.healthy AND n.schedulable, "  # GpuQuerySet.USABLE, by hand
@@ -263,6 +264,7 @@ def pool_snapshot(pool_id: int, start: datetime, end: datetime, *,
         start=start, end=end,
         gpus=tuple(_pool_gpu(row) for row in gpu_rows),
         grants=tuple(map(_grant, sql.fetch_all(grant_query, params))),
+        profile=profiles.pool_profile(pool_id),
     )
 
 

@@ -176,6 +176,8 @@ class Reservation(models.Model):
             models.Index(fields=["team", "-starts_at", "-id"], name="reservation_team_newest"),
             # A team's last ended ones (the reservations page), set once when a reservation ends.
             models.Index(fields=["team", "-ended_at", "-id"], name="reservation_team_ended"),
+            # A pool's newest (allocations.profiles: the mix of its last few hundred), without sorting its history.
+            models.Index(fields=["pool", "-id"], name="reservation_pool_newest"),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(ends_at__gt=F("starts_at")), name="reservation_ends_after_start"),

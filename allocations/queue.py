@@ -169,14 +169,15 @@ def _whole_gpus_short(gpus: Sequence[booking.PoolGpu], grants: Sequence[booking.
     return ""
 
 
-def _try(gpus, grants, shape, start, end, policy) -> tuple[list[booking.NewGrant] | None, str]:
+def _try(gpus, grants, shape, start, end, policy, profile=None) -> tuple[list[booking.NewGrant] | None, str]:
     if shape.mode == SharingMode.EXCLUSIVE:
         allowed = [gpu for gpu in gpus if gpu.model in shape.gpu_models] if shape.gpu_models else gpus
         short = _whole_gpus_short(allowed, grants, shape.gpus, start, end)
         if short:
             # Short of GPUs of the models it accepts: say so (booking.choose's no_gpu_model does the same).
             return None, "no_model" if short == "not_enough" and shape.gpu_models else short
-    snapshot = booking.PoolSnapshot(start=start, end=end, gpus=gpus, grants=_overlapping(grants, start, end))
+    snapshot = booking.PoolSnapshot(start=start, end=end, gpus=gpus, grants=_overlapping(grants, start, end),
+                                    profile=profile)
     try:
         return booking.choose(snapshot, shape, policy=policy), ""
     except booking.BookingRefused as refused:
@@ -185,13 +186,14 @@ def _try(gpus, grants, shape, start, end, policy) -> tuple[list[booking.NewGrant
 
 def earliest_fit(*, gpus: Sequence[booking.PoolGpu], grants: Sequence[booking.Grant], shape: booking.Shape,
                  duration: timedelta, earliest: datetime, latest: datetime, policy: str,
-                 team: TeamHolding | None = None, borrow_at: datetime | None = None
+                 team: TeamHolding | None = None, borrow_at: datetime | None = None, profile=None
                  ) -> tuple[datetime | None, list[booking.NewGrant], str]:
     """The first start in [earliest, latest] where `shape` fits for `duration` among `grants` (and the
     team stays within its quota, or borrows within its limit when it starts at `borrow_at`: now), the
     grants it gets there, and why it did not fit at `earliest` ('' when it did). Room only grows where
     a grant ends, so those are the only starts to try. None where `earliest` is after `latest`: no start
-    is in the range (a strict queue's request ahead, or its not_before, past its not_after or the horizon)."""
+    is in the range (a strict queue's request ahead, or its not_before, past its not_after or the horizon).
+    `profile`: the pool's workload profile (booking.PoolSnapshot.profile), for the policies that weigh it."""
     if earliest > latest:
         return None, [], "no_start"
     candidates = {earliest}
@@ -202,7 +204,7 @@ def earliest_fit(*, gpus: Sequence[booking.PoolGpu], grants: Sequence[booking.Gr
     first_reason = ""
     for start in sorted(candidates):
         end = start + duration
-        chosen, reason = _try(gpus, grants, shape, start, end, policy)
+        chosen, reason = _try(gpus, grants, shape, start, end, policy, profile)
         if chosen is not None and team is not None:
             error = quotas.held_error(team.quota, ge=sum(g.ge for g in chosen), asked=shape.in_words(),
                                       field="", start=start, end=end, in_pool=[*team.in_pool, *team.promised],
@@ -278,9 +280,10 @@ class WholeGpuBoard:
     It answers exactly what earliest_fit's walk over candidate starts answers (the tests compare them)."""
 
     def __init__(self, frame: PoolFrame, grants: Sequence[booking.Grant], origin: datetime,
-                 times: tuple[np.ndarray, np.ndarray] | None = None) -> None:
-        """`times`: the grants' starts and ends as microseconds since the epoch (micros), where the caller has them."""
-        self.frame, self.gpus, self.origin = frame, frame.gpus, origin
+                 times: tuple[np.ndarray, np.ndarray] | None = None, profile=None) -> None:
+        """`times`: the grants' starts and ends as microseconds since the epoch (micros), where the caller has them;
+        `profile`: the pool's workload profile, for the policies that weigh it."""
+        self.frame, self.gpus, self.origin, self.profile = frame, frame.gpus, origin, profile
         self.most_per_node = frame.most_per_node
         # Each window once as microseconds since the epoch: the timeline counts from `origin` in them, the
         # engine in seconds (us / 1e6 is exactly what datetime.timestamp() gives).
@@ -363,7 +366,7 @@ class WholeGpuBoard:
         free = [self.gpus[k] for k in np.flatnonzero(self.timeline.free_for(self._t(start), self._t(end)))]
         try:
             ids = booking.choose_whole_gpus(window, count, policy=policy, state=self.state, free=free,
-                                            most_per_node=self.most_per_node)
+                                            most_per_node=self.most_per_node, profile=self.profile)
         except booking.BookingRefused as refused:
             return None, _ENGINE_CODES.get(refused.code, refused.code)
         return [booking.NewGrant(gpu_id=gpu_id, ge=self.frame.weight[gpu_id]) for gpu_id in ids], ""
@@ -471,7 +474,7 @@ def plan(*, gpus: Sequence[booking.PoolGpu], grants: Sequence[booking.Grant], wa
          now: datetime, horizon: datetime, policy: str, backfill: bool, teams: dict[int, TeamHolding],
          hold_for: Callable[[Waiting], timedelta] | None = None, depth: int | None = None,
          board: bool = True, frame: PoolFrame | None = None, keep_promises: bool = False,
-         grant_times: tuple[np.ndarray, np.ndarray] | None = None) -> list[Planned]:
+         grant_times: tuple[np.ndarray, np.ndarray] | None = None, profile=None) -> list[Planned]:
     """Plan `waiting` (in queue order) one after the other, each at its earliest fit among `grants`
     and the plan's holdings of the requests before it. `hold_for` is how long a planned request
     holds what it gets (its duration unless given: the estimate shortens it). `teams` is updated
@@ -491,14 +494,15 @@ def plan(*, gpus: Sequence[booking.PoolGpu], grants: Sequence[booking.Grant], wa
     pools on a WholeGpuBoard (the same answers, computed incrementally; False walks every candidate
     start with booking.choose, the reference the tests compare it with); `frame`: the pool's GPUs
     indexed for it, where the caller plans more than once; `grant_times`: the grants' windows as micros
-    (starts, ends), where the caller has them."""
+    (starts, ends), where the caller has them; `profile`: the pool's workload profile (booking.PoolSnapshot's),
+    for the policies that weigh it."""
     taken = list(grants)
     latest_planned = now
     planned: list[Planned] = []
     head = list(waiting[:depth] if depth is not None else waiting)
     fast = board and WholeGpuBoard.fits([w.shape for w in waiting], grants)
     frame = (frame or PoolFrame(gpus)) if fast else None
-    open_board = WholeGpuBoard(frame, grants, now, grant_times) if fast else None  # bookings and the plan so far
+    open_board = WholeGpuBoard(frame, grants, now, grant_times, profile) if fast else None  # bookings and the plan
     bookings_board = open_board.copy() if open_board is not None else None  # the bookings alone
     usable = {gpu.id for gpu in gpus if gpu.usable}
     weight = {gpu.id: gpu.weight for gpu in gpus}
@@ -553,7 +557,7 @@ def plan(*, gpus: Sequence[booking.PoolGpu], grants: Sequence[booking.Grant], wa
         else:
             start, chosen, reason = earliest_fit(gpus=gpus, grants=[*taken, *others], shape=item.shape,
                                                  duration=item.duration, earliest=earliest, latest=latest,
-                                                 policy=policy, team=team)
+                                                 policy=policy, team=team, profile=profile)
         if own is not None and (start is None or start > own.start) and earliest <= own.start <= latest:
             free = (room.free_on(own.gpu_ids, own.start, own.end) if room is not None
                     else _free_on([*taken, *others], usable, own.gpu_ids, own.start, own.end))
@@ -563,7 +567,8 @@ def plan(*, gpus: Sequence[booking.PoolGpu], grants: Sequence[booking.Grant], wa
                     in_pool=[*team.in_pool, *team.promised], everywhere=[*team.everywhere, *team.promised]) is None):
                 start, chosen = own.start, kept
         if start is not None and start > now:
-            reason = _why_later(item, now, reason, gpus, grants, policy, backfill, earliest, board=bookings_board)
+            reason = _why_later(item, now, reason, gpus, grants, policy, backfill, earliest, board=bookings_board,
+                                profile=profile)
         elif start is None:
             reason = reason or "no_start"
         if start is not None:
@@ -586,11 +591,12 @@ def plan(*, gpus: Sequence[booking.PoolGpu], grants: Sequence[booking.Grant], wa
                 team.everywhere.append((start, end, ge))
             latest_planned = max(latest_planned, start)
         planned.append(Planned(waiting=item, start=start, grants=tuple(chosen), reason=reason))
-    return _borrow_idle(planned, taken, gpus=gpus, now=now, policy=policy, teams=teams, hold_for=hold_for)
+    return _borrow_idle(planned, taken, gpus=gpus, now=now, policy=policy, teams=teams, hold_for=hold_for,
+                        profile=profile)
 
 
 def _borrow_idle(planned: list[Planned], taken: list[booking.Grant], *, gpus, now: datetime, policy: str,
-                 teams: dict[int, TeamHolding], hold_for) -> list[Planned]:
+                 teams: dict[int, TeamHolding], hold_for, profile=None) -> list[Planned]:
     """Where the pool lends idle GPUs, a request held back only by its team's quota starts now on what
     nobody's plan holds (borrowing within its team's limit): after everyone is planned without
     borrowing, so borrowing never takes room a request within its quota was planned on."""
@@ -601,7 +607,8 @@ def _borrow_idle(planned: list[Planned], taken: list[booking.Grant], *, gpus, no
             continue
         others = [g for g in taken if g.reservation_id != item.reservation_id]
         start, chosen, _ = earliest_fit(gpus=gpus, grants=others, shape=item.shape, duration=item.duration,
-                                        earliest=now, latest=now, policy=policy, team=team, borrow_at=now)
+                                        earliest=now, latest=now, policy=policy, team=team, borrow_at=now,
+                                        profile=profile)
         if start is None:
             continue
         end = now + (hold_for(item) if hold_for else item.duration)
@@ -612,7 +619,7 @@ def _borrow_idle(planned: list[Planned], taken: list[booking.Grant], *, gpus, no
 
 
 def _why_later(item: Waiting, now: datetime, reason: str, gpus, grants, policy, backfill, earliest,
-               board: WholeGpuBoard | None = None) -> str:
+               board: WholeGpuBoard | None = None, profile=None) -> str:
     """The reason a request planned later than now waits, in the plan's terms. `board`: the bookings
     alone on a WholeGpuBoard, where the plan has one."""
     if item.not_before and item.not_before > now:
@@ -626,7 +633,7 @@ def _why_later(item: Waiting, now: datetime, reason: str, gpus, grants, policy, 
             chosen = (board.choose(item.shape.gpus, now, end, policy)[0]
                       if not board.short(item.shape.gpus, now, end) else None)
         else:
-            chosen, _ = _try(gpus, grants, item.shape, now, now + item.duration, policy)
+            chosen, _ = _try(gpus, grants, item.shape, now, now + item.duration, policy, profile)
         if chosen is not None:
             return "held_for_queue"
     return reason or "not_enough"
@@ -778,7 +785,8 @@ class PoolQueue:
         return plan(gpus=self.snapshot.gpus, grants=self.snapshot.grants, waiting=self.waiting,
                     now=self.now, horizon=self.horizon, policy=self.pool.placement_policy,
                     backfill=self.pool.backfill, teams=self._fresh_teams(), depth=settings.QUEUE_PLAN_DEPTH,
-                    frame=self.frame(), keep_promises=True, grant_times=self.grant_times())
+                    frame=self.frame(), keep_promises=True, grant_times=self.grant_times(),
+                    profile=self.snapshot.profile)
 
     def estimate(self) -> list[Planned]:
         history = early_release(self.pool.pk, self.now)
@@ -795,7 +803,7 @@ class PoolQueue:
         return plan(gpus=self.snapshot.gpus, grants=grants, waiting=self.waiting, now=self.now, horizon=self.horizon,
                     policy=self.pool.placement_policy, backfill=self.pool.backfill, teams=teams,
                     hold_for=lambda item: history.expected_duration(item.duration), depth=settings.QUEUE_PLAN_DEPTH,
-                    frame=self.frame(), grant_times=(starts, likely))
+                    frame=self.frame(), grant_times=(starts, likely), profile=self.snapshot.profile)
 
     def _fresh_teams(self) -> dict[int, TeamHolding]:
         return {team_id: TeamHolding(quota=t.quota, in_pool=list(t.in_pool), everywhere=list(t.everywhere))
@@ -1264,7 +1272,8 @@ def _victims(state: PoolQueue, item: Waiting, team: TeamHolding, found: list[Res
 
     def fits(without: set[int]) -> bool:
         grants = [g for g in (*state.snapshot.grants, *ahead) if g.reservation_id not in without]
-        chosen, _ = _try(state.snapshot.gpus, grants, item.shape, at, end, state.pool.placement_policy)
+        chosen, _ = _try(state.snapshot.gpus, grants, item.shape, at, end, state.pool.placement_policy,
+                         state.snapshot.profile)
         return chosen is not None and quotas.held_error(
             team.quota, ge=sum(g.ge for g in chosen), asked="", field="", start=at, end=end,
             in_pool=team.in_pool, everywhere=team.everywhere) is None
