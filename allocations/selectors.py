@@ -389,6 +389,7 @@ class PoolOffer:
     default_memory_mib: int | None
     default_cores_pct: int | None
     mig_dynamic: bool = False  # a MIG pool that carves its GPUs on demand (any profile of their models)
+    models: tuple[tuple[str, float], ...] = ()  # the usable GPUs' models with their weight (GE a card), by name
 
     @property
     def share_ge(self) -> float:
@@ -410,7 +411,8 @@ def pool_offer(pool: GpuPool) -> PoolOffer:
                      gpu_memory_mib=max((memory for _, memory in cards), default=0), weight=weight,
                      default_memory_mib=config.get("default_memory_mib"),
                      default_cores_pct=config.get("default_cores_pct"),
-                     mig_dynamic=pool.sharing_mode == SharingMode.MIG and mig_dynamic(config))
+                     mig_dynamic=pool.sharing_mode == SharingMode.MIG and mig_dynamic(config),
+                     models=tuple((model, float(weight_of(weights, model))) for model in sorted(models)))
 
 
 
