@@ -341,17 +341,24 @@ def choose_whole_gpus(snapshot: PoolSnapshot, count: int, *, policy: str = DEFAU
     one for all its windows); else built from the snapshot's grants. `free` (whole_gpus_free's answer)
     and `most_per_node` (most_usable_on_a_node's): where the caller knows them already. `gpu_models`: the
     models the request accepts (the engine is told too, so its policy scores the demand as tied to them);
-    `profile`: the pool's usual work, for the policies that weigh it (pool_profile).
+    `profile`: the pool's usual work, for the policies that weigh it (pool_profile). With `gpu_models`, only
+    their GPUs count as free and make a node's room, and the engine sees the whole pool (its policy weighs
+    what the choice leaves on every model) but may place only on them.
     """
     state = state or snapshot.state()
     free = free if free is not None else snapshot.whole_gpus_free(state)
+    allowed = frozenset(gpu_models)
+    if allowed:
+        free = [gpu for gpu in free if gpu.model in allowed]
+        if most_per_node is None:
+            most_per_node = most_usable_on_a_node([gpu for gpu in snapshot.gpus if gpu.model in allowed])
     if len(free) < count:
         raise BookingRefused("insufficient_capacity", Msg(
             gettext_noop("%(requested)d GPUs requested but only %(free)d are free for the whole window."),
             requested=count, free=len(free)))
     if count <= (most_per_node if most_per_node is not None else most_usable_on_a_node(snapshot.gpus)):
         decision = place(state, PlacementRequest(gpus=count, start=snapshot.start, end=snapshot.end,
-                                                 allowed_models=frozenset(gpu_models)),
+                                                 allowed_models=allowed),
                          policy_name(policy), profile=profile)
         if not decision.ok:
             first = decision.reasons[0]
@@ -403,8 +410,8 @@ class Shape:
     memory_mib: int = 0
     memory_pct: int = 0
     cores_pct: int = 0
-    # The GPU models it accepts (Gpu.model_name), sorted; empty: any model of the pool. choose and room see
-    # only the GPUs of these models (PoolSnapshot.of_models).
+    # The GPU models it accepts (Gpu.model_name), sorted; empty: any model of the pool. choose and room count
+    # only the GPUs of these models (PoolSnapshot.of_models; whole GPUs: choose_whole_gpus's gpu_models).
     gpu_models: tuple[str, ...] = ()
 
     def in_words(self) -> Msg:
@@ -481,6 +488,9 @@ def choose(snapshot: PoolSnapshot, shape: Shape, *, policy: str = DEFAULT_POLICY
     if not shape.gpu_models:
         return _choose(snapshot, shape, policy)
     try:
+        if shape.mode == SharingMode.EXCLUSIVE:
+            # The whole pool to the engine, told the models (the queue's board decides the same way).
+            return _choose(snapshot, shape, policy)
         return _choose(snapshot.of_models(shape.gpu_models), shape, policy)
     except BookingRefused as refused:
         raise BookingRefused("no_gpu_model" if refused.code == "insufficient_capacity" else refused.code, Msg(

@@ -181,7 +181,14 @@ def _try(gpus, grants, shape, start, end, policy, profile=None) -> tuple[list[bo
     try:
         return booking.choose(snapshot, shape, policy=policy), ""
     except booking.BookingRefused as refused:
-        return None, _ENGINE_CODES.get(refused.code, refused.code)
+        return None, _plan_reason(refused.code, shape.gpu_models)
+
+
+def _plan_reason(code: str, models: Sequence[str]) -> str:
+    """The plan's reason for a refusal's code (the engine's where it has one); short of room on the models a
+    request accepts, `no_model` (booking.choose's no_gpu_model; the board's choose asks the engine directly)."""
+    reason = _ENGINE_CODES.get(code, code)
+    return "no_model" if reason == "not_enough" and models else reason
 
 
 def earliest_fit(*, gpus: Sequence[booking.PoolGpu], grants: Sequence[booking.Grant], shape: booking.Shape,
@@ -260,6 +267,19 @@ class PoolFrame:
         self.weight = {gpu.id: gpu.weight for gpu in self.gpus}
         self.state = WholeGpuState(booking.engine_nodes(self.gpus))
         self.state.base_arrays()  # built once; every board's state shares it
+        self._of_models: dict[tuple[str, ...], tuple[np.ndarray, int]] = {}
+
+    def of_models(self, models: Sequence[str]) -> tuple[np.ndarray | None, int]:
+        """For a request that accepts only `models`: per GPU (rank), whether it is of one of them, and the most
+        usable GPUs of them one node has; (None, most_per_node) for a request that accepts any."""
+        if not models:
+            return None, self.most_per_node
+        key = tuple(models)
+        if key not in self._of_models:
+            allowed = np.array([gpu.model in models for gpu in self.gpus], dtype=bool)
+            self._of_models[key] = (allowed, booking.most_usable_on_a_node(
+                [gpu for gpu in self.gpus if gpu.model in models]))
+        return self._of_models[key]
 
 
     @staticmethod
@@ -315,9 +335,7 @@ class WholeGpuBoard:
     @staticmethod
     def fits(shapes: Sequence[booking.Shape], grants: Sequence[booking.Grant]) -> bool:
         """Whether the board can plan these: whole-GPU requests among bookings of whole cards only."""
-        # A request that accepts only some models is planned by the walk (booking.choose cuts the pool to
-        # its models); the board's timeline and arrays count every GPU of the pool.
-        return (all(shape.mode == SharingMode.EXCLUSIVE and not shape.gpu_models for shape in shapes)
+        return (all(shape.mode == SharingMode.EXCLUSIVE for shape in shapes)
                 and all(not g.is_vgpu and not g.mig_profile and g.milli >= units.MILLI_PER_GPU for g in grants))
 
     def _t(self, at: datetime) -> int:
@@ -351,24 +369,33 @@ class WholeGpuBoard:
         free = self.timeline.free_for(self._t(start), self._t(end))
         return all(gpu_id in self.frame.rank and free[self.frame.rank[gpu_id]] for gpu_id in gpu_ids)
 
-    def short(self, count: int, start: datetime, end: datetime) -> str:
-        """_whole_gpus_short's answer, from the timeline."""
+    def short(self, count: int, start: datetime, end: datetime, models: Sequence[str] = ()) -> str:
+        """_whole_gpus_short's answer, from the timeline (among the GPUs of `models` where it names some)."""
+        allowed, most_per_node = self.frame.of_models(models)
         free = self.timeline.free_for(self._t(start), self._t(end))
+        if allowed is not None:
+            free &= allowed
         per_node = np.bincount(self.timeline.gpu_node[free], minlength=1)
         if int(free.sum()) < count:
-            return "not_enough"
-        if count <= self.most_per_node and int(per_node.max()) < count:
+            return "no_model" if models else "not_enough"
+        if count <= most_per_node and int(per_node.max()) < count:
             return "fragmented"
         return ""
 
-    def choose(self, count: int, start: datetime, end: datetime, policy: str) -> tuple[list[booking.NewGrant] | None, str]:
+    def choose(self, count: int, start: datetime, end: datetime, policy: str, models: Sequence[str] = ()
+               ) -> tuple[list[booking.NewGrant] | None, str]:
+        """booking.choose's whole GPUs for [start, end) on the board (of `models` where it names some)."""
+        allowed, most_per_node = self.frame.of_models(models)
         window = booking.PoolSnapshot(start=start, end=end, gpus=self.gpus, grants=())
-        free = [self.gpus[k] for k in np.flatnonzero(self.timeline.free_for(self._t(start), self._t(end)))]
+        free = self.timeline.free_for(self._t(start), self._t(end))
+        if allowed is not None:
+            free &= allowed
         try:
-            ids = booking.choose_whole_gpus(window, count, policy=policy, state=self.state, free=free,
-                                            most_per_node=self.most_per_node, profile=self.profile)
+            ids = booking.choose_whole_gpus(window, count, policy=policy, state=self.state,
+                                            free=[self.gpus[k] for k in np.flatnonzero(free)],
+                                            most_per_node=most_per_node, gpu_models=models, profile=self.profile)
         except booking.BookingRefused as refused:
-            return None, _ENGINE_CODES.get(refused.code, refused.code)
+            return None, _plan_reason(refused.code, models)
         return [booking.NewGrant(gpu_id=gpu_id, ge=self.frame.weight[gpu_id]) for gpu_id in ids], ""
 
     def within_quota(self, team: TeamHolding, ge: float, start: datetime, end: datetime) -> bool:
@@ -409,18 +436,20 @@ class WholeGpuBoard:
         """earliest_fit on the board: the timeline finds the first start where enough cards are free
         (where the walk's room check would first pass); the engine and the quota check decide there, and
         where either refuses, the search goes on from the walk's next candidate start."""
-        count, together = shape.gpus, shape.gpus <= self.most_per_node
+        models = shape.gpu_models
+        allowed, most_per_node = self.frame.of_models(models)
+        count, together = shape.gpus, shape.gpus <= most_per_node
         first_reason: str | None = None
         at = earliest
         while at is not None:
             found = self.timeline.earliest(count, duration // _MICROSECOND, self._t(at), self._t(latest),
-                                           together=together)
+                                           together=together, allowed=allowed)
             if found is None:
                 break
             start = self.origin + found * _MICROSECOND
             if first_reason is None and start > earliest:
-                first_reason = self.short(count, earliest, earliest + duration)
-            chosen, reason = self.choose(count, start, start + duration, policy)
+                first_reason = self.short(count, earliest, earliest + duration, models)
+            chosen, reason = self.choose(count, start, start + duration, policy, models)
             if chosen is not None and team is not None and not self.within_quota(
                     team, sum(g.ge for g in chosen), start, start + duration):
                 chosen, reason = None, "over_quota"
@@ -429,7 +458,7 @@ class WholeGpuBoard:
             first_reason = first_reason or reason
             at = self._next_candidate(start, latest, team)
         if first_reason is None:
-            first_reason = self.short(count, earliest, earliest + duration)
+            first_reason = self.short(count, earliest, earliest + duration, models)
         return None, [], first_reason or "no_start"
 
     def _next_candidate(self, after: datetime, latest: datetime, team: TeamHolding | None) -> datetime | None:
@@ -630,8 +659,9 @@ def _why_later(item: Waiting, now: datetime, reason: str, gpus, grants, policy, 
         # Room now among the bookings alone, but not among the plan's holdings: promised ahead.
         if board is not None:
             end = now + item.duration
-            chosen = (board.choose(item.shape.gpus, now, end, policy)[0]
-                      if not board.short(item.shape.gpus, now, end) else None)
+            models = item.shape.gpu_models
+            chosen = (board.choose(item.shape.gpus, now, end, policy, models)[0]
+                      if not board.short(item.shape.gpus, now, end, models) else None)
         else:
             chosen, _ = _try(gpus, grants, item.shape, now, now + item.duration, policy, profile)
         if chosen is not None:
