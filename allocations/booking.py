@@ -440,8 +440,8 @@ class Shape:
 
 
 def models_words(models: Sequence[str]) -> str:
-    """GPU models as a message names them: "NVIDIA A100 80GB PCIe or NVIDIA H100 80GB HBM3" (model names are
-    not translated; the separator is a slash so that it reads the same in every language)."""
+    """GPU models as a message names them: "NVIDIA A100-SXM4-80GB / NVIDIA H100 80GB HBM3" (model names are
+    not translated; a slash rather than a word, so that it reads the same in every language)."""
     return " / ".join(models)
 
 
