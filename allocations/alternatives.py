@@ -42,7 +42,8 @@ def earliest_window(*, pool: GpuPool, request: shapes.Amounts, quota: quotas.Quo
     shape = shapes.shape_for(pool, request, snapshot)
     start, _grants, _why = queue.earliest_fit(
         gpus=snapshot.gpus, grants=[*snapshot.grants, *promised], shape=shape, duration=duration, earliest=earliest,
-        latest=latest, policy=pool.placement_policy, team=queue.team_holding(quota, earliest, latest + duration))
+        latest=latest, policy=pool.placement_policy, team=queue.team_holding(quota, earliest, latest + duration),
+        profile=snapshot.profile)
     return start
 
 
@@ -76,7 +77,10 @@ def _fits(snapshot: booking.PoolSnapshot, shape: booking.Shape, pool: GpuPool, t
 
 
 def _body(team: Team, pool: GpuPool, request: shapes.Amounts, start: datetime, end: datetime, **amounts) -> dict:
+    """An offer's request body: the request as asked (its amounts and the models it accepts), moved."""
+    models = getattr(request, "gpu_models", None)
     return {"team": team.slug, "pool": pool.slug, **request.amounts(), **amounts,
+            **({"gpu_models": sorted(models)} if models else {}),
             "starts_at": start.isoformat(), "ends_at": end.isoformat()}
 
 
@@ -125,8 +129,10 @@ def _other_pools(*, team: Team, pool: GpuPool, request: shapes.Amounts, shape: b
             continue
         amounts = {}
         if shape.mode == SharingMode.EXCLUSIVE:
-            # The same GE: whole GPUs converted through the mean weight of each pool's usable GPUs.
-            amounts["gpus"] = max(1, math.ceil(shape.gpus * _mean_weight(snapshot) / _mean_weight(there) - 1e-9))
+            # The same GE: whole GPUs converted through the mean weight of each pool's usable GPUs (of the models
+            # the request accepts: a pool without them refuses it below).
+            amounts["gpus"] = max(1, math.ceil(shape.gpus * _mean_weight(snapshot.of_models(shape.gpu_models))
+                                               / _mean_weight(there.of_models(shape.gpu_models)) - 1e-9))
         converted = dataclasses.replace(request, **amounts) if amounts else request
         limits = quotas.QuotaLimits.of(team_id=team.pk, team_slug=team.slug, pool_id=other.pool_id,
                                        pool_slug=other.pool.slug, team_name=team.name, pool_name=other.pool.name,

@@ -24,7 +24,7 @@ from datetime import datetime
 
 from django.utils.translation import gettext_noop
 
-from allocations import units
+from allocations import profiles, units
 from allocations.messages import Msg
 from allocations.placement import mig
 from allocations.placement import (
@@ -35,6 +35,7 @@ from allocations.placement import (
     Holding,
     NodeInfo,
     PlacementRequest,
+    WorkloadProfile,
     place,
 )
 from allocations.models import AllocationQuerySet
@@ -166,6 +167,9 @@ class PoolSnapshot:
     end: datetime
     gpus: tuple[PoolGpu, ...]
     grants: tuple[Grant, ...]
+    # The pool's usual work (allocations.profiles.pool_profile), for the policies that weigh it; None: the
+    # engine's neutral default mix.
+    profile: WorkloadProfile | None = None
 
     def state(self, extra_holdings: Sequence[Holding] = (), *, mig_capable: bool = False) -> ClusterState:
         """The snapshot as the placement engine takes it (plus `extra_holdings`, e.g. what a share
@@ -177,6 +181,18 @@ class PoolSnapshot:
             holdings=[*(_holding(grant, node_of[grant.gpu_id]) for grant in self.grants if grant.gpu_id in node_of),
                       *extra_holdings],
         )
+
+    def of_models(self, models: Iterable[str]) -> PoolSnapshot:
+        """The snapshot cut to the GPUs of `models` (itself when `models` is empty: any model), with only the
+        grants on those GPUs. Every chooser then counts and places on these GPUs alone, so a request that
+        accepts only some models can never be given, promised or counted room on another one."""
+        allowed = frozenset(models)
+        if not allowed:
+            return self
+        gpus = tuple(gpu for gpu in self.gpus if gpu.model in allowed)
+        kept = {gpu.id for gpu in gpus}
+        return PoolSnapshot(start=self.start, end=self.end, gpus=gpus,
+                            grants=tuple(grant for grant in self.grants if grant.gpu_id in kept), profile=self.profile)
 
     def whole_gpus_free(self, state: ClusterState | None = None) -> list[PoolGpu]:
         """The usable GPUs with the whole card free for all of the window, by the engine's own arithmetic."""
@@ -223,7 +239,8 @@ def pool_snapshot(pool_id: int, start: datetime, end: datetime, *,
                   without_reservation: int | None = None) -> PoolSnapshot:
     """Read the pool for [start, end) (the caller holds the pool's row lock). `without_reservation`
     leaves that reservation's own grants out (an extension asks whether its GPUs stay free).
-    Two hand-written queries: every create runs them."""
+    Two hand-written queries: every create runs them. The pool's workload profile comes with it
+    (profiles.pool_profile: cached, a third query once in a while)."""
     gpu_rows = sql.fetch_all(
         'SELECT g.id, g.node_id, n.name, g."index", g.uuid, g.model_name, g.memory_mib, '
         "g.healthy AND n.healthy AND n.schedulable, "  # GpuQuerySet.USABLE, by hand
@@ -247,6 +264,7 @@ def pool_snapshot(pool_id: int, start: datetime, end: datetime, *,
         start=start, end=end,
         gpus=tuple(_pool_gpu(row) for row in gpu_rows),
         grants=tuple(map(_grant, sql.fetch_all(grant_query, params))),
+        profile=profiles.pool_profile(pool_id),
     )
 
 
@@ -311,7 +329,8 @@ def policy_name(name: str | None) -> str:
 
 def choose_whole_gpus(snapshot: PoolSnapshot, count: int, *, policy: str = DEFAULT_POLICY,
                       state: ClusterState | None = None, free: list[PoolGpu] | None = None,
-                      most_per_node: int | None = None) -> list[int]:
+                      most_per_node: int | None = None, gpu_models: Iterable[str] = (),
+                      profile: WorkloadProfile | None = None) -> list[int]:
     """Pick `count` GPUs whose whole card is free for the snapshot's window.
 
     A request that fits on one node of the pool (count <= the most usable GPUs any node has)
@@ -320,17 +339,27 @@ def choose_whole_gpus(snapshot: PoolSnapshot, count: int, *, policy: str = DEFAU
     request takes whole nodes, the emptiest first, to touch as few nodes as possible.
     `state`: the snapshot's GPUs with what holds them, built already (the queue's plan keeps
     one for all its windows); else built from the snapshot's grants. `free` (whole_gpus_free's answer)
-    and `most_per_node` (most_usable_on_a_node's): where the caller knows them already.
+    and `most_per_node` (most_usable_on_a_node's): where the caller knows them already. `gpu_models`: the
+    models the request accepts (the engine is told too, so its policy scores the demand as tied to them);
+    `profile`: the pool's usual work, for the policies that weigh it (pool_profile). With `gpu_models`, only
+    their GPUs count as free and make a node's room, and the engine sees the whole pool (its policy weighs
+    what the choice leaves on every model) but may place only on them.
     """
     state = state or snapshot.state()
     free = free if free is not None else snapshot.whole_gpus_free(state)
+    allowed = frozenset(gpu_models)
+    if allowed:
+        free = [gpu for gpu in free if gpu.model in allowed]
+        if most_per_node is None:
+            most_per_node = most_usable_on_a_node([gpu for gpu in snapshot.gpus if gpu.model in allowed])
     if len(free) < count:
         raise BookingRefused("insufficient_capacity", Msg(
             gettext_noop("%(requested)d GPUs requested but only %(free)d are free for the whole window."),
             requested=count, free=len(free)))
     if count <= (most_per_node if most_per_node is not None else most_usable_on_a_node(snapshot.gpus)):
-        decision = place(state, PlacementRequest(gpus=count, start=snapshot.start, end=snapshot.end),
-                         policy_name(policy))
+        decision = place(state, PlacementRequest(gpus=count, start=snapshot.start, end=snapshot.end,
+                                                 allowed_models=allowed),
+                         policy_name(policy), profile=profile)
         if not decision.ok:
             first = decision.reasons[0]
             raise BookingRefused(decision.code, engine_msg(first.code, first.message, first.details))
@@ -381,10 +410,19 @@ class Shape:
     memory_mib: int = 0
     memory_pct: int = 0
     cores_pct: int = 0
+    # The GPU models it accepts (Gpu.model_name), sorted; empty: any model of the pool. choose and room count
+    # only the GPUs of these models (PoolSnapshot.of_models; whole GPUs: choose_whole_gpus's gpu_models).
+    gpu_models: tuple[str, ...] = ()
 
     def in_words(self) -> Msg:
         """The request in its own unit, for messages: "4 × 3g.40gb", "3 of 4 shares", ... (str() of it:
-        in the active language)."""
+        in the active language), with the models it accepts where it names them."""
+        amount = self._amount_words()
+        if self.gpu_models:
+            return Msg(gettext_noop("%(amount)s of %(models)s"), amount=amount, models=models_words(self.gpu_models))
+        return amount
+
+    def _amount_words(self) -> Msg:
         if self.mode in REPLICA_MODES:
             return Msg(gettext_noop("%(shares)d of %(replicas)d shares of a GPU"), shares=self.shares,
                        replicas=self.replicas)
@@ -401,22 +439,30 @@ class Shape:
         return Msg(gettext_noop("%(pct)d %% of the memory"), pct=self.memory_pct)
 
 
+def models_words(models: Sequence[str]) -> str:
+    """GPU models as a message names them: "NVIDIA A100-SXM4-80GB / NVIDIA H100 80GB HBM3" (model names are
+    not translated; a slash rather than a word, so that it reads the same in every language)."""
+    return " / ".join(models)
+
+
 def gpus_words(count: int) -> Msg:
     return Msg.plural(gettext_noop("%(count)d GPU"), gettext_noop("%(count)d GPUs"), "count", count=count)
 
 
 def shape_of(reservation, pool) -> Shape:
-    """What a booked reservation holds, as a Shape (failover places it again)."""
+    """What a booked reservation holds, as a Shape (failover places it again), with the models it accepts."""
     config = pool.sharing_config or {}
+    models = tuple(sorted(reservation.gpu_models or ()))
     if reservation.mode in REPLICA_MODES:
-        return Shape(mode=reservation.mode, shares=reservation.shares or 1, replicas=replicas_of(config) or 1)
+        return Shape(mode=reservation.mode, shares=reservation.shares or 1, replicas=replicas_of(config) or 1,
+                     gpu_models=models)
     if reservation.mode == SharingMode.MIG:
         return Shape(mode=reservation.mode, mig_profile=reservation.mig_profile, mig_count=reservation.mig_count or 1,
-                     mig_layout=mig_layout_names(config), mig_dynamic=mig_dynamic(config))
+                     mig_layout=mig_layout_names(config), mig_dynamic=mig_dynamic(config), gpu_models=models)
     if reservation.mode == SharingMode.VGPU:
         return Shape(mode=reservation.mode, gpus=reservation.gpus, memory_mib=reservation.gpu_memory_mib or 0,
-                     cores_pct=reservation.gpu_cores_pct or 100)
-    return Shape(gpus=reservation.gpus)
+                     cores_pct=reservation.gpu_cores_pct or 100, gpu_models=models)
+    return Shape(gpus=reservation.gpus, gpu_models=models)
 
 
 @dataclass(frozen=True)
@@ -437,7 +483,22 @@ class NewGrant:
 
 def choose(snapshot: PoolSnapshot, shape: Shape, *, policy: str = DEFAULT_POLICY) -> list[NewGrant]:
     """The grants that give `shape` for the snapshot's window, or BookingRefused with the reason in the
-    request's own unit."""
+    request's own unit. A shape that accepts only some models is chosen among their GPUs alone; a refusal
+    then says so (code `no_gpu_model`, where the room was short, not only scattered)."""
+    if not shape.gpu_models:
+        return _choose(snapshot, shape, policy)
+    try:
+        if shape.mode == SharingMode.EXCLUSIVE:
+            # The whole pool to the engine, told the models (the queue's board decides the same way).
+            return _choose(snapshot, shape, policy)
+        return _choose(snapshot.of_models(shape.gpu_models), shape, policy)
+    except BookingRefused as refused:
+        raise BookingRefused("no_gpu_model" if refused.code == "insufficient_capacity" else refused.code, Msg(
+            gettext_noop("Counting only GPUs of the models it accepts (%(models)s): %(why)s"),
+            models=models_words(shape.gpu_models), why=refused.msg)) from None
+
+
+def _choose(snapshot: PoolSnapshot, shape: Shape, policy: str) -> list[NewGrant]:
     if shape.mode in REPLICA_MODES:
         return _choose_shares(snapshot, shape, policy)
     if shape.mode == SharingMode.MIG:
@@ -446,7 +507,8 @@ def choose(snapshot: PoolSnapshot, shape: Shape, *, policy: str = DEFAULT_POLICY
         return _choose_vgpu(snapshot, shape, policy)
     weight = {gpu.id: gpu.weight for gpu in snapshot.gpus}
     return [NewGrant(gpu_id=gpu_id, ge=weight[gpu_id])
-            for gpu_id in choose_whole_gpus(snapshot, shape.gpus, policy=policy)]
+            for gpu_id in choose_whole_gpus(snapshot, shape.gpus, policy=policy, gpu_models=shape.gpu_models,
+                                            profile=snapshot.profile)]
 
 
 def _busy_parts(snapshot: PoolSnapshot) -> dict[int, list[tuple[int, int]]]:
@@ -507,9 +569,11 @@ def _choose_shares(snapshot: PoolSnapshot, shape: Shape, policy: str) -> list[Ne
     unusable = [Holding(node_id=gpu.node_id, gpu_id=gpu.id, start=snapshot.start, end=snapshot.end, milli=rest)
                 for gpu in snapshot.gpus if rest and gpu.id in free_slots]
     milli = wanted * width
-    request = (PlacementRequest(milli=milli, start=snapshot.start, end=snapshot.end) if milli < units.MILLI_PER_GPU
-               else PlacementRequest(gpus=1, start=snapshot.start, end=snapshot.end))
-    decision = place(snapshot.state(unusable), request, policy_name(policy))
+    allowed = frozenset(shape.gpu_models)
+    request = (PlacementRequest(milli=milli, start=snapshot.start, end=snapshot.end, allowed_models=allowed)
+               if milli < units.MILLI_PER_GPU else
+               PlacementRequest(gpus=1, start=snapshot.start, end=snapshot.end, allowed_models=allowed))
+    decision = place(snapshot.state(unusable), request, policy_name(policy), profile=snapshot.profile)
     gpu_id = decision.gpus[0].gpu_id if decision.ok else None
     if gpu_id is None or len(free_slots.get(gpu_id, ())) < wanted:
         # The engine counts peak use over time, the slots what any grant holds at some instant of the
@@ -687,7 +751,8 @@ def _choose_mig_dynamic(snapshot: PoolSnapshot, shape: Shape, policy: str) -> li
                                                                    -item[0].index, item[2]))
         else:
             decision = place(state, PlacementRequest(mig_profile=shape.mig_profile, start=snapshot.start,
-                                                     end=snapshot.end), policy_name(policy))
+                                                     end=snapshot.end, allowed_models=frozenset(shape.gpu_models)),
+                             policy_name(policy), profile=snapshot.profile)
             if not decision.ok:
                 break
             assignment = decision.gpus[0]
@@ -814,7 +879,7 @@ def _choose_vgpu(snapshot: PoolSnapshot, shape: Shape, policy: str) -> list[NewG
         for _ in range(shape.gpus):
             decision = place(node_state, _vgpu_request(shape, snapshot, min(by_id[g].memory_mib
                                                                            for g in per_node[node_id])),
-                             policy_name(policy))
+                             policy_name(policy), profile=snapshot.profile)
             if not decision.ok or decision.gpus[0].gpu_id not in fits or decision.gpus[0].gpu_id in chosen:
                 break
             chosen.append(decision.gpus[0].gpu_id)
@@ -836,10 +901,11 @@ def _choose_vgpu(snapshot: PoolSnapshot, shape: Shape, policy: str) -> list[NewG
 
 
 def _vgpu_request(shape: Shape, snapshot: PoolSnapshot, gpu_memory_mib: int) -> PlacementRequest:
+    allowed = frozenset(shape.gpu_models)
     if shape.cores_pct >= 100:
-        return PlacementRequest(gpus=1, start=snapshot.start, end=snapshot.end)
+        return PlacementRequest(gpus=1, start=snapshot.start, end=snapshot.end, allowed_models=allowed)
     return PlacementRequest(milli=10 * shape.cores_pct, gpu_memory_mib=vgpu_memory(shape, gpu_memory_mib),
-                            start=snapshot.start, end=snapshot.end)
+                            start=snapshot.start, end=snapshot.end, allowed_models=allowed)
 
 
 @dataclass(frozen=True)
@@ -853,7 +919,8 @@ class Room:
 
 def room(snapshot: PoolSnapshot, shape: Shape) -> Room:
     """What `choose` could give of `shape` for the window: the same arithmetic, counted instead of
-    chosen (the availability timeline asks this once per slot)."""
+    chosen (the availability timeline asks this once per slot), on the GPUs of the models it accepts."""
+    snapshot = snapshot.of_models(shape.gpu_models)
     if shape.mode in REPLICA_MODES:
         counts = [len(slots) for slots in _free_share_slots(snapshot, shape.replicas).values()]
         return Room(sum(counts), max(counts, default=0), "shares")

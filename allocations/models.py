@@ -108,6 +108,10 @@ class Reservation(models.Model):
     mig_count = models.PositiveSmallIntegerField(verbose_name=_("MIG instances"), null=True, blank=True)
     gpu_memory_mib = models.PositiveIntegerField(verbose_name=_("GPU memory (MiB)"), null=True, blank=True)
     gpu_cores_pct = models.PositiveSmallIntegerField(verbose_name=_("GPU cores (%)"), null=True, blank=True)
+    # The GPU models it accepts (Gpu.model_name values, sorted); empty: any model of the pool. A list in JSON:
+    # the same column on SQLite and PostgreSQL, and a request names only a few (shapes.MAX_GPU_MODELS).
+    gpu_models = models.JSONField(verbose_name=_("GPU models"), default=list, db_default=[], blank=True,
+                                  help_text=_("The GPU models it accepts; empty: any model of the pool"))
     ge = models.FloatField(verbose_name=_("GE"),
                            default=0, db_default=0,
                            help_text=_("GPU-equivalents its grants were charged (weights applied)"))
@@ -172,6 +176,8 @@ class Reservation(models.Model):
             models.Index(fields=["team", "-starts_at", "-id"], name="reservation_team_newest"),
             # A team's last ended ones (the reservations page), set once when a reservation ends.
             models.Index(fields=["team", "-ended_at", "-id"], name="reservation_team_ended"),
+            # A pool's newest (allocations.profiles: the mix of its last few hundred), without sorting its history.
+            models.Index(fields=["pool", "-id"], name="reservation_pool_newest"),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(ends_at__gt=F("starts_at")), name="reservation_ends_after_start"),

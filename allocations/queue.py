@@ -68,7 +68,8 @@ REASONS = {
     "held_for_queue": gettext_noop("What is free now is promised to requests ahead of it in the queue."),
     "behind": gettext_noop("Requests ahead of it start first: this pool's queue keeps strict order."),
     "not_before": gettext_noop("It asked not to start before its not_before time."),
-    "no_model": gettext_noop("No usable GPU in the pool can take it now (unhealthy or drained)."),
+    "no_model": gettext_noop("Not enough GPUs of the models it accepts are free for it now (or they are unhealthy "
+                             "or drained)."),
     "no_start": gettext_noop("No start fits within the booking horizon, even if every booking ends on time."),
     "not_planned": gettext_noop("Not planned yet: each pass plans only the first requests of the queue in full; "
                                 "it gets a promised start when it moves up."),
@@ -168,26 +169,38 @@ def _whole_gpus_short(gpus: Sequence[booking.PoolGpu], grants: Sequence[booking.
     return ""
 
 
-def _try(gpus, grants, shape, start, end, policy) -> tuple[list[booking.NewGrant] | None, str]:
-    short = _whole_gpus_short(gpus, grants, shape.gpus, start, end) if shape.mode == SharingMode.EXCLUSIVE else ""
-    if short:
-        return None, short
-    snapshot = booking.PoolSnapshot(start=start, end=end, gpus=gpus, grants=_overlapping(grants, start, end))
+def _try(gpus, grants, shape, start, end, policy, profile=None) -> tuple[list[booking.NewGrant] | None, str]:
+    if shape.mode == SharingMode.EXCLUSIVE:
+        allowed = [gpu for gpu in gpus if gpu.model in shape.gpu_models] if shape.gpu_models else gpus
+        short = _whole_gpus_short(allowed, grants, shape.gpus, start, end)
+        if short:
+            # Short of GPUs of the models it accepts: say so (booking.choose's no_gpu_model does the same).
+            return None, "no_model" if short == "not_enough" and shape.gpu_models else short
+    snapshot = booking.PoolSnapshot(start=start, end=end, gpus=gpus, grants=_overlapping(grants, start, end),
+                                    profile=profile)
     try:
         return booking.choose(snapshot, shape, policy=policy), ""
     except booking.BookingRefused as refused:
-        return None, _ENGINE_CODES.get(refused.code, refused.code)
+        return None, _plan_reason(refused.code, shape.gpu_models)
+
+
+def _plan_reason(code: str, models: Sequence[str]) -> str:
+    """The plan's reason for a refusal's code (the engine's where it has one); short of room on the models a
+    request accepts, `no_model` (booking.choose's no_gpu_model; the board's choose asks the engine directly)."""
+    reason = _ENGINE_CODES.get(code, code)
+    return "no_model" if reason == "not_enough" and models else reason
 
 
 def earliest_fit(*, gpus: Sequence[booking.PoolGpu], grants: Sequence[booking.Grant], shape: booking.Shape,
                  duration: timedelta, earliest: datetime, latest: datetime, policy: str,
-                 team: TeamHolding | None = None, borrow_at: datetime | None = None
+                 team: TeamHolding | None = None, borrow_at: datetime | None = None, profile=None
                  ) -> tuple[datetime | None, list[booking.NewGrant], str]:
     """The first start in [earliest, latest] where `shape` fits for `duration` among `grants` (and the
     team stays within its quota, or borrows within its limit when it starts at `borrow_at`: now), the
     grants it gets there, and why it did not fit at `earliest` ('' when it did). Room only grows where
     a grant ends, so those are the only starts to try. None where `earliest` is after `latest`: no start
-    is in the range (a strict queue's request ahead, or its not_before, past its not_after or the horizon)."""
+    is in the range (a strict queue's request ahead, or its not_before, past its not_after or the horizon).
+    `profile`: the pool's workload profile (booking.PoolSnapshot.profile), for the policies that weigh it."""
     if earliest > latest:
         return None, [], "no_start"
     candidates = {earliest}
@@ -198,7 +211,7 @@ def earliest_fit(*, gpus: Sequence[booking.PoolGpu], grants: Sequence[booking.Gr
     first_reason = ""
     for start in sorted(candidates):
         end = start + duration
-        chosen, reason = _try(gpus, grants, shape, start, end, policy)
+        chosen, reason = _try(gpus, grants, shape, start, end, policy, profile)
         if chosen is not None and team is not None:
             error = quotas.held_error(team.quota, ge=sum(g.ge for g in chosen), asked=shape.in_words(),
                                       field="", start=start, end=end, in_pool=[*team.in_pool, *team.promised],
@@ -254,6 +267,19 @@ class PoolFrame:
         self.weight = {gpu.id: gpu.weight for gpu in self.gpus}
         self.state = WholeGpuState(booking.engine_nodes(self.gpus))
         self.state.base_arrays()  # built once; every board's state shares it
+        self._of_models: dict[tuple[str, ...], tuple[np.ndarray, int]] = {}
+
+    def of_models(self, models: Sequence[str]) -> tuple[np.ndarray | None, int]:
+        """For a request that accepts only `models`: per GPU (rank), whether it is of one of them, and the most
+        usable GPUs of them one node has; (None, most_per_node) for a request that accepts any."""
+        if not models:
+            return None, self.most_per_node
+        key = tuple(models)
+        if key not in self._of_models:
+            allowed = np.array([gpu.model in models for gpu in self.gpus], dtype=bool)
+            self._of_models[key] = (allowed, booking.most_usable_on_a_node(
+                [gpu for gpu in self.gpus if gpu.model in models]))
+        return self._of_models[key]
 
 
     @staticmethod
@@ -274,9 +300,10 @@ class WholeGpuBoard:
     It answers exactly what earliest_fit's walk over candidate starts answers (the tests compare them)."""
 
     def __init__(self, frame: PoolFrame, grants: Sequence[booking.Grant], origin: datetime,
-                 times: tuple[np.ndarray, np.ndarray] | None = None) -> None:
-        """`times`: the grants' starts and ends as microseconds since the epoch (micros), where the caller has them."""
-        self.frame, self.gpus, self.origin = frame, frame.gpus, origin
+                 times: tuple[np.ndarray, np.ndarray] | None = None, profile=None) -> None:
+        """`times`: the grants' starts and ends as microseconds since the epoch (micros), where the caller has them;
+        `profile`: the pool's workload profile, for the policies that weigh it."""
+        self.frame, self.gpus, self.origin, self.profile = frame, frame.gpus, origin, profile
         self.most_per_node = frame.most_per_node
         # Each window once as microseconds since the epoch: the timeline counts from `origin` in them, the
         # engine in seconds (us / 1e6 is exactly what datetime.timestamp() gives).
@@ -342,24 +369,33 @@ class WholeGpuBoard:
         free = self.timeline.free_for(self._t(start), self._t(end))
         return all(gpu_id in self.frame.rank and free[self.frame.rank[gpu_id]] for gpu_id in gpu_ids)
 
-    def short(self, count: int, start: datetime, end: datetime) -> str:
-        """_whole_gpus_short's answer, from the timeline."""
+    def short(self, count: int, start: datetime, end: datetime, models: Sequence[str] = ()) -> str:
+        """_whole_gpus_short's answer, from the timeline (among the GPUs of `models` where it names some)."""
+        allowed, most_per_node = self.frame.of_models(models)
         free = self.timeline.free_for(self._t(start), self._t(end))
+        if allowed is not None:
+            free &= allowed
         per_node = np.bincount(self.timeline.gpu_node[free], minlength=1)
         if int(free.sum()) < count:
-            return "not_enough"
-        if count <= self.most_per_node and int(per_node.max()) < count:
+            return "no_model" if models else "not_enough"
+        if count <= most_per_node and int(per_node.max()) < count:
             return "fragmented"
         return ""
 
-    def choose(self, count: int, start: datetime, end: datetime, policy: str) -> tuple[list[booking.NewGrant] | None, str]:
+    def choose(self, count: int, start: datetime, end: datetime, policy: str, models: Sequence[str] = ()
+               ) -> tuple[list[booking.NewGrant] | None, str]:
+        """booking.choose's whole GPUs for [start, end) on the board (of `models` where it names some)."""
+        allowed, most_per_node = self.frame.of_models(models)
         window = booking.PoolSnapshot(start=start, end=end, gpus=self.gpus, grants=())
-        free = [self.gpus[k] for k in np.flatnonzero(self.timeline.free_for(self._t(start), self._t(end)))]
+        free = self.timeline.free_for(self._t(start), self._t(end))
+        if allowed is not None:
+            free &= allowed
         try:
-            ids = booking.choose_whole_gpus(window, count, policy=policy, state=self.state, free=free,
-                                            most_per_node=self.most_per_node)
+            ids = booking.choose_whole_gpus(window, count, policy=policy, state=self.state,
+                                            free=[self.gpus[k] for k in np.flatnonzero(free)],
+                                            most_per_node=most_per_node, gpu_models=models, profile=self.profile)
         except booking.BookingRefused as refused:
-            return None, _ENGINE_CODES.get(refused.code, refused.code)
+            return None, _plan_reason(refused.code, models)
         return [booking.NewGrant(gpu_id=gpu_id, ge=self.frame.weight[gpu_id]) for gpu_id in ids], ""
 
     def within_quota(self, team: TeamHolding, ge: float, start: datetime, end: datetime) -> bool:
@@ -400,18 +436,20 @@ class WholeGpuBoard:
         """earliest_fit on the board: the timeline finds the first start where enough cards are free
         (where the walk's room check would first pass); the engine and the quota check decide there, and
         where either refuses, the search goes on from the walk's next candidate start."""
-        count, together = shape.gpus, shape.gpus <= self.most_per_node
+        models = shape.gpu_models
+        allowed, most_per_node = self.frame.of_models(models)
+        count, together = shape.gpus, shape.gpus <= most_per_node
         first_reason: str | None = None
         at = earliest
         while at is not None:
             found = self.timeline.earliest(count, duration // _MICROSECOND, self._t(at), self._t(latest),
-                                           together=together)
+                                           together=together, allowed=allowed)
             if found is None:
                 break
             start = self.origin + found * _MICROSECOND
             if first_reason is None and start > earliest:
-                first_reason = self.short(count, earliest, earliest + duration)
-            chosen, reason = self.choose(count, start, start + duration, policy)
+                first_reason = self.short(count, earliest, earliest + duration, models)
+            chosen, reason = self.choose(count, start, start + duration, policy, models)
             if chosen is not None and team is not None and not self.within_quota(
                     team, sum(g.ge for g in chosen), start, start + duration):
                 chosen, reason = None, "over_quota"
@@ -420,7 +458,7 @@ class WholeGpuBoard:
             first_reason = first_reason or reason
             at = self._next_candidate(start, latest, team)
         if first_reason is None:
-            first_reason = self.short(count, earliest, earliest + duration)
+            first_reason = self.short(count, earliest, earliest + duration, models)
         return None, [], first_reason or "no_start"
 
     def _next_candidate(self, after: datetime, latest: datetime, team: TeamHolding | None) -> datetime | None:
@@ -465,7 +503,7 @@ def plan(*, gpus: Sequence[booking.PoolGpu], grants: Sequence[booking.Grant], wa
          now: datetime, horizon: datetime, policy: str, backfill: bool, teams: dict[int, TeamHolding],
          hold_for: Callable[[Waiting], timedelta] | None = None, depth: int | None = None,
          board: bool = True, frame: PoolFrame | None = None, keep_promises: bool = False,
-         grant_times: tuple[np.ndarray, np.ndarray] | None = None) -> list[Planned]:
+         grant_times: tuple[np.ndarray, np.ndarray] | None = None, profile=None) -> list[Planned]:
     """Plan `waiting` (in queue order) one after the other, each at its earliest fit among `grants`
     and the plan's holdings of the requests before it. `hold_for` is how long a planned request
     holds what it gets (its duration unless given: the estimate shortens it). `teams` is updated
@@ -485,14 +523,15 @@ def plan(*, gpus: Sequence[booking.PoolGpu], grants: Sequence[booking.Grant], wa
     pools on a WholeGpuBoard (the same answers, computed incrementally; False walks every candidate
     start with booking.choose, the reference the tests compare it with); `frame`: the pool's GPUs
     indexed for it, where the caller plans more than once; `grant_times`: the grants' windows as micros
-    (starts, ends), where the caller has them."""
+    (starts, ends), where the caller has them; `profile`: the pool's workload profile (booking.PoolSnapshot's),
+    for the policies that weigh it."""
     taken = list(grants)
     latest_planned = now
     planned: list[Planned] = []
     head = list(waiting[:depth] if depth is not None else waiting)
     fast = board and WholeGpuBoard.fits([w.shape for w in waiting], grants)
     frame = (frame or PoolFrame(gpus)) if fast else None
-    open_board = WholeGpuBoard(frame, grants, now, grant_times) if fast else None  # bookings and the plan so far
+    open_board = WholeGpuBoard(frame, grants, now, grant_times, profile) if fast else None  # bookings and the plan
     bookings_board = open_board.copy() if open_board is not None else None  # the bookings alone
     usable = {gpu.id for gpu in gpus if gpu.usable}
     weight = {gpu.id: gpu.weight for gpu in gpus}
@@ -547,7 +586,7 @@ def plan(*, gpus: Sequence[booking.PoolGpu], grants: Sequence[booking.Grant], wa
         else:
             start, chosen, reason = earliest_fit(gpus=gpus, grants=[*taken, *others], shape=item.shape,
                                                  duration=item.duration, earliest=earliest, latest=latest,
-                                                 policy=policy, team=team)
+                                                 policy=policy, team=team, profile=profile)
         if own is not None and (start is None or start > own.start) and earliest <= own.start <= latest:
             free = (room.free_on(own.gpu_ids, own.start, own.end) if room is not None
                     else _free_on([*taken, *others], usable, own.gpu_ids, own.start, own.end))
@@ -557,7 +596,8 @@ def plan(*, gpus: Sequence[booking.PoolGpu], grants: Sequence[booking.Grant], wa
                     in_pool=[*team.in_pool, *team.promised], everywhere=[*team.everywhere, *team.promised]) is None):
                 start, chosen = own.start, kept
         if start is not None and start > now:
-            reason = _why_later(item, now, reason, gpus, grants, policy, backfill, earliest, board=bookings_board)
+            reason = _why_later(item, now, reason, gpus, grants, policy, backfill, earliest, board=bookings_board,
+                                profile=profile)
         elif start is None:
             reason = reason or "no_start"
         if start is not None:
@@ -580,11 +620,12 @@ def plan(*, gpus: Sequence[booking.PoolGpu], grants: Sequence[booking.Grant], wa
                 team.everywhere.append((start, end, ge))
             latest_planned = max(latest_planned, start)
         planned.append(Planned(waiting=item, start=start, grants=tuple(chosen), reason=reason))
-    return _borrow_idle(planned, taken, gpus=gpus, now=now, policy=policy, teams=teams, hold_for=hold_for)
+    return _borrow_idle(planned, taken, gpus=gpus, now=now, policy=policy, teams=teams, hold_for=hold_for,
+                        profile=profile)
 
 
 def _borrow_idle(planned: list[Planned], taken: list[booking.Grant], *, gpus, now: datetime, policy: str,
-                 teams: dict[int, TeamHolding], hold_for) -> list[Planned]:
+                 teams: dict[int, TeamHolding], hold_for, profile=None) -> list[Planned]:
     """Where the pool lends idle GPUs, a request held back only by its team's quota starts now on what
     nobody's plan holds (borrowing within its team's limit): after everyone is planned without
     borrowing, so borrowing never takes room a request within its quota was planned on."""
@@ -595,7 +636,8 @@ def _borrow_idle(planned: list[Planned], taken: list[booking.Grant], *, gpus, no
             continue
         others = [g for g in taken if g.reservation_id != item.reservation_id]
         start, chosen, _ = earliest_fit(gpus=gpus, grants=others, shape=item.shape, duration=item.duration,
-                                        earliest=now, latest=now, policy=policy, team=team, borrow_at=now)
+                                        earliest=now, latest=now, policy=policy, team=team, borrow_at=now,
+                                        profile=profile)
         if start is None:
             continue
         end = now + (hold_for(item) if hold_for else item.duration)
@@ -606,21 +648,22 @@ def _borrow_idle(planned: list[Planned], taken: list[booking.Grant], *, gpus, no
 
 
 def _why_later(item: Waiting, now: datetime, reason: str, gpus, grants, policy, backfill, earliest,
-               board: WholeGpuBoard | None = None) -> str:
+               board: WholeGpuBoard | None = None, profile=None) -> str:
     """The reason a request planned later than now waits, in the plan's terms. `board`: the bookings
     alone on a WholeGpuBoard, where the plan has one."""
     if item.not_before and item.not_before > now:
         return "not_before"
     if not backfill and earliest > now:
         return "behind"
-    if reason in ("not_enough", "fragmented", ""):
+    if reason in ("not_enough", "fragmented", "no_model", ""):
         # Room now among the bookings alone, but not among the plan's holdings: promised ahead.
         if board is not None:
             end = now + item.duration
-            chosen = (board.choose(item.shape.gpus, now, end, policy)[0]
-                      if not board.short(item.shape.gpus, now, end) else None)
+            models = item.shape.gpu_models
+            chosen = (board.choose(item.shape.gpus, now, end, policy, models)[0]
+                      if not board.short(item.shape.gpus, now, end, models) else None)
         else:
-            chosen, _ = _try(gpus, grants, item.shape, now, now + item.duration, policy)
+            chosen, _ = _try(gpus, grants, item.shape, now, now + item.duration, policy, profile)
         if chosen is not None:
             return "held_for_queue"
     return reason or "not_enough"
@@ -772,7 +815,8 @@ class PoolQueue:
         return plan(gpus=self.snapshot.gpus, grants=self.snapshot.grants, waiting=self.waiting,
                     now=self.now, horizon=self.horizon, policy=self.pool.placement_policy,
                     backfill=self.pool.backfill, teams=self._fresh_teams(), depth=settings.QUEUE_PLAN_DEPTH,
-                    frame=self.frame(), keep_promises=True, grant_times=self.grant_times())
+                    frame=self.frame(), keep_promises=True, grant_times=self.grant_times(),
+                    profile=self.snapshot.profile)
 
     def estimate(self) -> list[Planned]:
         history = early_release(self.pool.pk, self.now)
@@ -789,7 +833,7 @@ class PoolQueue:
         return plan(gpus=self.snapshot.gpus, grants=grants, waiting=self.waiting, now=self.now, horizon=self.horizon,
                     policy=self.pool.placement_policy, backfill=self.pool.backfill, teams=teams,
                     hold_for=lambda item: history.expected_duration(item.duration), depth=settings.QUEUE_PLAN_DEPTH,
-                    frame=self.frame(), grant_times=(starts, likely))
+                    frame=self.frame(), grant_times=(starts, likely), profile=self.snapshot.profile)
 
     def _fresh_teams(self) -> dict[int, TeamHolding]:
         return {team_id: TeamHolding(quota=t.quota, in_pool=list(t.in_pool), everywhere=list(t.everywhere))
@@ -815,7 +859,8 @@ def shape_data(shape: booking.Shape) -> dict:
 
 def shape_from(data: dict) -> booking.Shape:
     layout = data.get("mig_layout", ())
-    return booking.Shape(**{**data, "mig_layout": layout if isinstance(layout, str) else tuple(layout)})
+    return booking.Shape(**{**data, "mig_layout": layout if isinstance(layout, str) else tuple(layout),
+                            "gpu_models": tuple(data.get("gpu_models") or ())})
 
 
 @dataclass(frozen=True)
@@ -1257,7 +1302,8 @@ def _victims(state: PoolQueue, item: Waiting, team: TeamHolding, found: list[Res
 
     def fits(without: set[int]) -> bool:
         grants = [g for g in (*state.snapshot.grants, *ahead) if g.reservation_id not in without]
-        chosen, _ = _try(state.snapshot.gpus, grants, item.shape, at, end, state.pool.placement_policy)
+        chosen, _ = _try(state.snapshot.gpus, grants, item.shape, at, end, state.pool.placement_policy,
+                         state.snapshot.profile)
         return chosen is not None and quotas.held_error(
             team.quota, ge=sum(g.ge for g in chosen), asked="", field="", start=at, end=end,
             in_pool=team.in_pool, everywhere=team.everywhere) is None

@@ -183,7 +183,8 @@ def make_room(*, pool, team_id: int, team_words: str, priority: int, quota: quot
     def fits(without: set[int]) -> bool:
         grants = (*(g for g in snapshot.grants if g.reservation_id not in without), *inside)
         try:
-            chosen = booking.choose(booking.PoolSnapshot(start=start, end=end, gpus=snapshot.gpus, grants=grants),
+            chosen = booking.choose(booking.PoolSnapshot(start=start, end=end, gpus=snapshot.gpus, grants=grants,
+                                                         profile=snapshot.profile),
                                     shape, policy=pool.placement_policy)
         except booking.BookingRefused:
             return False

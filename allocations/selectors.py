@@ -62,6 +62,7 @@ class ReservationRow(NamedTuple):
     mig_count: int | None
     gpu_memory_mib: int | None
     gpu_cores_pct: int | None
+    gpu_models: list[str] | str  # as the column reads (sql.json_value decodes SQLite's text)
     ge: float
     borrowed_ge: float
     priority_class: str
@@ -90,7 +91,8 @@ _RESERVATION_COLUMNS = {
     "id": ("id", "r.id"), "mode": ("mode", "r.mode"), "gpus": ("gpus", "r.gpus"),
     "shares": ("shares", "r.shares"), "mig_profile": ("mig_profile", "r.mig_profile"),
     "mig_count": ("mig_count", "r.mig_count"), "gpu_memory_mib": ("gpu_memory_mib", "r.gpu_memory_mib"),
-    "gpu_cores_pct": ("gpu_cores_pct", "r.gpu_cores_pct"), "ge": ("ge", "r.ge"),
+    "gpu_cores_pct": ("gpu_cores_pct", "r.gpu_cores_pct"), "gpu_models": ("gpu_models", "r.gpu_models"),
+    "ge": ("ge", "r.ge"),
     "borrowed_ge": ("borrowed_ge", "r.borrowed_ge"), "priority_class": ("priority_class", "r.priority_class"),
     "preemptible": ("preemptible", "r.preemptible"),
     "preempt_at": ("preempt_at", "r.preempt_at"), "starts_at": ("starts_at", "r.starts_at"),
@@ -115,11 +117,12 @@ def reservation_from_row(row: ReservationRow | Sequence) -> Reservation:
     reservation = Reservation.from_db(
         DEFAULT_DB_ALIAS,
         ["id", "team_id", "pool_id", "requested_by_id", "mode", "gpus", "shares", "mig_profile", "mig_count",
-         "gpu_memory_mib", "gpu_cores_pct", "ge", "borrowed_ge", "preempt_at", "priority_class", "preemptible",
+         "gpu_memory_mib", "gpu_cores_pct", "gpu_models", "ge", "borrowed_ge", "preempt_at", "priority_class",
+         "preemptible",
          "starts_at",
          "ends_at", "state", "reason", "reason_message", "ended_at", "created_at", "updated_at"],
         [r.id, r.team_id, r.pool_id, r.requested_by_id, r.mode, r.gpus, r.shares, r.mig_profile, r.mig_count,
-         r.gpu_memory_mib, r.gpu_cores_pct, r.ge, r.borrowed_ge, sql.aware(r.preempt_at), r.priority_class,
+         r.gpu_memory_mib, r.gpu_cores_pct, sql.json_value(r.gpu_models) or [], r.ge, r.borrowed_ge, sql.aware(r.preempt_at), r.priority_class,
          bool(r.preemptible),
          sql.aware(r.starts_at), sql.aware(r.ends_at),
          r.state, r.reason, sql.json_value(r.reason_message), sql.aware(r.ended_at), sql.aware(r.created_at), sql.aware(r.updated_at)],
@@ -283,7 +286,9 @@ def pool_queue(pool: GpuPool, user: User) -> list[QueueRow]:
         rows.append(QueueRow(position=reservation.queue_entry.position,
                              team=reservation.team.name if visible else _("another team"),
                              reservation=reservation if visible else None, entry=reservation.queue_entry,
-                             asked=str(booking.Shape(**{**shape, "mig_layout": ()}).in_words())))
+                             asked=str(booking.Shape(**{**shape, "mig_layout": (),
+                                                        "gpu_models": tuple(shape.get("gpu_models") or ())}
+                                                     ).in_words())))
     return rows
 
 
@@ -384,6 +389,7 @@ class PoolOffer:
     default_memory_mib: int | None
     default_cores_pct: int | None
     mig_dynamic: bool = False  # a MIG pool that carves its GPUs on demand (any profile of their models)
+    models: tuple[tuple[str, float], ...] = ()  # the usable GPUs' models with their weight (GE a card), by name
 
     @property
     def share_ge(self) -> float:
@@ -405,7 +411,8 @@ def pool_offer(pool: GpuPool) -> PoolOffer:
                      gpu_memory_mib=max((memory for _, memory in cards), default=0), weight=weight,
                      default_memory_mib=config.get("default_memory_mib"),
                      default_cores_pct=config.get("default_cores_pct"),
-                     mig_dynamic=pool.sharing_mode == SharingMode.MIG and mig_dynamic(config))
+                     mig_dynamic=pool.sharing_mode == SharingMode.MIG and mig_dynamic(config),
+                     models=tuple((model, float(weight_of(weights, model))) for model in sorted(models)))
 
 
 

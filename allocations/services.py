@@ -9,6 +9,8 @@ so a task never sees a reservation that was rolled back.
 from __future__ import annotations
 
 import dataclasses
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -93,6 +95,7 @@ class ReservationRequest(Amounts):
     queue: bool | None = None  # None: wait if the pool queues; False: now or never; True: wait (or 400)
     priority_class: str | None = None  # None: the quota's class; else one at most as high
     requeue: bool = False  # if it is taken back (allocations/reclaim.py), wait in the queue again for the rest
+    gpu_models: Sequence[str] | None = None  # the GPU models it accepts (None or empty: any; shapes.checked_gpu_models)
 
 
 EARLIEST = "earliest"
@@ -221,11 +224,12 @@ def _insert_row(*, asked: _Asked, actor: AbstractBaseUser, row: dict, starts_at:
     """INSERT the reservation's row (amount columns in `row`, as ReservationRow names them); its id."""
     (reservation_id,) = sql.fetch_one(
         "INSERT INTO allocations_reservation (team_id, pool_id, requested_by_id, mode, gpus, shares, mig_profile, "
-        "mig_count, gpu_memory_mib, gpu_cores_pct, ge, borrowed_ge, requeue, priority, priority_class, preemptible, "
-        "starts_at, ends_at, state, reason, ended_at, created_at, updated_at) "
-        f"VALUES ({', '.join(['%s'] * 19)}, '', NULL, %s, %s) RETURNING id",
+        "mig_count, gpu_memory_mib, gpu_cores_pct, gpu_models, ge, borrowed_ge, requeue, priority, priority_class, "
+        "preemptible, starts_at, ends_at, state, reason, ended_at, created_at, updated_at) "
+        f"VALUES ({', '.join(['%s'] * 20)}, '', NULL, %s, %s) RETURNING id",
         [asked.team.pk, asked.pool.pk, actor.pk, row["mode"], row["gpus"], row["shares"], row["mig_profile"],
-         row["mig_count"], row["gpu_memory_mib"], row["gpu_cores_pct"], row["ge"], row.get("borrowed_ge", 0.0),
+         row["mig_count"], row["gpu_memory_mib"], row["gpu_cores_pct"], json.dumps(list(row["gpu_models"])), row["ge"],
+         row.get("borrowed_ge", 0.0),
          requeue, asked.priority,
          asked.priority_class, asked.preemptible, sql.db_datetime(starts_at), sql.db_datetime(ends_at), state,
          sql.db_datetime(now),
@@ -244,7 +248,7 @@ def _insert_reservation(*, asked: _Asked, actor: AbstractBaseUser, shape: bookin
         mode=shape.mode, gpus=spans, shares=shape.shares or None, mig_profile=shape.mig_profile,
         mig_count=shape.mig_count or None,
         gpu_memory_mib=(grants[0].memory_mib if vgpu else None), gpu_cores_pct=(shape.cores_pct if vgpu else None),
-        ge=ge, borrowed_ge=borrowed_ge)
+        gpu_models=list(shape.gpu_models), ge=ge, borrowed_ge=borrowed_ge)
     reservation_id = _insert_row(asked=asked, actor=actor, row=row, starts_at=starts_at, ends_at=ends_at,
                                  state=State.SCHEDULED, now=now, requeue=requeue)
     booking.grants_write(reservation_id=reservation_id, grants=grants, start=starts_at, end=ends_at)
@@ -486,7 +490,7 @@ def _enqueue(asked: _Asked, actor: AbstractBaseUser, request: ReservationRequest
     row = dict(mode=shape.mode, gpus=shape.gpus if shape.mode in (SharingMode.EXCLUSIVE, SharingMode.VGPU) else 1,
                shares=shape.shares or None, mig_profile=shape.mig_profile, mig_count=shape.mig_count or None,
                gpu_memory_mib=(shape.memory_mib or None) if vgpu else None,
-               gpu_cores_pct=shape.cores_pct if vgpu else None, ge=0)
+               gpu_cores_pct=shape.cores_pct if vgpu else None, gpu_models=list(shape.gpu_models), ge=0)
     reservation_id = _insert_row(asked=asked, actor=actor, row=row, starts_at=timing.starts_at,
                                  ends_at=timing.ends_at, state=State.PENDING, now=now, requeue=bool(request.requeue))
     QueueEntry.objects.create(reservation_id=reservation_id, shape=queue.shape_data(shape), duration=timing.duration,
@@ -761,7 +765,7 @@ def _requeue(old: Reservation, remaining: timedelta, *, now: datetime) -> Reserv
     again = Reservation.objects.create(
         team=old.team, pool=old.pool, requested_by=old.requested_by, mode=old.mode, gpus=old.gpus, shares=old.shares,
         mig_profile=old.mig_profile, mig_count=old.mig_count, gpu_memory_mib=old.gpu_memory_mib,
-        gpu_cores_pct=old.gpu_cores_pct, ge=0, priority=old.priority, priority_class=old.priority_class,
+        gpu_cores_pct=old.gpu_cores_pct, gpu_models=old.gpu_models, ge=0, priority=old.priority, priority_class=old.priority_class,
         preemptible=old.preemptible, requeue=True, starts_at=now, ends_at=now + remaining, state=State.PENDING)
     QueueEntry.objects.create(reservation=again, shape=queue.shape_data(shape), duration=remaining,
                               queued_at=entry.queued_at if entry else old.created_at, priority=old.priority)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from django.utils.translation import gettext as _
@@ -62,10 +63,71 @@ AMOUNT_FIELD = {SharingMode.EXCLUSIVE: "gpus", SharingMode.TIME_SLICING: "shares
                 SharingMode.MIG: "count", SharingMode.VGPU: "gpus"}
 
 
-def shape_for(pool: GpuPool, request: Amounts, snapshot: booking.PoolSnapshot) -> booking.Shape:
+# A request names a few models it accepts ("H100 only", "A100 or H100"); a pool has a handful. More than this is a
+# mistake (or an attempt to make every create scan a long list), not a need.
+MAX_GPU_MODELS = 16
+GPU_MODEL_NAME_MAX = 128  # inventory.Gpu.model_name's max_length
+
+
+def gpu_models_problem(value) -> FieldError | None:
+    """What is wrong with a `gpu_models` value as given (before the pool is known), or None: a list of at
+    most MAX_GPU_MODELS distinct, non-empty model names. The API's field and the service ask the same."""
+    def problem(rule: str, message: str) -> FieldError:
+        return FieldError(field="gpu_models", rule=rule, message=message)
+
+    if not isinstance(value, (list, tuple)):
+        return problem("not_a_list", _("gpu_models must be a list of GPU model names, e.g. [\"NVIDIA H100 80GB "
+                                       "HBM3\"]."))
+    for item in value:
+        if not isinstance(item, str) or not item.strip() or len(item) > GPU_MODEL_NAME_MAX or "\x00" in item:
+            return problem("not_a_string", _("Each entry of gpu_models must be a GPU model name (text of 1 to "
+                                             "%(max)d characters); %(item)s is not.")
+                           % {"max": GPU_MODEL_NAME_MAX, "item": repr(item)[:60]})
+    if len(value) > MAX_GPU_MODELS:
+        return problem("max_length", _("gpu_models may name at most %(max)d models; %(count)d given.")
+                       % {"max": MAX_GPU_MODELS, "count": len(value)})
+    seen: set[str] = set()
+    for item in value:
+        if item in seen:
+            return problem("duplicate", _("gpu_models names %(model)s twice.") % {"model": item})
+        seen.add(item)
+    return None
+
+
+def checked_gpu_models(pool: GpuPool, value: Sequence[str] | None, snapshot: booking.PoolSnapshot
+                       ) -> tuple[str, ...]:
+    """The models a request accepts, sorted (empty: any), checked: 400 `gpu_models` naming the rule for a
+    value that is not a list of distinct names (gpu_models_problem), or for a model no GPU of the pool has
+    (naming the pool's models)."""
+    if not value:
+        return ()
+    error = gpu_models_problem(value)
+    if error is not None:
+        raise ValidationFailed(error.message, errors=[error])
+    pool_models = sorted({gpu.model for gpu in snapshot.gpus if gpu.model})
+    unknown = [model for model in value if model not in pool_models]
+    if unknown:
+        raise ValidationFailed(_("Pool %(pool)s has no GPU of model %(model)s (its models: %(models)s).")
+                               % {"pool": pool.name, "model": unknown[0],
+                                  "models": ", ".join(pool_models) or _("none")},
+                               field="gpu_models", rule="not_in_pool")
+    return tuple(sorted(value))
+
+
+def shape_for(pool: GpuPool, request: Amounts, snapshot: booking.PoolSnapshot, *,
+              gpu_models: Sequence[str] | None = None) -> booking.Shape:
     """The request in the pool's unit, checked against the pool: 400 naming the field and the rule for a
     field that does not belong to the pool's mode, a missing one, or an amount no GPU of the pool
-    could ever give."""
+    could ever give. `gpu_models`: the models it accepts (checked_gpu_models); the amounts are then
+    checked against the GPUs of those models alone."""
+    if gpu_models is None:  # a create's request carries them (services.ReservationRequest); an Amounts does not
+        gpu_models = getattr(request, "gpu_models", None)
+    models = checked_gpu_models(pool, gpu_models, snapshot)
+    shape = _shape_for(pool, request, snapshot.of_models(models), pinned=bool(models))
+    return dataclasses.replace(shape, gpu_models=models) if models else shape
+
+
+def _shape_for(pool: GpuPool, request: Amounts, snapshot: booking.PoolSnapshot, *, pinned: bool) -> booking.Shape:
     mode, config = pool.sharing_mode, pool.sharing_config or {}
     takes = MODE_FIELDS.get(mode, ())
     given = list(request.amounts())
@@ -135,7 +197,8 @@ def shape_for(pool: GpuPool, request: Amounts, snapshot: booking.PoolSnapshot) -
     if request.gpus is None:
         raise required("gpus")
     if request.gpus > len(snapshot.gpus):
-        raise ValidationFailed(_("Pool %(pool)s has %(count)d GPUs; %(gpus)d requested.")
-                               % {"pool": pool.name, "count": len(snapshot.gpus), "gpus": request.gpus},
+        words = (_("Pool %(pool)s has %(count)d GPUs of the models in gpu_models; %(gpus)d requested.") if pinned
+                 else _("Pool %(pool)s has %(count)d GPUs; %(gpus)d requested."))
+        raise ValidationFailed(words % {"pool": pool.name, "count": len(snapshot.gpus), "gpus": request.gpus},
                                field="gpus", rule="exceeds_pool_size")
     return booking.Shape(mode=SharingMode.EXCLUSIVE, gpus=request.gpus)

@@ -123,9 +123,9 @@ TEAM_WINDOWS = (
     "GROUP BY a.starts_at, a.ends_at")
 INSERT_RESERVATION = (
     "INSERT INTO allocations_reservation (team_id, pool_id, requested_by_id, mode, gpus, shares, mig_profile, "
-    "mig_count, gpu_memory_mib, gpu_cores_pct, ge, borrowed_ge, requeue, priority, priority_class, preemptible, "
-    "starts_at, ends_at, state, reason, ended_at, created_at, updated_at) "
-    f"VALUES ({', '.join(['%s'] * 19)}, '', NULL, %s, %s) RETURNING id")
+    "mig_count, gpu_memory_mib, gpu_cores_pct, gpu_models, ge, borrowed_ge, requeue, priority, priority_class, "
+    "preemptible, starts_at, ends_at, state, reason, ended_at, created_at, updated_at) "
+    f"VALUES ({', '.join(['%s'] * 20)}, '', NULL, %s, %s) RETURNING id")
 INSERT_ALLOCATION = (
     "INSERT INTO allocations_allocation (reservation_id, gpu_id, starts_at, ends_at, mode, ge, share_from, "
     "share_to, milli, mig_profile, mig_start, memory_mib, cores_pct) VALUES ")
@@ -140,7 +140,7 @@ INSERT_AUDIT_ENTRY = (
     "changes, actor_id, actor_username, actor_email, timestamp, additional_data, source) "
     "VALUES (%s, %s, %s, %s, %s, '', %s, %s, %s, %s, %s, %s, %s)")
 LOCK_RESERVATION = (
-    "SELECT r.id, r.mode, r.gpus, r.shares, r.mig_profile, r.mig_count, r.gpu_memory_mib, r.gpu_cores_pct, "
+    "SELECT r.id, r.mode, r.gpus, r.shares, r.mig_profile, r.mig_count, r.gpu_memory_mib, r.gpu_cores_pct, r.gpu_models, "
     "r.ge, r.borrowed_ge, r.priority_class, r.preemptible, r.preempt_at, r.starts_at, r.ends_at, r.state, r.reason, r.reason_message, r.ended_at, r.created_at, r.updated_at, "
     "r.team_id, t.slug, r.pool_id, p.slug, r.requested_by_id, u.username, m.role "
     "FROM allocations_reservation r JOIN teams_team t ON t.id = r.team_id "
@@ -202,7 +202,7 @@ def _sql_client(dsn: str, ids: list[tuple], deadline: float, seed: int, out: lis
                 now = datetime.now(timezone.utc)
                 (reservation_id,) = conn.execute(
                     INSERT_RESERVATION, (team_id, pool_id, user_id, "exclusive", gpus, None, "", None, None, None,
-                                         float(gpus), 0.0, False, 0, "", False, start, end, "scheduled", now,
+                                         "[]", float(gpus), 0.0, False, 0, "", False, start, end, "scheduled", now,
                                          now)).fetchone()
                 conn.execute(INSERT_ALLOCATION + ", ".join(["(" + ", ".join(["%s"] * 13) + ")"] * gpus),
                              [v for gpu_id in free for v in (reservation_id, gpu_id, start, end, "exclusive", 1.0, 0,

@@ -73,8 +73,16 @@ class ReservationForm(forms.Form):
         self.fields["pool"].choices = [(p.slug, f"{p.name} ({p.get_sharing_mode_display()})") for p in pools]
         self.offer = offer
         self.amount_names = list(self._amount_fields(offer))
-        self.order_fields(["team", "pool", *self.amount_names, "when", "starts_at", "ends_at", "duration",
-                           "not_after"])
+        if offer is not None and len(offer.models) > 1:
+            # A pool of one model has nothing to choose; of several, a request may accept only some (the API's
+            # gpu_models). None ticked: any model, as an API request that leaves it out.
+            self.fields["gpu_models"] = forms.MultipleChoiceField(
+                required=False, widget=forms.CheckboxSelectMultiple, label=_("GPU models"),
+                choices=[(model, _("%(model)s (%(ge)s GE a GPU)") % {"model": model, "ge": _ge(weight)})
+                         for model, weight in offer.models],
+                help_text=_("Only these models; leave all unticked for any model of the pool."))
+        self.order_fields(["team", "pool", *self.amount_names, "gpu_models", "when", "starts_at", "ends_at",
+                           "duration", "not_after"])
         if not self.is_bound:
             self.initial.setdefault("ends_at", _local(timezone.now() + timedelta(hours=4)))
 
@@ -148,8 +156,15 @@ class ReservationForm(forms.Form):
         return {name: self.cleaned_data[name] for name in self.amount_names
                 if self.cleaned_data.get(name) not in (None, "")}
 
+    def gpu_models(self) -> list[str] | None:
+        """The models ticked, by the API's name (None: the pool has one model, or none is ticked: any)."""
+        return list(self.cleaned_data.get("gpu_models") or ()) or None
+
     def amount_fields(self):
         return [self[name] for name in self.amount_names]
+
+    def models_field(self):
+        return self["gpu_models"] if "gpu_models" in self.fields else None
 
     def other_fields(self, *names):
         return [self[name] for name in names]

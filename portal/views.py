@@ -147,7 +147,7 @@ def reserve(request: HttpRequest) -> HttpResponse:
         data = form.cleaned_data
         try:
             asked = alloc_services.ReservationRequest(team=data["team"], pool=data["pool"], **form.timing(),
-                                                      **form.amounts())
+                                                      **form.amounts(), gpu_models=form.gpu_models())
             reservation = alloc_services.reservation_create(actor=request.user, request=asked)
         except ApplicationError as error:
             _form_error(form, error)
@@ -177,9 +177,12 @@ def reserve(request: HttpRequest) -> HttpResponse:
 
 
 def _offer_fields(offer: dict) -> dict:
-    """An alternative (allocations.alternatives) as the reserve form posts it: its message and its fields."""
-    body = dict(offer["request"])
-    return {"kind": offer["kind"], "message": people_times(offer["message"]), "fields": {**body, "when": "window"}}
+    """An alternative (allocations.alternatives) as the reserve form posts it: its message and its fields, as
+    (name, value) pairs (a list, such as gpu_models, is one pair per item, as the form's checkboxes post it)."""
+    body = {**offer["request"], "when": "window"}
+    fields = [(name, item) for name, value in body.items()
+              for item in (value if isinstance(value, list) else [value])]
+    return {"kind": offer["kind"], "message": people_times(offer["message"]), "fields": fields}
 
 
 # At most this many hour labels under a timeline: more run into each other at a phone's width.

@@ -39,8 +39,12 @@ def pytest_configure(config):
 
 @pytest.fixture(autouse=True)
 def _fresh_cache():
-    """Throttle counters live in the cache (Redis in the suite): start every test from zero."""
+    """Throttle counters live in the cache (Redis in the suite): start every test from zero. So do the pools'
+    workload profiles, cached per process (a pool id a rolled-back test used may come back on SQLite)."""
+    from allocations import profiles
+
     cache.clear()
+    profiles.forget()
     yield
 
 

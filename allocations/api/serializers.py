@@ -19,7 +19,7 @@ from allocations.placement import DEFAULT_POLICY, POLICY_NAMES
 from allocations.placement.mig import profiles_for
 from allocations import selectors
 from allocations.selectors import LATEST_INSTANT
-from allocations.shapes import AMOUNT_LIMITS
+from allocations.shapes import AMOUNT_LIMITS, GPU_MODEL_NAME_MAX, MAX_GPU_MODELS, gpu_models_problem
 from common.api import CleanModelSerializer, RefusesUnknownFields, SlugLookupField
 from inventory.models import GpuPool
 from inventory.sharing import SharingMode, mig_dynamic, mig_layout_names
@@ -107,6 +107,22 @@ class SlotSerializer(serializers.Serializer):
     fits = serializers.BooleanField(help_text=gettext_lazy("Whether the shape asked could be booked for the slot"))
 
 
+@extend_schema_field({"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": GPU_MODEL_NAME_MAX},
+                     "maxItems": MAX_GPU_MODELS, "uniqueItems": True})
+class GpuModelsField(serializers.Field):
+    """A list of distinct GPU model names, checked by the rule the service keeps (shapes.gpu_models_problem):
+    a string or a number where a name belongs is refused, not turned into one."""
+
+    def to_internal_value(self, data):
+        problem = gpu_models_problem(data)
+        if problem is not None:
+            raise serializers.ValidationError(problem.message, code=problem.rule)
+        return list(data)
+
+    def to_representation(self, value):
+        return list(value or ())
+
+
 @extend_schema_field({"oneOf": [{"type": "string", "format": "date-time"}, {"type": "string", "enum": ["earliest"]}]})
 class StartField(serializers.DateTimeField):
     """A date-time, or the word "earliest"."""
@@ -175,6 +191,9 @@ class ReservationCreateInput(RefusesUnknownFields, serializers.Serializer):
     queue = serializers.BooleanField(required=False, allow_null=True, default=None, help_text=(
         gettext_lazy("With duration: false refuses at once (409) rather than wait; true insists on waiting (400 "
         "`queueing_off` where the pool does not queue); left out: wait where the pool queues")))
+    gpu_models = GpuModelsField(required=False, help_text=gettext_lazy(
+        'The GPU models it accepts, as the pool\'s GPUs name them (e.g. ["NVIDIA H100 80GB HBM3"]); left out or '
+        'empty: any model of the pool. Placed, queued, extended and moved only onto GPUs of these models'))
 
     def to_internal_value(self, data):
         # ends_at is required unless duration is given: named with the other missing fields at once.
@@ -284,6 +303,8 @@ class ReservationSerializer(serializers.Serializer):
     count = serializers.IntegerField(source="mig_count", read_only=True, allow_null=True)
     gpu_memory_mib = serializers.IntegerField(read_only=True, allow_null=True)
     gpu_cores_pct = serializers.IntegerField(read_only=True, allow_null=True)
+    gpu_models = serializers.ListField(child=serializers.CharField(), read_only=True, help_text=gettext_lazy(
+        "The GPU models it accepts; empty: any model of the pool"))
     ge = serializers.FloatField(read_only=True, help_text=gettext_lazy("GPU-equivalents its grants were charged"))
     priority_class = serializers.CharField(read_only=True, help_text=gettext_lazy("The priority class it runs at ('' : none)"))
     borrowed_ge = serializers.FloatField(read_only=True, help_text=(

@@ -133,17 +133,22 @@ class FreeTimeline:
             self.gap_to = np.append(self.gap_to, end)
 
     def free_for(self, start: int, end: int) -> np.ndarray:
-        """Per GPU (0..n-1), whether its whole card is free over [start, end)."""
+        """Per GPU (0..n-1), whether its whole card is free over [start, end) (mask it with a request's allowed GPUs
+        where it has some)."""
         free = np.zeros(len(self.gpu_node), dtype=bool)
         free[self.gap_gpu[(self.gap_from <= start) & (self.gap_to >= end)]] = True
         return free
 
-    def earliest(self, count: int, duration: int, earliest: int, latest: int, *, together: bool) -> int | None:
+    def earliest(self, count: int, duration: int, earliest: int, latest: int, *, together: bool,
+                 allowed: np.ndarray | None = None) -> int | None:
         """The first start t in [earliest, latest] at which `count` GPUs are free over [t, t + duration):
-        on one node when `together`, else anywhere in the pool; None when there is none."""
+        on one node when `together`, else anywhere in the pool; None when there is none. `allowed`: per GPU,
+        whether the request may take it (a request that accepts only some models); None: any."""
         lo = np.maximum(self.gap_from, earliest)
         hi = self.gap_to - duration  # the last start the gap takes
         ok = (lo <= hi) & (lo <= latest)
+        if allowed is not None:
+            ok &= allowed[self.gap_gpu]
         lo, hi = lo[ok], np.minimum(hi[ok], latest)
         if lo.size < count:
             return None

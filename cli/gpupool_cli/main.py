@@ -350,6 +350,8 @@ def _describe(r: dict) -> str:
     line = _("#%(id)s %(state)s: %(amount)s of %(pool)s for %(team)s, %(starts)s → %(ends)s") % {
         "id": r["id"], "state": state_label(r["state"]), "amount": amount(r), "pool": r["pool"], "team": r["team"],
         "starts": when(r["starts_at"]), "ends": when(r["ends_at"])}
+    if r.get("gpu_models"):
+        line += _(", only %(models)s") % {"models": " / ".join(r["gpu_models"])}
     if r["state"] == "pending" and queue:
         line += _("; queue position %(position)s, start by %(start_by)s, likely %(likely)s") % {
             "position": queue.get("position"), "start_by": when(queue.get("start_by")),
@@ -410,6 +412,9 @@ pool's queue). With --wait, exits once it is active and prints the environment a
 @click.option("--start", help=_("The start: a time, +30m, or 'earliest' (the first window that fits)."))
 @click.option("--not-after", type=parse_time, help=_("With --for: give up if it cannot start by then."))
 @click.option("--priority-class", help=_("Run at this (lower) priority class."))
+@click.option("--gpu-model", "gpu_models", multiple=True,
+              help=_("Only GPUs of this model, as the pool names it, e.g. 'NVIDIA H100 80GB HBM3' (repeat for more; "
+                     "default: any model of the pool)."))
 @click.option("--no-queue", is_flag=True, help=_("Refuse at once rather than wait in the pool's queue."))
 @click.option("--wait", is_flag=True, help=_("Wait until it is active and print the environment a job needs."))
 @click.option("--timeout", type=click.FloatRange(1), default=3600, show_default=True, help=_("--wait: seconds."))
@@ -418,7 +423,7 @@ pool's queue). With --wait, exits once it is active and prints the environment a
 @json_option
 @pass_state
 def reserve(state: State, pool, team, gpus, shares, mig_profile, count, memory, cores, length, until, start,
-            not_after, priority_class, no_queue, wait, timeout, interval, as_json):
+            not_after, priority_class, gpu_models, no_queue, wait, timeout, interval, as_json):
     if (length is None) == (until is None):
         raise click.UsageError(_("Give exactly one of --for and --until."))
     portal = state.portal()
@@ -439,6 +444,8 @@ def reserve(state: State, pool, team, gpus, shares, mig_profile, count, memory, 
         body["not_after"] = not_after.isoformat()
     if priority_class:
         body["priority_class"] = priority_class
+    if gpu_models:
+        body["gpu_models"] = list(gpu_models)
     if no_queue:
         body["queue"] = False
     try:

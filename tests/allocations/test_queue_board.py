@@ -21,13 +21,16 @@ QUARTER = timedelta(minutes=15)
 
 
 @st.composite
-def schedules(draw):
+def schedules(draw, mixed: bool = False):
+    """A small exclusive pool, its bookings and a queue; `mixed`: each node of one of two models, and requests
+    that may accept only some of them."""
     sizes = draw(st.lists(st.integers(1, 4), min_size=1, max_size=4))
     gpus, next_id = [], 1
     for node_id, size in enumerate(sizes, start=1):
+        model = draw(st.sampled_from(["H100", "A100"])) if mixed else "H100"
         for index in range(size):
             gpus.append(booking.PoolGpu(id=next_id, node_id=node_id, node_name=f"n{node_id}", index=index,
-                                        model="H100", memory_mib=81920,
+                                        model=model, memory_mib=81920, weight=2.0 if model == "H100" else 1.0,
                                         usable=draw(st.booleans()) or draw(st.booleans())))
             next_id += 1
     grants = []
@@ -41,7 +44,8 @@ def schedules(draw):
         not_before = T0 + draw(st.integers(0, 8)) * QUARTER if draw(st.integers(0, 4)) == 0 else None
         not_after = T0 + draw(st.integers(0, 40)) * QUARTER if draw(st.integers(0, 4)) == 0 else None
         waiting.append(Waiting(reservation_id=rid, team_id=draw(st.sampled_from([1, 2])),
-                               shape=booking.Shape(gpus=draw(st.integers(1, 6))),
+                               shape=booking.Shape(gpus=draw(st.integers(1, 6)), gpu_models=draw(st.sampled_from(
+                                   [(), ("A100",), ("H100",), ("A100", "H100")])) if mixed else ()),
                                duration=draw(st.integers(1, 12)) * QUARTER, queued_at=T0 - rid * QUARTER,
                                not_before=not_before, not_after=not_after))
     quota = {team: draw(st.sampled_from([None, 2.0, 4.0, 100.0])) for team in (1, 2)}
@@ -65,6 +69,24 @@ def test_the_board_plans_what_the_walk_over_every_start_plans(schedule):
     walked = plan(**args, teams=teams_for(quota), board=False)
     assert [(p.waiting.reservation_id, p.start, p.grants, p.reason) for p in fast] == \
            [(p.waiting.reservation_id, p.start, p.grants, p.reason) for p in walked]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(schedules(mixed=True))
+def test_the_board_plans_requests_that_accept_only_some_models_as_the_walk_does(schedule):
+    """The board masks the timeline with the models a request accepts and tells the engine; the walk asks
+    booking.choose, which does the same: the same starts, GPUs and reasons, and never a GPU of another model."""
+    gpus, grants, waiting, quota, backfill, policy = schedule
+    args = dict(gpus=gpus, grants=grants, waiting=waiting, now=T0, horizon=T0 + 48 * QUARTER, policy=policy,
+                backfill=backfill)
+    fast = plan(**args, teams=teams_for(quota), board=True)
+    walked = plan(**args, teams=teams_for(quota), board=False)
+    assert [(p.waiting.reservation_id, p.start, p.grants, p.reason) for p in fast] == \
+           [(p.waiting.reservation_id, p.start, p.grants, p.reason) for p in walked]
+    model = {gpu.id: gpu.model for gpu in gpus}
+    for planned in fast:
+        if planned.waiting.shape.gpu_models:
+            assert {model[g.gpu_id] for g in planned.grants} <= set(planned.waiting.shape.gpu_models)
 
 
 def test_a_deeper_queue_than_the_depth_is_planned_only_at_its_head():

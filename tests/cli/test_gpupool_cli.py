@@ -13,6 +13,7 @@ import pytest
 
 from allocations.models import Reservation
 from teams.models import ApiToken
+from tests.allocations.test_gpu_models import mixed  # noqa: F401 - the fixture
 from tests.cli.conftest import CLI_DIR
 from tests.factories import PASSWORD
 
@@ -115,3 +116,15 @@ def test_the_cli_imports_nothing_of_the_portal():
 
 def test_completion_scripts_are_printed(gpupool):
     assert "_GPUPOOL_COMPLETE" in gpupool("completion", "bash").stdout
+
+
+def test_reserve_only_some_gpu_models(world, gpupool, mixed):
+    from tests.allocations.test_gpu_models import H100
+
+    _login(gpupool)
+    booked = json.loads(gpupool("reserve", "mixed", "--gpus", "2", "--gpu-model", H100, "--until", "+2h",
+                                "--json").stdout)
+    assert booked["gpu_models"] == [H100] and {g["model_name"] for g in booked["grants"]} == {H100}
+    assert f", only {H100}" in gpupool("show", str(booked["id"])).stdout
+    refused = gpupool("reserve", "mixed", "--gpus", "1", "--gpu-model", "NVIDIA L4", "--until", "+2h", check=7)
+    assert "not_in_pool" in refused.stderr
