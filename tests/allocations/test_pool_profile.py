@@ -73,6 +73,29 @@ def test_the_profile_is_read_once_per_pool_while_fresh_and_kept_while_the_mix_re
     assert changed is not first and {k.num_gpu for k in changed.task_counts} == {1, 2}
 
 
+def test_a_mix_that_drifts_a_little_keeps_its_profile_and_small_drifts_add_up(world, mixed, monkeypatch):
+    """A new profile object costs the policies their per-profile work again (portal's guard: most of a second on
+    a large pool) in the create that first uses it, so a few new reservations must not make one."""
+    clock = [1e9]
+    monkeypatch.setattr(profiles.time, "monotonic", lambda: clock[0])
+    history(mixed, world.team, world.member, 100, gpus=2, models=[H100])
+    first = profiles.pool_profile(mixed.pk)
+    history(mixed, world.team, world.member, 4, gpus=1)  # 4 of 104: under 5 % of the mix
+    clock[0] += profiles.PROFILE_TTL_SECONDS + 1
+    assert profiles.pool_profile(mixed.pk) is first
+    history(mixed, world.team, world.member, 3, gpus=1)  # 7 of 107 since it was built: over 5 %
+    clock[0] += profiles.PROFILE_TTL_SECONDS + 1
+    again = profiles.pool_profile(mixed.pk)
+    assert again is not first and {k.num_gpu for k in again.task_counts} == {1, 2}
+
+
+def test_drift_is_the_share_of_the_demands_that_differ():
+    a, b = profiles._Demand(gpus=1), profiles._Demand(gpus=2)
+    assert profiles._drift(((a, 1000),), ((a, 1000),)) == 0
+    assert profiles._drift(((a, 1000),), ((b, 1000),)) == 1
+    assert profiles._drift(((a, 600), (b, 400)), ((a, 500), (b, 500))) == 0.1
+
+
 def test_shares_mig_and_vgpu_reservations_become_their_demands():
     demand, times = profiles._demand_of("time_slicing", 1, 3, "", 1, None, 4, ())
     assert (demand, times) == (profiles._Demand(milli=750), 1)
