@@ -59,9 +59,9 @@ def teams_for(quota: dict[int, float | None]) -> dict[int, TeamHolding]:
             for team, limit in quota.items() if limit is not None}
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(schedules())
-def test_the_board_plans_what_the_walk_over_every_start_plans(schedule):
+def planned_alike(schedule) -> list:
+    """The schedule planned on the board and by the walk over every start: asserts both plan the same starts,
+    GPUs and reasons, and returns the board's plan."""
     gpus, grants, waiting, quota, backfill, policy = schedule
     args = dict(gpus=gpus, grants=grants, waiting=waiting, now=T0, horizon=T0 + 48 * QUARTER, policy=policy,
                 backfill=backfill)
@@ -69,6 +69,13 @@ def test_the_board_plans_what_the_walk_over_every_start_plans(schedule):
     walked = plan(**args, teams=teams_for(quota), board=False)
     assert [(p.waiting.reservation_id, p.start, p.grants, p.reason) for p in fast] == \
            [(p.waiting.reservation_id, p.start, p.grants, p.reason) for p in walked]
+    return fast
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(schedules())
+def test_the_board_plans_what_the_walk_over_every_start_plans(schedule):
+    planned_alike(schedule)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -76,14 +83,8 @@ def test_the_board_plans_what_the_walk_over_every_start_plans(schedule):
 def test_the_board_plans_requests_that_accept_only_some_models_as_the_walk_does(schedule):
     """The board masks the timeline with the models a request accepts and tells the engine; the walk asks
     booking.choose, which does the same: the same starts, GPUs and reasons, and never a GPU of another model."""
-    gpus, grants, waiting, quota, backfill, policy = schedule
-    args = dict(gpus=gpus, grants=grants, waiting=waiting, now=T0, horizon=T0 + 48 * QUARTER, policy=policy,
-                backfill=backfill)
-    fast = plan(**args, teams=teams_for(quota), board=True)
-    walked = plan(**args, teams=teams_for(quota), board=False)
-    assert [(p.waiting.reservation_id, p.start, p.grants, p.reason) for p in fast] == \
-           [(p.waiting.reservation_id, p.start, p.grants, p.reason) for p in walked]
-    model = {gpu.id: gpu.model for gpu in gpus}
+    fast = planned_alike(schedule)
+    model = {gpu.id: gpu.model for gpu in schedule[0]}
     for planned in fast:
         if planned.waiting.shape.gpu_models:
             assert {model[g.gpu_id] for g in planned.grants} <= set(planned.waiting.shape.gpu_models)
