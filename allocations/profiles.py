@@ -36,7 +36,7 @@ PROFILE_MIN_RESERVATIONS = 20
 # The profile object is kept while the mix stays within PROFILE_DRIFT of the one it was built from (the share
 # of the demands that differ: total variation distance), because the policies cache their terms, and
 # `portal` its guard's check, per profile object: a new object pays them again in the create that first
-# uses it (0.6-0.85 s of CPU on a pool of 250 eight-GPU nodes, measured 2026-11-29). Each new reservation
+# uses it (about a second of CPU on a pool of 250 eight-GPU nodes: benchmarks.profile_guard). Each new reservation
 # moves a 500-reservation mix by 0.2 %, so comparing exactly would rebuild it nearly every
 # PROFILE_TTL_SECONDS in a busy pool; 5 % rebuilds it when the work has really changed.
 PROFILE_TTL_SECONDS = 300.0
