@@ -12,15 +12,23 @@ django_asgi_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set up first)
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from django.urls import re_path  # noqa: E402
 
-from config.routing import websocket_urlpatterns  # noqa: E402
+from config.routing import agent_urlpatterns, websocket_urlpatterns  # noqa: E402
 from monitoring.ws_auth import BrowserOriginOrTokenValidator, TokenAuthMiddleware  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
-        # Browsers: session cookie + Origin check; scripts: `Authorization: Token …` (monitoring/ws_auth.py).
-        "websocket": BrowserOriginOrTokenValidator(
-            AuthMiddlewareStack(TokenAuthMiddleware(URLRouter(websocket_urlpatterns)))),
+        "websocket": URLRouter([
+            # Host agents authenticate with their Host key, in the consumer. Past the session stack, a socket
+            # open costs no session store, no cookie parsing and no hop to Channels' one database thread for
+            # an anonymous user: at 1,250 hosts opening two sockets each, that per-open work on the event
+            # loop was a good part of what the ws process could not keep up with (py-spy, benchmarks.fleet).
+            *agent_urlpatterns,
+            # Browsers: session cookie + Origin check; scripts: `Authorization: Token …` (monitoring/ws_auth.py).
+            re_path(r"", BrowserOriginOrTokenValidator(
+                AuthMiddlewareStack(TokenAuthMiddleware(URLRouter(websocket_urlpatterns))))),
+        ]),
     }
 )

@@ -15,11 +15,17 @@ class NoSuchSocket(AsyncWebsocketConsumer):
     async def connect(self) -> None:
         await self.close(code=NO_SUCH_SOCKET)
 
+# Host agents' sockets: each consumer checks the `Authorization: Host <key>` header itself, so they need no
+# session, cookie or user (config.asgi routes them past that stack).
+agent_urlpatterns: list = [
+    path("ws/agent/", AgentLeaseConsumer.as_asgi()),  # host agents: their GPU leases
+    path("ws/agent/telemetry/", AgentTelemetryConsumer.as_asgi()),  # host agents: their samples
+]
+
+# People's sockets (browsers with their session, scripts with a Token), then anything else.
 websocket_urlpatterns: list = [
     path("ws/pools/<slug:key>/", PoolConsumer.as_asgi()),
     path("ws/nodes/<int:key>/", NodeConsumer.as_asgi()),
     path("ws/teams/<slug:key>/", TeamConsumer.as_asgi()),
-    path("ws/agent/", AgentLeaseConsumer.as_asgi()),  # host agents: their GPU leases
-    path("ws/agent/telemetry/", AgentTelemetryConsumer.as_asgi()),  # host agents: their samples
     re_path(r"", NoSuchSocket.as_asgi()),  # last: everything no route above took
 ]

@@ -112,6 +112,10 @@ class AgentTelemetryConsumer(AsyncWebsocketConsumer):
     The token is looked at again every RECHECK_SECONDS; a revoked one closes the socket with 4401."""
 
     token = None
+    # It takes frames and answers them; nothing is ever sent to it through the channel layer (the ingest
+    # publishes to the dashboards' groups itself). Without a layer a socket open costs no channel name and
+    # no Redis SUBSCRIBE (channels_redis's new_channel), 1,250 of each at fleet size.
+    channel_layer_alias = None
 
     async def connect(self) -> None:
         self.token = await self._token()

@@ -188,3 +188,28 @@ def test_the_gatherer_answers_every_frame_when_the_ingest_fails(monkeypatch):
     outcomes = async_to_sync(scenario)()
     assert all(isinstance(o, OperationalError) for o in outcomes)
     assert gather.refusal(outcomes[0])["rule"] == "busy" and gather.refusal(outcomes[0])["status"] == 503
+
+
+def test_agent_sockets_open_without_the_session_stack_and_the_telemetry_socket_without_a_channel(
+        hosts, monkeypatch):
+    """At fleet size every socket open's work on the event loop counts: an agent's sockets need no session, no
+    user and (telemetry) no channel-layer name or Redis subscription, so they get none."""
+    import channels.auth
+    import channels.consumer
+
+    def no(*args, **kwargs):
+        raise AssertionError("an agent socket asked for what it does not use")
+
+    monkeypatch.setattr(channels.auth, "get_user", no)
+    monkeypatch.setattr(channels.consumer, "get_channel_layer", lambda alias: None if alias is None else no())
+    (key, uuids, _), _ = hosts
+
+    async def scenario():
+        telemetry = socket(key)
+        assert (await telemetry.connect(timeout=10))[0]
+        await telemetry.send_to(text_data=orjson.dumps(payload(batch([sample(uuids[0])], seq=1))).decode())
+        answer = await telemetry.receive_json_from(timeout=20)
+        await telemetry.disconnect(timeout=10)
+        return answer
+
+    assert async_to_sync(scenario)()["type"] == "ack"
