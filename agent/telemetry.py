@@ -28,6 +28,13 @@ log = logging.getLogger("agent.telemetry")
 
 PATH = "/api/v1/agent/telemetry/"
 
+# Defaults, named so that the benchmarks' agents (benchmarks.telemetry.agent_loop) mirror them rather than copy them.
+BUFFER_BATCHES = 600  # ten minutes at 1 Hz
+BATCHES_PER_REQUEST = 60
+SOCKET_RETRY_SECONDS = 60.0  # after a refusal: HTTP for this long, then the socket again
+SOCKET_BACKOFF_CAP_SECONDS = 30.0  # while the socket is only busy
+TIMEOUTS_BEFORE_HTTP = 4
+
 
 @dataclass
 class Batch:
@@ -42,7 +49,7 @@ class Batch:
 class TelemetryBuffer:
     """Batches not yet acknowledged, oldest first, at most `capacity` (the oldest go first when full)."""
 
-    def __init__(self, capacity: int = 600) -> None:
+    def __init__(self, capacity: int = BUFFER_BATCHES) -> None:
         self.batches: deque[Batch] = deque()
         self.capacity = capacity
         self.next_seq = 1
@@ -74,7 +81,7 @@ class TelemetryBuffer:
 
 class TelemetrySender:
     def __init__(self, backend: GpuBackend, post: Callable[[dict], dict], *, interval: float = 1.0,
-                 buffer: TelemetryBuffer | None = None, max_per_request: int = 60,
+                 buffer: TelemetryBuffer | None = None, max_per_request: int = BATCHES_PER_REQUEST,
                  clock: Callable[[], float] = time.time) -> None:
         self.backend = backend
         self.post = post
@@ -171,7 +178,8 @@ class SocketPost:
     refusal inside: the sender treats both paths alike."""
 
     def __init__(self, url: str, token: str, fallback: Callable[[dict], dict], *, timeout: float = 10.0,
-                 retry_seconds: float = 60.0, backoff_cap: float = 30.0, timeouts_before_http: int = 4,
+                 retry_seconds: float = SOCKET_RETRY_SECONDS, backoff_cap: float = SOCKET_BACKOFF_CAP_SECONDS,
+                 timeouts_before_http: int = TIMEOUTS_BEFORE_HTTP,
                  clock: Callable[[], float] = time.monotonic,
                  open_event: threading.Event | None = None, websockets_pass: threading.Event | None = None,
                  jitter: Callable[[], float] = lambda: random.uniform(0.5, 1.0)) -> None:

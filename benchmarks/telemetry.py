@@ -36,6 +36,13 @@ from pathlib import Path
 
 import orjson
 
+from agent.telemetry import (
+    BATCHES_PER_REQUEST,
+    BUFFER_BATCHES,
+    SOCKET_BACKOFF_CAP_SECONDS,
+    SOCKET_RETRY_SECONDS,
+    TIMEOUTS_BEFORE_HTTP,
+)
 from benchmarks.common import cpu_seconds as _cpu_seconds
 from benchmarks.common import free_port as _free_port
 
@@ -130,16 +137,9 @@ def _percentile(values: list[float], p: float) -> float | None:
     return round(ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))], 1)
 
 
-# As agent.telemetry.SocketPost: how long a send waits for its answer; how long after a socket was refused the
-# agent sends over HTTP before it tries the socket again; the cap of its backoff while the socket is only busy.
+# As agent.telemetry.SocketPost and TelemetrySender: how long a send waits for its answer (the agent's client
+# timeout), and the agent's own retry, backoff and buffer defaults.
 SOCKET_TIMEOUT_SECONDS = 10.0
-SOCKET_RETRY_SECONDS = 60.0
-SOCKET_BACKOFF_CAP_SECONDS = 30.0
-TIMEOUTS_BEFORE_HTTP = 4
-# As agent.telemetry.TelemetrySender: batches held while unsent, and at most so many in one request.
-BUFFER_BATCHES = 600
-BATCHES_PER_REQUEST = 60
-
 
 class SocketBusy(Exception):
     """The socket is in its backoff: the batches stay buffered (agent.portal_client.PortalUnreachable)."""
