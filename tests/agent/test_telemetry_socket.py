@@ -74,13 +74,15 @@ def batch(seq: int) -> dict:
     return {"stream": "s", "batches": [{"seq": seq, "t": 0.0, "gpus": []}]}
 
 
-def post_to(url: str, **kwargs) -> tuple[SocketPost, Http, Clock]:
+def post_to(url: str, timeout: float = 0.3, **kwargs) -> tuple[SocketPost, Http, Clock]:
+    """Short timeouts, for the sockets that never answer; one that answers gets `timeout=5` (a loaded machine
+    must not turn its 404 or its answer into a timeout)."""
     http, clock = Http(), Clock()
-    return SocketPost(url, "token", http, timeout=0.3, clock=clock, jitter=lambda: 1.0, **kwargs), http, clock
+    return SocketPost(url, "token", http, timeout=timeout, clock=clock, jitter=lambda: 1.0, **kwargs), http, clock
 
 
 def test_a_refused_socket_sends_over_http_and_tries_the_socket_again_after_retry_seconds(refusing_socket):
-    post, http, clock = post_to(refusing_socket, retry_seconds=60)  # refused: HTTP at once, no tries first
+    post, http, clock = post_to(refusing_socket, timeout=5, retry_seconds=60)  # refused: HTTP at once, no tries first
     assert post(batch(1))["ack"] == 1
     assert len(http.bodies) == 1 and post.over_http
     clock.t += 59
@@ -125,14 +127,14 @@ def test_timeouts_with_no_sign_that_websockets_pass_send_over_http_after_a_few_t
 
 def test_once_answered_a_socket_that_stops_answering_backs_off_and_comes_back_to_the_socket(portal_socket,
                                                                                           busy_socket):
-    post, http, clock = post_to(portal_socket)
+    post, http, clock = post_to(portal_socket, timeout=5)
     assert post(batch(1))["type"] == "ack" and post.answered and post.open_event.is_set()
     post.close()
-    post.url = busy_socket  # the same portal, now too busy to open a socket
+    post.url, post.timeout = busy_socket, 0.3  # the same portal, now too busy to open a socket
     with pytest.raises(PortalUnreachable):
         post(batch(2))
     assert http.bodies == [] and post.busy_failures == 1
-    post.url = portal_socket
+    post.url, post.timeout = portal_socket, 5
     clock.t = post.retry_at
     assert post(batch(2))["type"] == "ack"
     assert post.busy_failures == 0 and http.bodies == []
