@@ -344,12 +344,14 @@ class Slot:
         return self.free if self.quota_left is None else min(self.free, self.quota_left)
 
 
-def availability_shape(pool: GpuPool, snapshot: booking.PoolSnapshot, request: Amounts | None = None
-                       ) -> booking.Shape:
+def availability_shape(pool: GpuPool, snapshot: booking.PoolSnapshot, request: Amounts | None = None, *,
+                       gpu_models: Sequence[str] | None = None) -> booking.Shape:
     """The shape the timeline counts, in the pool's unit: `request`'s amount fields where given, else
-    one of the pool's unit (1 GPU, 1 share, 1 instance of the layout's smallest profile, the pool's
-    default vGPU memory and cores). Bad values are the service's 400s, naming the field and the rule."""
+    one of the pool's unit (1 GPU, 1 share, 1 instance of the smallest profile the layout offers on the
+    GPUs of `gpu_models`, the pool's default vGPU memory and cores), accepting only `gpu_models` (empty:
+    any model). Bad values are the service's 400s, naming the field and the rule."""
     request = request or Amounts()
+    models = shapes.checked_gpu_models(pool, gpu_models, snapshot)
     mode = pool.sharing_mode
     defaults: dict = {}
     if mode == SharingMode.EXCLUSIVE and request.gpus is None and not request.given():
@@ -357,11 +359,11 @@ def availability_shape(pool: GpuPool, snapshot: booking.PoolSnapshot, request: A
     elif mode in REPLICA_MODES and request.shares is None and not request.given():
         defaults["shares"] = 1
     elif mode == SharingMode.MIG and request.mig_profile is None:
-        offered = mig_profiles_offered(pool, snapshot)
+        offered = mig_profiles_offered(pool, snapshot.of_models(models))
         if offered:
             defaults["mig_profile"] = offered[0]
     asked = dataclasses.replace(request, **defaults)
-    return shapes.shape_for(pool, asked, snapshot)
+    return shapes.shape_for(pool, asked, snapshot, gpu_models=models)
 
 
 def mig_profiles_offered(pool: GpuPool, snapshot: booking.PoolSnapshot) -> list[str]:
@@ -418,33 +420,31 @@ def pool_offer(pool: GpuPool) -> PoolOffer:
 
 
 def _fits(shape: booking.Shape, room: booking.Room, snapshot: booking.PoolSnapshot) -> bool:
-    """Whether `choose` could give `shape` for the slot, from what room counted: shares must sit on one
-    GPU and vGPU shares on one node; MIG instances may spread over nodes; whole GPUs sit on one node
-    when a node could hold them all, else take whole nodes."""
+    """Whether `choose` could give `shape` for the slot, from what room counted (on the GPUs of the models
+    the shape accepts): shares must sit on one GPU and vGPU shares on one node; MIG instances may spread
+    over nodes; whole GPUs sit on one node when a node could hold them all, else take whole nodes (the
+    nodes' sizes counted on those models alone, as choose_whole_gpus counts them)."""
     if shape.mode in REPLICA_MODES:
         return room.most_together >= shape.shares
     if shape.mode == SharingMode.MIG:
         return room.free >= shape.mig_count
     if shape.mode == SharingMode.VGPU:
         return room.most_together >= shape.gpus
-    per_node: dict[int, int] = {}
-    for gpu in snapshot.gpus:
-        per_node[gpu.node_id] = per_node.get(gpu.node_id, 0) + gpu.usable
-    if shape.gpus <= max(per_node.values(), default=0):
+    if shape.gpus <= booking.most_usable_on_a_node(snapshot.of_models(shape.gpu_models).gpus):
         return room.most_together >= shape.gpus
     return room.free >= shape.gpus
 
 
 def pool_availability(pool: GpuPool, start: datetime, end: datetime, slot: timedelta,
-                      request: Amounts | None = None) -> list[Slot]:
+                      request: Amounts | None = None, *, gpu_models: Sequence[str] | None = None) -> list[Slot]:
     """What the pool has free of a shape per slot of [start, end), in the pool's unit (see availability)."""
-    return availability(pool, start, end, slot, request).slots
+    return availability(pool, start, end, slot, request, gpu_models=gpu_models).slots
 
 
 @dataclass(frozen=True)
 class Availability:
     shape: booking.Shape  # what was counted, defaults filled in
-    capacity: int  # how much of the unit the pool's usable GPUs offer when nothing is booked
+    capacity: int  # how much of the unit the pool's usable GPUs (of the shape's models) offer when nothing is booked
     slots: list[Slot]
 
 
@@ -467,10 +467,13 @@ def _shape_ge(snapshot: booking.PoolSnapshot, shape: booking.Shape, pool: GpuPoo
 
 
 def availability(pool: GpuPool, start: datetime, end: datetime, slot: timedelta,
-                 request: Amounts | None = None, quota=None) -> Availability:
+                 request: Amounts | None = None, quota=None, *, gpu_models: Sequence[str] | None = None
+                 ) -> Availability:
     """What the pool has free of a shape per slot of [start, end), in the pool's unit.
 
-    The shape is `request`'s amount (or one of the pool's unit, see availability_shape). The pool
+    The shape is `request`'s amount (or one of the pool's unit, see availability_shape), accepting only
+    `gpu_models` (empty: any model): then every count, the capacity and the GE a quota is charged are
+    those of the GPUs of those models, as a reservation with that `gpu_models` would be placed. The pool
     is read once for the whole range; each slot asks booking.room on the grants that overlap it, so
     the timeline counts exactly as a booking of that slot would (only usable GPUs: healthy, on
     healthy, schedulable nodes; what the queue's plan promises to waiting requests counts as taken).
@@ -494,7 +497,7 @@ def availability(pool: GpuPool, start: datetime, end: datetime, slot: timedelta,
     from allocations import queue, quotas
 
     snapshot = booking.pool_snapshot(pool.pk, start, end)
-    shape = availability_shape(pool, snapshot, request)
+    shape = availability_shape(pool, snapshot, request, gpu_models=gpu_models)
     held_in_pool = held_everywhere = ()
     asked_ge = unit_ge = None
     if quota is not None:

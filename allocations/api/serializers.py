@@ -75,38 +75,6 @@ def _before_latest(value):
     return value
 
 
-class AvailabilityQuery(serializers.Serializer):
-    """The window, the slot length and the shape to count, in the pool's unit. Only the fields of the pool's
-    mode apply (another mode's field is a 400 `not_for_mode`); without them the timeline counts one of the
-    pool's unit. Other query parameters are ignored (query strings often carry extras)."""
-
-    start = serializers.DateTimeField(required=False, validators=[_before_latest])
-    end = serializers.DateTimeField(required=False, validators=[_before_latest])
-    slot = serializers.IntegerField(required=False, min_value=60, max_value=7 * 86400, default=3600,
-                                    help_text=gettext_lazy("Slot length in seconds"))
-    gpus = amount_field("gpus", gettext_lazy("exclusive: whole GPUs wanted together (default 1); vgpu: GPUs of one node that must "
-                                "each have the memory and cores free (default 1)"))
-    shares = amount_field("shares", gettext_lazy("time_slicing, mps: shares wanted on one GPU (default 1)"))
-    mig_profile = amount_field("mig_profile", gettext_lazy("mig: the profile to count (default: the layout's smallest)"))
-    count = amount_field("count", gettext_lazy("mig: instances wanted (default 1)"))
-    gpu_memory_mib = amount_field("gpu_memory_mib", gettext_lazy("vgpu: memory free on each GPU, MiB (default: the pool's)"))
-    gpu_memory_pct = amount_field("gpu_memory_pct", gettext_lazy("vgpu: memory free on each GPU, percent of the card"))
-    gpu_cores_pct = amount_field("gpu_cores_pct", gettext_lazy("vgpu: cores free on each GPU, % (default: the pool's, else the "
-                                                  "memory's share)"))
-
-class SlotSerializer(serializers.Serializer):
-    start = serializers.DateTimeField()
-    end = serializers.DateTimeField()
-    free = serializers.IntegerField(help_text=gettext_lazy("How much of the pool's unit is free for the whole slot: whole GPUs "
-                                              "(exclusive), shares (time_slicing, mps), instances of the profile "
-                                              "(mig), GPUs with the memory and cores free (vgpu)"))
-    free_on_one_node = serializers.IntegerField(help_text=gettext_lazy("The same as most_together (kept for compatibility)"))
-    unit = serializers.CharField(help_text=gettext_lazy("What free counts: GPUs, shares or instances"))
-    most_together = serializers.IntegerField(help_text=gettext_lazy("The most one request could get: on one GPU (shares), on "
-                                                       "one node (GPUs, instances)"))
-    fits = serializers.BooleanField(help_text=gettext_lazy("Whether the shape asked could be booked for the slot"))
-
-
 @extend_schema_field({"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": GPU_MODEL_NAME_MAX},
                      "maxItems": MAX_GPU_MODELS, "uniqueItems": True})
 class GpuModelsField(serializers.Field):
@@ -121,6 +89,55 @@ class GpuModelsField(serializers.Field):
 
     def to_representation(self, value):
         return list(value or ())
+
+
+class GpuModelsQueryField(GpuModelsField):
+    """`gpu_models` in a query string: the parameter repeated, one model name each
+    (`?gpu_models=A&gpu_models=B`), each value taken whole. A comma is not a separator: model names are what
+    the GPUs report, and nothing keeps a comma out of them."""
+
+    def get_value(self, dictionary):
+        if hasattr(dictionary, "getlist"):
+            return dictionary.getlist(self.field_name) or serializers.empty
+        return super().get_value(dictionary)
+
+
+class AvailabilityQuery(serializers.Serializer):
+    """The window, the slot length and the shape to count, in the pool's unit, on the GPUs of `gpu_models`
+    (a reservation's field: the same rules and codes). Only the fields of the pool's mode apply (another
+    mode's field is a 400 `not_for_mode`); without them the timeline counts one of the pool's unit. Other
+    query parameters are ignored (query strings often carry extras)."""
+
+    start = serializers.DateTimeField(required=False, validators=[_before_latest])
+    end = serializers.DateTimeField(required=False, validators=[_before_latest])
+    slot = serializers.IntegerField(required=False, min_value=60, max_value=7 * 86400, default=3600,
+                                    help_text=gettext_lazy("Slot length in seconds"))
+    gpus = amount_field("gpus", gettext_lazy("exclusive: whole GPUs wanted together (default 1); vgpu: GPUs of one node that must "
+                                "each have the memory and cores free (default 1)"))
+    shares = amount_field("shares", gettext_lazy("time_slicing, mps: shares wanted on one GPU (default 1)"))
+    mig_profile = amount_field("mig_profile", gettext_lazy("mig: the profile to count (default: the layout's smallest)"))
+    count = amount_field("count", gettext_lazy("mig: instances wanted (default 1)"))
+    gpu_memory_mib = amount_field("gpu_memory_mib", gettext_lazy("vgpu: memory free on each GPU, MiB (default: the pool's)"))
+    gpu_memory_pct = amount_field("gpu_memory_pct", gettext_lazy("vgpu: memory free on each GPU, percent of the card"))
+    gpu_cores_pct = amount_field("gpu_cores_pct", gettext_lazy("vgpu: cores free on each GPU, % (default: the pool's, else the "
+                                                  "memory's share)"))
+    gpu_models = GpuModelsQueryField(
+        required=False, help_text=gettext_lazy("Count only GPUs of these models, as a reservation with this gpu_models "
+                                               "would be placed (default: any model). Repeat the parameter for each "
+                                               "model (gpu_models=A&gpu_models=B); each value is one whole model "
+                                               "name, a comma included"))
+
+class SlotSerializer(serializers.Serializer):
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField()
+    free = serializers.IntegerField(help_text=gettext_lazy("How much of the pool's unit is free for the whole slot: whole GPUs "
+                                              "(exclusive), shares (time_slicing, mps), instances of the profile "
+                                              "(mig), GPUs with the memory and cores free (vgpu)"))
+    free_on_one_node = serializers.IntegerField(help_text=gettext_lazy("The same as most_together (kept for compatibility)"))
+    unit = serializers.CharField(help_text=gettext_lazy("What free counts: GPUs, shares or instances"))
+    most_together = serializers.IntegerField(help_text=gettext_lazy("The most one request could get: on one GPU (shares), on "
+                                                       "one node (GPUs, instances)"))
+    fits = serializers.BooleanField(help_text=gettext_lazy("Whether the shape asked could be booked for the slot"))
 
 
 @extend_schema_field({"oneOf": [{"type": "string", "format": "date-time"}, {"type": "string", "enum": ["earliest"]}]})

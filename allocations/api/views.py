@@ -152,8 +152,10 @@ class PoolViewSet(viewsets.ModelViewSet):
         "What the pool has free per slot of [start, end) (default: now to a day later, hourly), in the pool's "
         "unit, for the shape in the query: whole GPUs (`gpus`), shares (`shares`), instances of a MIG profile "
         "(`mig_profile`, `count`) or GPUs with `gpu_memory_mib` (or `gpu_memory_pct`) and `gpu_cores_pct` free "
-        "(vgpu). `fits` says whether that shape could be booked for the slot. A field of another mode, a profile "
-        "not in the pool's layout or a value out of range is a 400 naming the field and the rule."))
+        "(vgpu). With `gpu_models` (repeated, one model each), only GPUs of those models count, as a reservation "
+        "with that `gpu_models` would be placed. `fits` says whether that shape could be booked for the slot. A "
+        "field of another mode, a profile not in the pool's layout, a model the pool lacks or a value out of range "
+        "is a 400 naming the field and the rule."))
     # A timeline, not a list of resources: every slot of the window in one array (the window's slot count
     # is bounded by AvailabilityQuery), so not paged, and the schema says so.
     @action(detail=True, methods=["get"], pagination_class=None)
@@ -165,7 +167,7 @@ class PoolViewSet(viewsets.ModelViewSet):
         end = query.validated_data.get("end") or start + timedelta(days=1)
         amounts = {name: query.validated_data[name] for name in shapes.AMOUNT_FIELDS if name in query.validated_data}
         slots = selectors.pool_availability(pool, start, end, timedelta(seconds=query.validated_data["slot"]),
-                                            shapes.Amounts(**amounts))
+                                            shapes.Amounts(**amounts), gpu_models=query.validated_data.get("gpu_models"))
         return Response(SlotSerializer(slots, many=True).data)
 
 

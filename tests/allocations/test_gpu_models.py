@@ -237,3 +237,90 @@ def test_a_pinned_future_window_preempts_only_bookings_on_its_model(world, api, 
     noticed = [r.pk for r in Reservation.objects.filter(pk__in=ids, preempt_at__isnull=False)]
     assert noticed == [ids[1]]  # the younger of the H100 bookings; never the A100 one
     assert models_held(response.json()["id"]) == {H100}
+
+
+# --- the availability timeline counts only the models asked -------------------------------------------------
+
+def next_hour(n: int = 0) -> datetime:
+    return timezone.now().replace(minute=0, second=0, microsecond=0) + timedelta(hours=1 + n)
+
+
+def booked_in_first_hour(api, user, **body):
+    start = next_hour()
+    response = api(user).post(URL, {"pool": "mixed", "team": "ml", "starts_at": start.isoformat(),
+                                    "ends_at": (start + timedelta(hours=1)).isoformat(), **body}, format="json")
+    assert response.status_code == 201, response.content
+
+
+@pytest.fixture
+def busy_first_hour(world, api, mixed):
+    """In the first of three hours ml holds 2 of the 4 H100s and 3 of the 4 A100s."""
+    booked_in_first_hour(api, world.member, gpus=2, gpu_models=[H100])
+    booked_in_first_hour(api, world.member, gpus=3, gpu_models=[A100])
+    return mixed
+
+
+def availability(api, user, *pairs):
+    query = [("start", next_hour().isoformat()), ("end", next_hour(3).isoformat()), *pairs]
+    return api(user).get("/api/v1/pools/mixed/availability/", query)
+
+
+def counted(api, user, *pairs) -> list[tuple[int, int, bool]]:
+    response = availability(api, user, *pairs)
+    assert response.status_code == 200, response.content
+    return [(s["free"], s["most_together"], s["fits"]) for s in response.json()]
+
+
+def test_availability_counts_only_the_gpus_of_the_models_asked(world, api, busy_first_hour):
+    assert counted(api, world.member, ("gpu_models", H100)) == [(2, 2, True), (4, 2, True), (4, 2, True)]
+    assert counted(api, world.member, ("gpu_models", A100)) == [(1, 1, True), (4, 4, True), (4, 4, True)]
+    assert counted(api, world.member) == [(3, 2, True), (8, 4, True), (8, 4, True)]
+    both = counted(api, world.member, ("gpu_models", H100), ("gpu_models", A100))
+    assert both == counted(api, world.member)
+
+
+def test_a_shape_that_fits_only_on_another_model_does_not_fit(world, api, busy_first_hour):
+    # Two together: node-h2's H100s are free in the first hour, but only one A100 is.
+    assert [fits for *_, fits in counted(api, world.member, ("gpus", 2), ("gpu_models", A100))] == [False, True, True]
+    assert [fits for *_, fits in counted(api, world.member, ("gpus", 2), ("gpu_models", H100))] == [True, True, True]
+    # Four H100s take both H100 nodes (no node has four), which the first hour does not have free.
+    assert [fits for *_, fits in counted(api, world.member, ("gpus", 4), ("gpu_models", H100))] == [False, True, True]
+
+
+def test_the_timeline_capacity_and_quota_count_the_models_asked(world, busy_first_hour):
+    from allocations import quotas, selectors
+    from allocations.shapes import Amounts
+
+    limits = quotas.limits_for(team=world.team, pool=busy_first_hour)
+    start = next_hour()
+
+    def answer(models):
+        return selectors.availability(busy_first_hour, start, start + timedelta(hours=2), timedelta(hours=1),
+                                      Amounts(gpus=1), quota=limits, gpu_models=models)
+
+    h100, a100 = answer([H100]), answer([A100])
+    assert (h100.capacity, a100.capacity, answer(None).capacity) == (4, 4, 8)
+    assert h100.shape.gpu_models == (H100,)
+    # ml holds 7 of its 12 GE in the first hour: 2 H100s (2 GE each) or 5 A100s (1 GE each) more.
+    assert [s.quota_left for s in h100.slots] == [2, 6]
+    assert [s.quota_left for s in a100.slots] == [5, 12]
+
+
+@pytest.mark.parametrize("values, rule", [
+    ([""], "not_a_string"),
+    (["x" * 129], "not_a_string"),
+    ([H100, H100], "duplicate"),
+    ([f"model {k}" for k in range(17)], "max_length"),
+    (["NVIDIA L4"], "not_in_pool"),
+    ([f"{H100},{A100}"], "not_in_pool"),  # a value is one model name: a comma does not separate two
+])
+def test_bad_gpu_models_in_the_availability_query_are_a_400_naming_the_rule(world, api, mixed, values, rule):
+    response = availability(api, world.member, *(("gpu_models", value) for value in values))
+    assert response.status_code == 400, response.content
+    assert errors_of(response) == [("gpu_models", rule)]
+
+
+def test_a_model_not_in_the_pool_is_named_with_the_pools_models_in_the_availability_query(world, api, mixed):
+    response = availability(api, world.member, ("gpu_models", "NVIDIA L4"))
+    assert response.json()["errors"][0]["message"] == (
+        f"Pool Mixed has no GPU of model NVIDIA L4 (its models: {A100}, {H100}).")

@@ -6,7 +6,7 @@ import dataclasses
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from allocations import booking, queue
@@ -187,6 +187,43 @@ def test_no_grant_ever_lands_on_a_model_the_request_does_not_accept(case):
     assert models_of(snapshot, grants) <= set(shape.gpu_models)
     if shape.mode == SharingMode.EXCLUSIVE:
         assert len({g.gpu_id for g in grants}) == shape.gpus
+
+
+@st.composite
+def two_model_slots(draw):
+    """A small pool of two models (nodes of 1 to 4 GPUs, some held), and whole GPUs or shares pinned to one
+    model or both: the sizes where one model's nodes are smaller than the other's, and a request can need
+    whole nodes of its model though a node of the other model could hold it."""
+    nodes = draw(st.lists(st.tuples(st.sampled_from((A100, H100)), st.integers(1, 4)), min_size=2, max_size=4))
+    snapshot = mixed_pool(tuple(nodes))
+    ids = [gpu.id for gpu in snapshot.gpus]
+    busy = draw(st.lists(st.sampled_from(ids), unique=True, max_size=len(ids) // 2))
+    snapshot = dataclasses.replace(snapshot, grants=tuple(
+        Grant(gpu_id=g, reservation_id=9, starts_at=START, ends_at=END) for g in busy))
+    allowed = draw(st.sampled_from([(A100,), (H100,), (A100, H100)]))
+    if draw(st.booleans()):
+        shape = Shape(gpus=draw(st.integers(1, 8)), gpu_models=allowed)
+    else:
+        shape = Shape(mode=SharingMode.TIME_SLICING, shares=draw(st.integers(1, 4)), replicas=4, gpu_models=allowed)
+    return snapshot, shape, draw(st.sampled_from(["portal", "first_fit", "best_fit", "spread", "fgd"]))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(two_model_slots(), pools_and_requests()))
+# Three H100s where H100 nodes hold two and an A100 node four: they take both H100 nodes, whole.
+@example((mixed_pool(((H100, 2), (H100, 2), (A100, 4))), Shape(gpus=3, gpu_models=(H100,)), "portal"))
+def test_the_timeline_says_a_pinned_shape_fits_exactly_when_choose_would_place_it(case):
+    """A slot's `fits` (selectors.availability: what room counts on the shape's models) against choose on the
+    slot's snapshot: the timeline may neither promise what a booking would be refused nor hide room it has."""
+    from allocations.selectors import _fits
+
+    snapshot, shape, policy = case
+    try:
+        choose(snapshot, shape, policy=policy)
+        placed = True
+    except BookingRefused:
+        placed = False
+    assert _fits(shape, room(snapshot, shape), snapshot) == placed
 
 
 def test_a_snapshot_cut_to_no_models_is_the_whole_snapshot():
