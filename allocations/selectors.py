@@ -397,6 +397,13 @@ class PoolOffer:
     def share_ge(self) -> float:
         return self.weight / self.replicas if self.replicas else self.weight
 
+    def card_weight(self, models: Sequence[str] = ()) -> float:
+        """The GE of one whole card for a request that accepts `models`: the heaviest of those the pool has
+        (`weight`, the heaviest of all, when none of them is named), so a form never shows less than the
+        booking may be charged."""
+        named = set(models)
+        return max((weight for model, weight in self.models if model in named), default=self.weight)
+
 
 def pool_offer(pool: GpuPool) -> PoolOffer:
     """What the reserve form offers for `pool` (two small queries: its usable GPUs' models, the weights)."""

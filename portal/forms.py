@@ -6,12 +6,14 @@ from datetime import timedelta
 from django import forms
 from django.conf import settings
 from django.utils import timezone
+from django.utils.html import conditional_escape, format_html
+from django.utils.safestring import mark_safe
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from allocations.queue import parse_duration
 from allocations.selectors import LATEST_INSTANT
-from allocations.shapes import AMOUNT_LIMITS
+from allocations.shapes import AMOUNT_LIMITS, gpu_models_problem
 from inventory.sharing import REPLICA_MODES
 from portal.timezones import INPUT_FORMAT, zone_label
 from teams.models import ApiToken, Membership, NotificationChannel, Preference
@@ -47,6 +49,50 @@ def _ge(value: float) -> str:
     return f"{value:.2f}".rstrip("0").rstrip(".") if value else "0"
 
 
+def _ge_text(text, per_card: float, weight: float, **words) -> str:
+    """`text` (a translation with %(ge)s and `words`) saying what `per_card` of a card of `weight` GE costs, the
+    number marked with `per_card` so that reserve.js recounts it when the models ticked change."""
+    number = format_html('<span class="ge-each" data-ge-per-card="{}">{}</span>', per_card, _ge(per_card * weight))
+    return mark_safe(conditional_escape(text) % {**{name: conditional_escape(value) for name, value in words.items()},
+                                                 "ge": number})
+
+
+class _OptionData:
+    """A choice widget mixin: data attributes per choice value (`option_data`), for reserve.js."""
+
+    def __init__(self, *args, option_data: dict | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.option_data = option_data or {}
+
+    def create_option(self, name, value, label, selected, index, subindex=None, attrs=None):
+        option = super().create_option(name, value, label, selected, index, subindex=subindex, attrs=attrs)
+        option["attrs"] = {**option["attrs"], **self.option_data.get(str(value), {})}
+        return option
+
+
+class _DataSelect(_OptionData, forms.Select):
+    pass
+
+
+class _DataCheckboxes(_OptionData, forms.CheckboxSelectMultiple):
+    pass
+
+
+class GpuModelsField(forms.Field):
+    """GPU model names, each value of the parameter one whole name (a page's query string, as the reserve
+    form's checkboxes send them), checked by the rule the API keeps (shapes.gpu_models_problem)."""
+
+    widget = forms.MultipleHiddenInput
+
+    def to_python(self, value) -> list[str]:
+        return list(value or ())
+
+    def validate(self, value) -> None:
+        problem = gpu_models_problem(value) if value else None
+        if problem is not None:
+            raise forms.ValidationError(problem.message, code=problem.rule)
+
+
 class ReservationForm(forms.Form):
     """Team, pool, the amount in the pool's unit and the window. The amount fields are the pool's mode's
     (those of the API, so the service's refusals name them): exclusive `gpus`; time_slicing and mps
@@ -72,12 +118,15 @@ class ReservationForm(forms.Form):
         self.fields["team"].choices = [(t.slug, t.name) for t in teams]
         self.fields["pool"].choices = [(p.slug, f"{p.name} ({p.get_sharing_mode_display()})") for p in pools]
         self.offer = offer
+        # What a card costs in the amount fields' texts: the heaviest of the models ticked (all when none is).
+        self.card_weight = offer.card_weight(self._models_ticked()) if offer is not None else 1.0
         self.amount_names = list(self._amount_fields(offer))
         if offer is not None and len(offer.models) > 1:
             # A pool of one model has nothing to choose; of several, a request may accept only some (the API's
             # gpu_models). None ticked: any model, as an API request that leaves it out.
             self.fields["gpu_models"] = forms.MultipleChoiceField(
-                required=False, widget=forms.CheckboxSelectMultiple, label=_("GPU models"),
+                required=False, label=_("GPU models"),
+                widget=_DataCheckboxes(option_data={model: {"data-ge": weight} for model, weight in offer.models}),
                 choices=[(model, _("%(model)s (%(ge)s GE a GPU)") % {"model": model, "ge": _ge(weight)})
                          for model, weight in offer.models],
                 help_text=_("Only these models; leave all unticked for any model of the pool."))
@@ -86,22 +135,37 @@ class ReservationForm(forms.Form):
         if not self.is_bound:
             self.initial.setdefault("ends_at", _local(timezone.now() + timedelta(hours=4)))
 
+    def _models_ticked(self) -> list[str]:
+        """The models the form shows ticked: posted, else initial."""
+        if not self.is_bound:
+            return list(self.initial.get("gpu_models") or ())
+        return self.data.getlist("gpu_models") if hasattr(self.data, "getlist") else list(
+            self.data.get("gpu_models") or ())
+
     def _amount_fields(self, offer):
-        """Add the amount fields of the pool's mode; yield their names."""
+        """Add the amount fields of the pool's mode; yield their names. Their texts say what a card costs
+        (card_weight), the number marked for reserve.js to recount when the models ticked change."""
         mode = offer.mode if offer is not None else "exclusive"
         fields = self.fields
+        weight = self.card_weight
         if mode in REPLICA_MODES:
             n = offer.replicas
             fields["shares"] = forms.IntegerField(
                 min_value=1, max_value=max(n, 1), initial=1, label=_("Shares (of %(n)s per GPU)") % {"n": n},
-                help_text=_("One share is 1/%(n)s of a GPU: %(ge)s GE. All the shares sit on one GPU.") % {
-                    "n": n, "ge": _ge(offer.share_ge)})
+                help_text=_ge_text(_("One share is 1/%(n)s of a GPU: %(ge)s GE. All the shares sit on one GPU."),
+                                   1 / n if n else 1.0, weight, n=n))
             yield "shares"
         elif mode == "mig":
+            # An instance costs its share of the card it is carved from: GE per instance / GE of the pool's card.
+            per_card = {name: ge / offer.weight if offer.weight else 0.0 for name, ge, _mib in offer.mig_profiles}
+            label = _("%(profile)s (%(ge)s GE each)")
             fields["mig_profile"] = forms.ChoiceField(
-                label=_("MIG profile"), choices=[(name, _("%(profile)s (%(ge)s GE each)") % {"profile": name,
-                                                                                          "ge": _ge(ge)})
-                                                 for name, ge, _slices in offer.mig_profiles])
+                label=_("MIG profile"),
+                choices=[(name, label % {"profile": name, "ge": _ge(per_card[name] * weight)})
+                         for name, _cost, _mib in offer.mig_profiles],
+                widget=_DataSelect(option_data={
+                    name: {"data-ge-per-card": per_card[name], "data-ge-label": label % {"profile": name, "ge": "{ge}"}}
+                    for name, _cost, _mib in offer.mig_profiles}))
             fields["count"] = forms.IntegerField(initial=1, label=_("Instances"), **AMOUNT_LIMITS["count"])
             yield from ("mig_profile", "count")
         elif mode == "vgpu":
@@ -120,13 +184,12 @@ class ReservationForm(forms.Form):
                 help_text=_("Leave empty for the pool's default, else the memory's share."))
             fields["gpus"] = forms.IntegerField(
                 initial=1, required=False, label=_("GPUs (of one node)"), **AMOUNT_LIMITS["gpus"],
-                help_text=_("Each GPU costs the larger of its memory and cores shares × %(ge)s GE.") % {
-                    "ge": _ge(offer.weight)})
+                help_text=_ge_text(_("Each GPU costs the larger of its memory and cores shares × %(ge)s GE."),
+                                   1.0, weight))
             yield from ("gpu_memory_mib", "gpu_memory_pct", "gpu_cores_pct", "gpus")
         else:
-            weight = offer.weight if offer is not None else 1.0
             fields["gpus"] = forms.IntegerField(initial=1, label=_("GPUs"),
-                                                help_text=_("Whole GPUs: %(ge)s GE each.") % {"ge": _ge(weight)},
+                                                help_text=_ge_text(_("Whole GPUs: %(ge)s GE each."), 1.0, weight),
                                                 **AMOUNT_LIMITS["gpus"])
             yield "gpus"
 
@@ -206,6 +269,8 @@ class AvailabilityForm(forms.Form):
     gpu_memory_mib = forms.IntegerField(required=False, **AMOUNT_LIMITS["gpu_memory_mib"])
     gpu_memory_pct = forms.IntegerField(required=False, **AMOUNT_LIMITS["gpu_memory_pct"])
     gpu_cores_pct = forms.IntegerField(required=False, **AMOUNT_LIMITS["gpu_cores_pct"])
+    # The models the reserve form ticks: the timeline counts only their GPUs (empty: any model).
+    gpu_models = GpuModelsField(required=False)
 
     def clean_start(self):
         start = self.cleaned_data.get("start")

@@ -82,8 +82,8 @@ FORM_FIELD_OF = {"gpu_memory_mib or gpu_memory_pct": "gpu_memory_mib"}
 
 
 def _availability_context(user, data, pool=None) -> dict:
-    """The timeline of a pool for the shape in `data` (the reserve form's amount fields, by the API's names),
-    counted by the selector the availability API answers with."""
+    """The timeline of a pool for the shape in `data` (the reserve form's amount fields and the models ticked,
+    by the API's names), counted by the selector the availability API answers with."""
     if pool is not None:
         data = {**data, "pool": pool.slug}
     form = AvailabilityForm(data)
@@ -100,10 +100,11 @@ def _availability_context(user, data, pool=None) -> dict:
                     if name in form.cleaned_data and form.cleaned_data.get(name) not in (None, "")}
     team = teams_of(user).filter(slug=form.cleaned_data["team"]).first() if form.cleaned_data.get("team") else None
     quota = alloc_quotas.limits_for(team=team, pool=pool) if team is not None else None
-    query = {**shape_fields, **({"team": team.slug} if team is not None else {})}
+    gpu_models = form.cleaned_data.get("gpu_models") or []
+    query = {**shape_fields, "gpu_models": gpu_models, **({"team": team.slug} if team is not None else {})}
     context = {"pool": pool, "range": form.cleaned_data.get("range") or "24h", "team": team,
                "team_without_quota": team is not None and quota is None,
-               "ranges": list(AvailabilityForm.RANGES), "shape_query": urlencode(query)}
+               "ranges": list(AvailabilityForm.RANGES), "shape_query": urlencode(query, doseq=True)}
     bad = [f"{name}: {' '.join(errors)}" for name, errors in form.errors.items()]
     if bad:
         return {**context, "availability_error": _("The timeline needs valid amounts (%(errors)s).") % {
@@ -113,7 +114,7 @@ def _availability_context(user, data, pool=None) -> dict:
     start = timezone.localtime(start).replace(minute=0, second=0, microsecond=0)  # on the hour where people are
     try:
         answer = alloc_selectors.availability(pool, start, start + span, slot,
-                                              alloc_shapes.Amounts(**shape_fields), quota=quota)
+                                              alloc_shapes.Amounts(**shape_fields), quota=quota, gpu_models=gpu_models)
     except ApplicationError as error:
         return {**context, "availability_error": _("No timeline for that amount: %(error)s") % {
             "error": people_times(error.message)}}
@@ -140,8 +141,9 @@ def reserve(request: HttpRequest) -> HttpResponse:
     pools = list(alloc_selectors.pools_visible_to(request.user).order_by("slug"))
     pool = _chosen_pool(pools, request.POST.get("pool") or request.GET.get("pool", ""))
     offer = alloc_selectors.pool_offer(pool) if pool is not None else None
+    # gpu_models in the address ticks those models (a link to "reserve H100s" of a pool); the POST's win.
     form = ReservationForm(request.POST or None, teams=teams, pools=pools, offer=offer,
-                           initial={"pool": pool.slug if pool else ""})
+                           initial={"pool": pool.slug if pool else "", "gpu_models": request.GET.getlist("gpu_models")})
     alternatives = []
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
@@ -221,8 +223,8 @@ def _next_page(request: HttpRequest) -> str | None:
 
 
 def _form_shape(form: ReservationForm) -> dict:
-    """The team and the amount fields the form shows (posted, else initial), by the API's names, for the
-    timeline."""
+    """The team, the amount fields and the models the form shows (posted, else initial), by the API's names,
+    for the timeline."""
     shape = {}
     team = form["team"].value() or next((slug for slug, _name in form.fields["team"].choices), "")
     if team:
@@ -231,6 +233,9 @@ def _form_shape(form: ReservationForm) -> dict:
         value = field.value()
         if value not in (None, ""):
             shape[field.name] = value
+    models = form.models_field()
+    if models is not None and models.value():
+        shape["gpu_models"] = list(models.value())
     return shape
 
 
