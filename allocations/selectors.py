@@ -393,10 +393,6 @@ class PoolOffer:
     mig_dynamic: bool = False  # a MIG pool that carves its GPUs on demand (any profile of their models)
     models: tuple[tuple[str, float], ...] = ()  # the usable GPUs' models with their weight (GE a card), by name
 
-    @property
-    def share_ge(self) -> float:
-        return self.weight / self.replicas if self.replicas else self.weight
-
     def card_weight(self, models: Sequence[str] = ()) -> float:
         """The GE of one whole card for a request that accepts `models`: the heaviest of those the pool has
         (`weight`, the heaviest of all, when none of them is named), so a form never shows less than the

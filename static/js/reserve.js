@@ -11,6 +11,26 @@
   document.addEventListener('DOMContentLoaded', showWhen);
   showWhen();
 
+  // What a card costs, in the amount fields' texts: the heaviest of the models ticked, of all the pool's
+  // when none is (the server renders the same on the first paint; this keeps it true as boxes change).
+  function cardWeight() {
+    const boxes = Array.from(document.querySelectorAll('#reserve-form [name=gpu_models][data-ge]'));
+    const ticked = boxes.filter((box) => box.checked);
+    const weights = (ticked.length ? ticked : boxes).map((box) => parseFloat(box.dataset.ge)).filter(isFinite);
+    return weights.length ? Math.max(...weights) : null;
+  }
+  // As the form writes GE: two decimals at most, no trailing zeros.
+  const geWords = (value) => (value ? value.toFixed(2).replace(/0+$/, '').replace(/\.$/, '') : '0');
+  function showGe() {
+    const weight = cardWeight();
+    if (weight === null) return;
+    document.querySelectorAll('#reserve-form [data-ge-per-card]').forEach((el) => {
+      const words = geWords(parseFloat(el.dataset.gePerCard) * weight);
+      el.textContent = el.dataset.geLabel ? el.dataset.geLabel.replace('{ge}', words) : words;
+    });
+  }
+  document.addEventListener('change', (event) => { if (event.target.name === 'gpu_models') showGe(); });
+
   function pick(slot) {
     const starts = document.querySelector('#reserve-form [name=starts_at]');
     const ends = document.querySelector('#reserve-form [name=ends_at]');

@@ -1,6 +1,7 @@
 """A member books "H100 only" from the reserve form of a pool of two models, in a real browser, in English and in
 Chinese, and reads the restriction on the reservation's page and in the list; at a phone's width no page is wider
-than the screen. Screenshots at desktop and phone width go to $SCREENSHOTS_MODELS when it is set."""
+than the screen. Ticking a model recounts the timeline and the GE a card costs. Screenshots at desktop and phone
+width go to $SCREENSHOTS_MODELS when it is set."""
 from __future__ import annotations
 
 import os
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from django.utils import timezone
+from playwright.sync_api import expect
 
 from allocations.models import Reservation
 from tests.allocations.test_gpu_models import A100, H100, mixed  # noqa: F401 - the fixture
@@ -47,7 +49,17 @@ def test_a_member_books_h100_only_from_the_form(world, mixed, live_server, page,
     models = page.locator("#gpu-models")
     assert models.locator("legend").inner_text() == words["legend"]
     assert models.locator("input[type=checkbox]").count() == 2
-    page.check(f"#gpu-models input[value='{H100}']")
+    # Ticking a model recounts the timeline on its GPUs alone (4 of the pool's 8; nothing is booked), and what a
+    # card costs becomes the heaviest ticked model's (H100: 2 GE, A100: 1 GE; none ticked: the heaviest).
+    free, ge_each = page.locator("#availability .timeline .slot").first, page.locator("#amount .ge-each")
+    expect(free).to_have_attribute("data-free", "8")
+    expect(ge_each).to_have_text("2")
+    for action, model, gpus, ge in ((page.check, A100, "4", "1"), (page.check, H100, "8", "2"),
+                                    (page.uncheck, A100, "4", "2")):
+        action(f"#gpu-models input[value='{model}']")
+        expect(free).to_have_attribute("data-free", gpus)
+        expect(ge_each).to_have_text(ge)
+    shoot(page, f"reserve-models-{language}")
     page.fill("input[name=gpus]", "2")
     ends_at = timezone.localtime(timezone.now() + timedelta(hours=3)).strftime("%Y-%m-%d %H:%M")
     page.fill("input[name=ends_at]", ends_at)
