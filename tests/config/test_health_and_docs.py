@@ -53,6 +53,11 @@ def test_the_openapi_schema_and_docs_are_served(world, api):
     availability = paths["/api/v1/pools/{slug}/availability/"]["get"]["responses"]["200"]
     assert availability["content"]["application/json"]["schema"] == {
         "type": "array", "items": {"$ref": "#/components/schemas/Slot"}}
+    # gpu_models is a list in the query: the parameter repeated (OpenAPI's default for a query array).
+    parameters = {p["name"]: p for p in paths["/api/v1/pools/{slug}/availability/"]["get"]["parameters"]}
+    models = parameters["gpu_models"]
+    assert (models["in"], models["schema"]["type"], models["schema"]["items"]["type"]) == ("query", "array", "string")
+    assert models.get("explode", True) and models.get("style", "form") == "form"
     assert api(world.member).get("/api/v1/docs/").status_code == 200
 
 
