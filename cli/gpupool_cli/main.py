@@ -293,6 +293,9 @@ def shape_options(command):
         click.option("--count", type=click.IntRange(1), help=_("MIG instances of the profile (default 1).")),
         click.option("--memory", type=parse_memory_param(), help=_("vGPU memory per GPU, e.g. 20GiB.")),
         click.option("--cores", type=click.IntRange(1, 100), help=_("vGPU compute per GPU, in %.")),
+        click.option("--gpu-model", "gpu_models", multiple=True,
+                     help=_("Only GPUs of this model, as the pool names it, e.g. 'NVIDIA H100 80GB HBM3' (repeat for "
+                            "more; default: any model of the pool).")),
     ]):
         command = option(command)
     return command
@@ -308,9 +311,11 @@ def parse_memory_param():
     return Memory()
 
 
-def shape_body(gpus, shares, mig_profile, count, memory, cores) -> dict:
+def shape_body(gpus, shares, mig_profile, count, memory, cores, gpu_models=()) -> dict:
+    """The shape options as the API names them, those given only (`gpu_models` a list: a JSON body's array,
+    a query string's repeated parameter)."""
     body = {"gpus": gpus, "shares": shares, "mig_profile": mig_profile, "count": count,
-            "gpu_memory_mib": memory, "gpu_cores_pct": cores}
+            "gpu_memory_mib": memory, "gpu_cores_pct": cores, "gpu_models": list(gpu_models) or None}
     return {key: value for key, value in body.items() if value is not None}
 
 
@@ -324,11 +329,12 @@ Counts the shape given (default: one of the pool's unit) over the next --hours."
 @shape_options
 @json_option
 @pass_state
-def availability(state: State, pool, hours, slot, gpus, shares, mig_profile, count, memory, cores, as_json):
+def availability(state: State, pool, hours, slot, gpus, shares, mig_profile, count, memory, cores, gpu_models,
+                 as_json):
     start = datetime.now(timezone.utc).replace(second=0, microsecond=0)
     slots = state.portal().get(f"/pools/{pool}/availability/", start=start.isoformat(),
                                end=(start + timedelta(hours=hours)).isoformat(), slot=int(slot.total_seconds()),
-                               **shape_body(gpus, shares, mig_profile, count, memory, cores))
+                               **shape_body(gpus, shares, mig_profile, count, memory, cores, gpu_models))
     if as_json:
         return emit_json(slots)
     table([[when(s["start"]), s["free"], s["unit"], s["most_together"], yes_no(s["fits"])] for s in slots],
@@ -412,9 +418,6 @@ pool's queue). With --wait, exits once it is active and prints the environment a
 @click.option("--start", help=_("The start: a time, +30m, or 'earliest' (the first window that fits)."))
 @click.option("--not-after", type=parse_time, help=_("With --for: give up if it cannot start by then."))
 @click.option("--priority-class", help=_("Run at this (lower) priority class."))
-@click.option("--gpu-model", "gpu_models", multiple=True,
-              help=_("Only GPUs of this model, as the pool names it, e.g. 'NVIDIA H100 80GB HBM3' (repeat for more; "
-                     "default: any model of the pool)."))
 @click.option("--no-queue", is_flag=True, help=_("Refuse at once rather than wait in the pool's queue."))
 @click.option("--wait", is_flag=True, help=_("Wait until it is active and print the environment a job needs."))
 @click.option("--timeout", type=click.FloatRange(1), default=3600, show_default=True, help=_("--wait: seconds."))
@@ -422,13 +425,13 @@ pool's queue). With --wait, exits once it is active and prints the environment a
               help=_("--wait: seconds between polls."))
 @json_option
 @pass_state
-def reserve(state: State, pool, team, gpus, shares, mig_profile, count, memory, cores, length, until, start,
-            not_after, priority_class, gpu_models, no_queue, wait, timeout, interval, as_json):
+def reserve(state: State, pool, team, gpus, shares, mig_profile, count, memory, cores, gpu_models, length, until,
+            start, not_after, priority_class, no_queue, wait, timeout, interval, as_json):
     if (length is None) == (until is None):
         raise click.UsageError(_("Give exactly one of --for and --until."))
     portal = state.portal()
     body = {"pool": pool, "team": team or _default_team(portal),
-            **shape_body(gpus, shares, mig_profile, count, memory, cores)}
+            **shape_body(gpus, shares, mig_profile, count, memory, cores, gpu_models)}
     if until is not None:
         body["ends_at"] = until.isoformat()
         if start and start != "earliest":
@@ -444,8 +447,6 @@ def reserve(state: State, pool, team, gpus, shares, mig_profile, count, memory, 
         body["not_after"] = not_after.isoformat()
     if priority_class:
         body["priority_class"] = priority_class
-    if gpu_models:
-        body["gpu_models"] = list(gpu_models)
     if no_queue:
         body["queue"] = False
     try:

@@ -128,3 +128,16 @@ def test_reserve_only_some_gpu_models(world, gpupool, mixed):
     assert f", only {H100}" in gpupool("show", str(booked["id"])).stdout
     refused = gpupool("reserve", "mixed", "--gpus", "1", "--gpu-model", "NVIDIA L4", "--until", "+2h", check=7)
     assert "not_in_pool" in refused.stderr
+
+
+def test_availability_counts_only_the_models_asked(world, gpupool, mixed):
+    from tests.allocations.test_gpu_models import A100, H100
+
+    _login(gpupool)
+    gpupool("reserve", "mixed", "--gpus", "2", "--gpu-model", H100, "--until", "+4h")  # one 2-H100 node taken
+    free = {models: json.loads(gpupool("availability", "mixed", "--hours", "2", *args, "--json").stdout)[0]["free"]
+            for models, args in (("any", ()), ("h100", ("--gpu-model", H100)),
+                                 ("both", ("--gpu-model", H100, "--gpu-model", A100)))}
+    assert free == {"any": 6, "h100": 2, "both": 6}
+    refused = gpupool("availability", "mixed", "--gpu-model", "NVIDIA L4", check=7)
+    assert "not_in_pool" in refused.stderr
