@@ -24,6 +24,7 @@ from allocations.messages import Msg, in_english
 from allocations.apply import jobs
 from allocations.models import Allocation, ApplyJob, Reservation
 from allocations.transitions import move, record
+from common.errors import instant
 from inventory.models import GpuPool, Node
 
 log = logging.getLogger(__name__)
@@ -77,11 +78,19 @@ def reservation_move_off_node(*, reservation_id: int, node: Node, reason: Msg | 
     if reservation is None or not _held(now).filter(reservation=reservation, gpu__node=node).exists():
         return "skipped"
     start = max(now, reservation.starts_at)
+    # Under a reclaim notice (allocations/reclaim.py) it holds GPUs only until the notice's end, as its cut
+    # grants said: the new ones end there too, so it hands over at the time it was told, and a withdrawal
+    # (reclaim.call_off_needless) gives them back their old end as it would the grants the notice cut.
+    end = reservation.ends_at if reservation.preempt_at is None else min(reservation.ends_at, reservation.preempt_at)
     # Let go of the current GPUs from `start` on; the part already used stays as history.
     reservation.allocations.filter(ends_at__gt=start, starts_at__lt=start).update(ends_at=start)
     reservation.allocations.filter(starts_at__gte=start).update(ends_at=F("starts_at"))  # empty: never used
+    if end <= start:
+        # Its notice has run out and the sweep has not taken it back yet: that takes it back (and requeues
+        # one that asked to be) through the normal path; there is nothing left to place.
+        return "skipped"
     try:
-        grants = booking.choose(booking.pool_snapshot(pool.pk, start, reservation.ends_at),
+        grants = booking.choose(booking.pool_snapshot(pool.pk, start, end),
                                 booking.shape_of(reservation, pool), policy=pool.placement_policy)
     except booking.BookingRefused as refused:
         message = Msg(gettext_noop("Its GPUs were on %(node)s, which failed (%(reason)s), and no healthy GPUs of "
@@ -94,11 +103,16 @@ def reservation_move_off_node(*, reservation_id: int, node: Node, reason: Msg | 
         jobs.reconcile_enqueue(cluster=node.cluster, now=now)
         queue.kick(pool.pk)
         return "failed"
-    booking.grants_write(reservation_id=reservation.pk, grants=grants, start=start, end=reservation.ends_at)
+    booking.grants_write(reservation_id=reservation.pk, grants=grants, start=start, end=end)
     new_nodes = sorted(set(Node.objects.filter(gpus__id__in=[g.gpu_id for g in grants])
                            .values_list("name", flat=True)))
-    message = Msg(gettext_noop("Moved from %(node)s to %(nodes)s: %(reason)s."), node=node.name,
-                  nodes=", ".join(new_nodes), reason=reason)
+    if end < reservation.ends_at:
+        message = Msg(gettext_noop("Moved from %(node)s to %(nodes)s until %(at)s, when its reclaim notice takes "
+                                   "them back: %(reason)s."), node=node.name, nodes=", ".join(new_nodes),
+                      at=instant(end), reason=reason)
+    else:
+        message = Msg(gettext_noop("Moved from %(node)s to %(nodes)s: %(reason)s."), node=node.name,
+                      nodes=", ".join(new_nodes), reason=reason)
     if reservation.state == State.SCHEDULED:
         record(reservation, from_state=State.SCHEDULED, to_state=State.SCHEDULED, actor=None, reason=message)
     else:

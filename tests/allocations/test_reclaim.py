@@ -12,8 +12,10 @@ from django.test import Client
 from django.utils import timezone
 
 from allocations import queue, quota_math, reclaim, selectors, services
+from allocations.failover import node_failover
 from allocations.models import Allocation, PriorityClass, QueueEntry, Quota, Reservation, ReservationEvent
-from tests.factories import QuotaFactory, TeamFactory
+from inventory.models import Node
+from tests.factories import QuotaFactory, TeamFactory, add_node
 
 URL = "/api/v1/reservations/"
 
@@ -586,3 +588,80 @@ def test_two_callers_at_once_withdraw_a_notice_once(world, api, classes, mailout
     victim.refresh_from_db()
     assert victim.preempt_at is None and len(_withdrawn_events(victim)) == 1
     assert [m.subject for m in mailoutbox] == [f"[GPU Pool] Reservation #{victim.pk}: {WITHDRAWN}"]
+
+
+# --- a victim whose node fails while under notice ---------------------------------------------------------
+
+def _victim_on_a_node_that_dies(world, api, capture):
+    """infra holds node-a (class batch) and node-b (class low, `requeue`); ml (class high) asks for 4: the low
+    booking gets the notice. node-x (4 GPUs, cordoned until now) comes back, then node-b dies and the failover
+    moves the victim to node-x. Returns (the victim, its old GPUs, the waiter's id)."""
+    Quota.objects.filter(team=world.other_team, pool=world.pool).update(ge_hours_per_month=10_000)
+    spare = add_node(world.pool, "node-x", 4)
+    Node.objects.filter(pk=spare.pk).update(schedulable=False)
+    started_ago(book(world, api, gpus=4, priority_class="batch"), 180)
+    victim = started_ago(book(world, api, gpus=4, requeue=True), 60)
+    assert nodes_of(victim) == {"node-b"}
+    with capture(execute=True):
+        asked = api(world.member).post(URL, {"pool": "a100", "team": "ml", "gpus": 4, "duration": "1h"},
+                                       format="json")
+    waiter = asked.json()["id"]
+    victim.refresh_from_db()
+    assert asked.json()["state"] == "pending" and victim.preempted_for_id == waiter
+    old_gpus = gpus_of(victim)
+    Node.objects.filter(pk=spare.pk).update(schedulable=True)
+    Node.objects.filter(name="node-b").update(healthy=False)
+    with capture(execute=True):
+        assert node_failover(node_id=Node.objects.get(name="node-b").pk)["moved"] == [victim.pk]
+    return victim, old_gpus, waiter
+
+
+def _held_after(reservation, at):
+    """Its grants that hold a GPU after `at`: {gpu id: end}."""
+    return dict(Allocation.objects.filter(reservation=reservation, ends_at__gt=at).values_list("gpu_id", "ends_at"))
+
+
+def test_a_victim_that_fails_over_holds_its_new_gpus_only_until_its_notice_ends_and_the_waiter_gets_them_then(
+        world, api, classes, mailoutbox, django_capture_on_commit_callbacks):
+    victim, old_gpus, waiter = _victim_on_a_node_that_dies(world, api, django_capture_on_commit_callbacks)
+    at, end = victim.preempt_at, victim.ends_at
+    now = timezone.now()
+    # The new grants, on node-x, end when the notice does, as the old ones had been cut to: the notice stands,
+    # and its holders are told they hold them only until then.
+    new = _held_after(victim, now)
+    assert set(new.values()) == {at} and not set(new) & old_gpus and nodes_of(victim) == {"node-b", "node-x"}
+    victim.refresh_from_db()
+    assert victim.preempt_at == at and victim.preempted_for_id == waiter
+    assert "when its reclaim notice takes them back" in ReservationEvent.objects.filter(
+        reservation=victim, reason__startswith="Moved from node-b").get().reason
+    # The waiter is promised them from the notice's end (node-b is dead), and starts on them then; the victim
+    # waits again for the rest of its time.
+    queue.queue_pass(pool_id=world.pool.pk)
+    entry = QueueEntry.objects.get(pk=waiter)
+    assert entry.start_by == at and set(entry.planned_gpus) == set(new)
+    assert services.reservation_preempt(reservation_id=victim.pk, now=at) == 1
+    placed = Reservation.objects.get(pk=waiter)
+    assert placed.state == "scheduled" and placed.starts_at == at and gpus_of(placed) == set(new)
+    again = Reservation.objects.get(team=world.other_team, state="pending")
+    assert again.requeue and again.ends_at - again.starts_at == end - at
+
+
+def test_a_notice_withdrawn_after_a_failover_gives_the_new_gpus_their_old_end_back(
+        world, api, classes, mailoutbox, django_capture_on_commit_callbacks):
+    victim, old_gpus, waiter = _victim_on_a_node_that_dies(world, api, django_capture_on_commit_callbacks)
+    at, end = victim.preempt_at, victim.ends_at
+    moved_at = timezone.now()
+    new = set(_held_after(victim, moved_at))
+    assert set(_held_after(victim, moved_at).values()) == {at}
+    with django_capture_on_commit_callbacks(execute=True):
+        assert api(world.member).post(f"{URL}{waiter}/release/").status_code == 200
+        assert queue.queue_pass(pool_id=world.pool.pk)["called_off"] == 1
+    # The GPUs on node-x run to its own end again (nothing holds them from the notice's end); those it left on
+    # the dead node stay ended.
+    assert _held_after(victim, moved_at) == {gpu: end for gpu in new}
+    assert not Allocation.objects.filter(reservation=victim, gpu_id__in=old_gpus, ends_at__gt=moved_at).exists()
+    [why] = _withdrawn_events(victim)
+    assert "has ended without needing them" in why
+    victim.refresh_from_db()
+    assert victim.preempt_at is None
+
