@@ -272,8 +272,9 @@ def _needless_because(victim: Reservation) -> Msg | None:
     if beneficiary.state not in Reservation.LIVE_STATES:
         return Msg(gettext_noop("the request of team %(team)s that it was given for has ended without needing them"),
                    team=team)
-    if beneficiary.allocations.filter(gpu_id__in=victim.allocations.values("gpu_id"),
-                                      ends_at__gt=victim.preempt_at).exists():
+    # The GPUs it holds up to the notice's end, not those a failover moved it off before then.
+    freed = victim.allocations.filter(ends_at__gte=victim.preempt_at).values("gpu_id")
+    if beneficiary.allocations.filter(gpu_id__in=freed, ends_at__gt=victim.preempt_at).exists():
         return None  # booked on them from the notice's end
     return Msg(gettext_noop("the request of team %(team)s that it was given for was placed on other GPUs"),
                team=team)

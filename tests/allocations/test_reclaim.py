@@ -665,3 +665,19 @@ def test_a_notice_withdrawn_after_a_failover_gives_the_new_gpus_their_old_end_ba
     victim.refresh_from_db()
     assert victim.preempt_at is None
 
+
+def test_a_notice_is_withdrawn_when_its_waiter_starts_on_the_gpus_its_victim_failed_over_from(
+        world, api, classes, mailoutbox, django_capture_on_commit_callbacks):
+    victim, old_gpus, waiter = _victim_on_a_node_that_dies(world, api, django_capture_on_commit_callbacks)
+    end = victim.ends_at
+    # node-b comes back before the notice ends: the waiter starts there at once, and needs nothing the victim
+    # holds now (its GPUs on node-x).
+    Node.objects.filter(name="node-b").update(healthy=True)
+    with django_capture_on_commit_callbacks(execute=True):
+        counts = queue.queue_pass(pool_id=world.pool.pk)
+    placed = Reservation.objects.get(pk=waiter)
+    assert counts["started"] == 1 and placed.state == "scheduled" and gpus_of(placed) == old_gpus
+    assert counts["called_off"] == 1
+    assert "placed on other GPUs" in _withdrawn_events(victim)[0]
+    assert set(_held_after(victim, timezone.now()).values()) == {end}
+    assert Reservation.objects.get(pk=victim.pk).preempt_at is None
