@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from django.db import IntegrityError, transaction
 from django.test import Client
-from django.utils import timezone
+from django.utils import timezone, translation
 
 from allocations import queue, quota_math, reclaim, selectors, services
 from allocations.failover import node_failover
@@ -571,6 +571,46 @@ def test_a_notice_stands_for_another_waiter_promised_the_gpus_that_could_have_ta
     assert services.reservation_preempt(reservation_id=victim.pk, now=entry.start_by) == 1
     assert gpus_of(Reservation.objects.get(pk=asked[1], state="scheduled")) == gpus_of(victim)
 
+
+def test_a_notice_kept_for_another_waiter_names_that_waiters_team_in_its_reason(
+        world, api, classes, mailoutbox, django_capture_on_commit_callbacks):
+    vision = TeamFactory(slug="vision", name="Vision")
+    QuotaFactory(team=vision, pool=world.pool, max_ge=8, priority_class=classes["high"])
+    # infra: a node and a pair at class batch (not preemptible), a pair at low (the only possible victim).
+    started_ago(book(world, api, gpus=4, priority_class="batch"), 180)
+    victim = started_ago(book(world, api, gpus=2), 60)
+    started_ago(book(world, api, gpus=2, priority_class="batch"), 60)
+    first = api(world.member).post(URL, {"pool": "a100", "team": "ml", "gpus": 2, "duration": "1h"},
+                                   format="json").json()["id"]
+    second = api(world.staff).post(URL, {"pool": "a100", "team": "vision", "gpus": 2, "duration": "1h"},
+                                   format="json").json()["id"]
+    victim.refresh_from_db()
+    assert victim.preempted_for_id == first and "needed by team ML" in victim.preempt_reason
+    at = victim.preempt_at
+    mailoutbox.clear()
+    # ML's request goes; the pass promises Vision's the victim's GPUs from the notice's end, and Vision could
+    # have taken them itself: the notice stands, for Vision's request now, and says so.
+    with django_capture_on_commit_callbacks(execute=True):
+        assert api(world.member).post(f"{URL}{first}/release/").status_code == 200
+        assert "called_off" not in queue.queue_pass(pool_id=world.pool.pk)
+    victim.refresh_from_db()
+    assert victim.preempted_for_id == second and victim.preempt_at == at
+    assert "needed by team Vision" in victim.preempt_reason and "ML" not in victim.preempt_reason
+    [event] = ReservationEvent.objects.filter(reservation=victim, reason__startswith="Reclaim notice kept")
+    assert "team ML that it was given for has ended without needing them" in event.reason
+    assert "needed by team Vision" in event.reason and "member" not in event.reason and "staff" not in event.reason
+    with translation.override("zh-hans"):
+        assert "团队 Vision" in Reservation.objects.get(pk=victim.pk).preempt_reason
+        assert "团队 Vision" in ReservationEvent.objects.get(pk=event.pk).reason
+    page = Client()
+    page.force_login(world.outsider)  # infra's manager
+    html = page.get(f"/reservations/{victim.pk}/").content.decode()
+    assert 'id="reclaim-notice"' in html and "team Vision" in html
+    # The time it is taken back did not change: no mail; and the next pass changes nothing more.
+    with django_capture_on_commit_callbacks(execute=True):
+        queue.queue_pass(pool_id=world.pool.pk)
+    assert ReservationEvent.objects.filter(reservation=victim, reason__startswith="Reclaim notice kept").count() == 1
+    assert not mailoutbox
 
 def test_two_callers_at_once_withdraw_a_notice_once(world, api, classes, mailoutbox, monkeypatch, transactional_db):
     from contextlib import nullcontext
