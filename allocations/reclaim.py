@@ -370,8 +370,7 @@ def _withdraw(victim: Reservation, why: Msg, *, now: datetime) -> None:
     reason = Msg(gettext_noop("Its GPUs in pool %(pool)s are not taken back after all, and it keeps them until "
                               "%(end)s: %(why)s."), pool=victim.pool.name, end=instant(victim.ends_at), why=why)
     victim.preempt_at = None
-    # The same event as the notice's: whoever was told the GPUs are taken back hears that they are not.
     record(victim, from_state=victim.state, to_state=victim.state, actor=None,
            reason=Msg(gettext_noop("Reclaim notice withdrawn: %(why)s"), why=reason), at=now)
     notices.notify_owners(victim, Msg(gettext_noop("Reservation #%(id)s: GPUs no longer taken back"), id=victim.pk),
-                          reason, event="reservation.preempted")
+                          reason, event="reservation.notice_withdrawn")

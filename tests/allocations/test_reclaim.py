@@ -474,6 +474,34 @@ def test_a_notice_is_withdrawn_when_its_waiter_starts_on_other_gpus(world, api, 
     assert "placed on other GPUs" in _withdrawn_once(victim, end, mailoutbox)
 
 
+def test_a_withdrawal_is_its_own_event_for_notification_channels_and_old_subscriptions_keep_hearing_it(
+        world, api, classes, django_capture_on_commit_callbacks):
+    import importlib
+
+    from django.apps import apps
+
+    from teams.models import Delivery, NotificationChannel
+    from teams.services import channel_create
+
+    def channel(name, events):
+        return channel_create(actor=world.outsider, team=world.other_team, name=name, kind="email",
+                              email=f"{name}@example.com", events=events)
+
+    notices_only = channel("notices", ["reservation.preempted"])
+    withdrawals_only = channel("withdrawals", ["reservation.notice_withdrawn"])
+    victim, _neighbour, waiter = _preempted_for_a_waiter(world, api, django_capture_on_commit_callbacks)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert api(world.member).post(f"{URL}{waiter}/release/").status_code == 200
+        assert queue.queue_pass(pool_id=world.pool.pk)["called_off"] == 1
+    told = sorted(Delivery.objects.values_list("channel__name", "event"))
+    assert told == [("notices", "reservation.preempted"), ("withdrawals", "reservation.notice_withdrawn")]
+    # A channel that listed the notice's event when withdrawals were sent under it is given the new one.
+    migration = importlib.import_module("teams.migrations.0009_notice_withdrawn_event")
+    migration.forwards(apps, None)
+    assert NotificationChannel.objects.get(pk=notices_only.pk).events == [
+        "reservation.preempted", "reservation.notice_withdrawn"]
+    assert NotificationChannel.objects.get(pk=withdrawals_only.pk).events == ["reservation.notice_withdrawn"]
+
 def _window_cancelled_and_the_notice_stands(world, api, borrowed, window, start, mailoutbox, capture) -> None:
     with capture(execute=True):
         assert api(world.outsider).post(f"{URL}{window['id']}/release/").status_code == 200
