@@ -8,6 +8,10 @@ is left of its window: the placement engine picks healthy GPUs with the pool's p
 the old allocations end now (history stays), and a running reservation goes back through
 applying so the new GPUs are enforced and the old ones released. If nothing fits, the
 reservation fails with the reason. Either way the owners get an email.
+
+A reservation under a reclaim notice (allocations/reclaim.py) is placed only until the notice's end,
+when its GPUs are taken back as it was told; if nothing fits, one that asked `requeue` still waits in
+the queue again for the rest of its time, as its notice said.
 """
 from __future__ import annotations
 
@@ -100,6 +104,13 @@ def reservation_move_off_node(*, reservation_id: int, node: Node, reason: Msg | 
         notices.notify_owners(reservation, Msg(gettext_noop("Reservation #%(id)s failed: node %(node)s is down"),
                                                id=reservation.pk, node=node.name), message,
                               event="reservation.failed")
+        if reservation.preempt_at is not None and reservation.requeue:
+            # Its notice told it that it waits in the queue again for the rest of its time once its GPUs are
+            # taken back: losing them sooner, to a dead node, does not take that away.
+            queue.requeue_rest(reservation, reservation.ends_at - start, now=now, reason=Msg(gettext_noop(
+                "Requeued for the rest of reservation #%(id)s (%(span)s), whose node %(node)s failed while it was "
+                "under a reclaim notice."), id=reservation.pk, span=queue.span(reservation.ends_at - start),
+                node=node.name))
         jobs.reconcile_enqueue(cluster=node.cluster, now=now)
         queue.kick(pool.pk)
         return "failed"

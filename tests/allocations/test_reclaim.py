@@ -714,6 +714,27 @@ def test_a_victim_that_fails_over_holds_its_new_gpus_only_until_its_notice_ends_
     assert again.requeue and again.ends_at - again.starts_at == end - at
 
 
+def test_a_victim_that_asked_requeue_waits_again_for_the_rest_when_its_node_dies_and_nothing_fits(
+        world, api, classes, django_capture_on_commit_callbacks):
+    Quota.objects.filter(team=world.other_team, pool=world.pool).update(ge_hours_per_month=10_000)
+    started_ago(book(world, api, gpus=4, priority_class="batch"), 180)
+    victim = started_ago(book(world, api, gpus=4, requeue=True), 60)
+    with django_capture_on_commit_callbacks(execute=True):
+        asked = api(world.member).post(URL, {"pool": "a100", "team": "ml", "gpus": 4, "duration": "1h"},
+                                       format="json")
+    victim.refresh_from_db()
+    assert victim.preempted_for_id == asked.json()["id"]
+    # node-b dies before the notice ends, and no healthy GPUs are free: it fails, and its notice's promise
+    # stands: it waits in the queue again, at its old place, for the rest of its time.
+    Node.objects.filter(name="node-b").update(healthy=False)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert node_failover(node_id=Node.objects.get(name="node-b").pk)["failed"] == [victim.pk]
+    assert Reservation.objects.get(pk=victim.pk).state == "failed"
+    again = Reservation.objects.get(team=world.other_team, state="pending")
+    assert again.requeue and again.priority_class == "low" and again.gpus == 4
+    assert abs((again.ends_at - again.starts_at) - (victim.ends_at - timezone.now())) < timedelta(seconds=30)
+    assert "whose node node-b failed while it was under a reclaim notice" in again.events.get().reason
+
 def test_a_notice_withdrawn_after_a_failover_gives_the_new_gpus_their_old_end_back(
         world, api, classes, mailoutbox, django_capture_on_commit_callbacks):
     victim, old_gpus, waiter = _victim_on_a_node_that_dies(world, api, django_capture_on_commit_callbacks)
