@@ -755,6 +755,25 @@ def test_a_notice_withdrawn_after_a_failover_gives_the_new_gpus_their_old_end_ba
     assert victim.preempt_at is None
 
 
+def test_a_notice_stands_after_a_failover_when_another_booking_took_the_new_gpus_from_its_end(
+        world, api, classes, mailoutbox, django_capture_on_commit_callbacks):
+    victim, _old_gpus, waiter = _victim_on_a_node_that_dies(world, api, django_capture_on_commit_callbacks)
+    at = victim.preempt_at
+    new = set(_held_after(victim, timezone.now()))
+    # The waiter goes; before a pass runs, Vision books node-x from the notice's end (free then).
+    assert api(world.member).post(f"{URL}{waiter}/release/").status_code == 200
+    vision = TeamFactory(slug="vision", name="Vision")
+    QuotaFactory(team=vision, pool=world.pool, max_ge=8)
+    later = book(world, api, team="vision", gpus=4, hours=2, starts_at=at.isoformat())
+    assert gpus_of(later) == new
+    with django_capture_on_commit_callbacks(execute=True):
+        assert "called_off" not in queue.queue_pass(pool_id=world.pool.pk)
+    # Its new GPUs cannot run to its old end again: the notice stands, and is carried out when it runs out.
+    victim.refresh_from_db()
+    assert victim.preempt_at == at and not _withdrawn_events(victim)
+    assert set(_held_after(victim, timezone.now()).values()) == {at}
+    assert services.reservation_preempt(reservation_id=victim.pk, now=at) == 1
+
 def test_a_notice_is_withdrawn_when_its_waiter_starts_on_the_gpus_its_victim_failed_over_from(
         world, api, classes, mailoutbox, django_capture_on_commit_callbacks):
     victim, old_gpus, waiter = _victim_on_a_node_that_dies(world, api, django_capture_on_commit_callbacks)
