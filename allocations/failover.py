@@ -8,6 +8,10 @@ is left of its window: the placement engine picks healthy GPUs with the pool's p
 the old allocations end now (history stays), and a running reservation goes back through
 applying so the new GPUs are enforced and the old ones released. If nothing fits, the
 reservation fails with the reason. Either way the owners get an email.
+
+A reservation under a reclaim notice (allocations/reclaim.py) is placed only until the notice's end,
+when its GPUs are taken back as it was told; if nothing fits, one that asked `requeue` still waits in
+the queue again for the rest of its time, as its notice said.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ from allocations.messages import Msg, in_english
 from allocations.apply import jobs
 from allocations.models import Allocation, ApplyJob, Reservation
 from allocations.transitions import move, record
+from common.errors import instant
 from inventory.models import GpuPool, Node
 
 log = logging.getLogger(__name__)
@@ -77,11 +82,19 @@ def reservation_move_off_node(*, reservation_id: int, node: Node, reason: Msg | 
     if reservation is None or not _held(now).filter(reservation=reservation, gpu__node=node).exists():
         return "skipped"
     start = max(now, reservation.starts_at)
+    # Under a reclaim notice (allocations/reclaim.py) it holds GPUs only until the notice's end, as its cut
+    # grants said: the new ones end there too, so it hands over at the time it was told, and a withdrawal
+    # (reclaim.call_off_needless) gives them back their old end as it would the grants the notice cut.
+    end = reservation.ends_at if reservation.preempt_at is None else min(reservation.ends_at, reservation.preempt_at)
     # Let go of the current GPUs from `start` on; the part already used stays as history.
     reservation.allocations.filter(ends_at__gt=start, starts_at__lt=start).update(ends_at=start)
     reservation.allocations.filter(starts_at__gte=start).update(ends_at=F("starts_at"))  # empty: never used
+    if end <= start:
+        # Its notice has run out and the sweep has not taken it back yet: that takes it back (and requeues
+        # one that asked to be) through the normal path; there is nothing left to place.
+        return "skipped"
     try:
-        grants = booking.choose(booking.pool_snapshot(pool.pk, start, reservation.ends_at),
+        grants = booking.choose(booking.pool_snapshot(pool.pk, start, end),
                                 booking.shape_of(reservation, pool), policy=pool.placement_policy)
     except booking.BookingRefused as refused:
         message = Msg(gettext_noop("Its GPUs were on %(node)s, which failed (%(reason)s), and no healthy GPUs of "
@@ -91,14 +104,26 @@ def reservation_move_off_node(*, reservation_id: int, node: Node, reason: Msg | 
         notices.notify_owners(reservation, Msg(gettext_noop("Reservation #%(id)s failed: node %(node)s is down"),
                                                id=reservation.pk, node=node.name), message,
                               event="reservation.failed")
+        if reservation.preempt_at is not None and reservation.requeue:
+            # Its notice told it that it waits in the queue again for the rest of its time once its GPUs are
+            # taken back: losing them sooner, to a dead node, does not take that away.
+            queue.requeue_rest(reservation, reservation.ends_at - start, now=now, reason=Msg(gettext_noop(
+                "Requeued for the rest of reservation #%(id)s (%(span)s), whose node %(node)s failed while it was "
+                "under a reclaim notice."), id=reservation.pk, span=queue.span(reservation.ends_at - start),
+                node=node.name))
         jobs.reconcile_enqueue(cluster=node.cluster, now=now)
         queue.kick(pool.pk)
         return "failed"
-    booking.grants_write(reservation_id=reservation.pk, grants=grants, start=start, end=reservation.ends_at)
+    booking.grants_write(reservation_id=reservation.pk, grants=grants, start=start, end=end)
     new_nodes = sorted(set(Node.objects.filter(gpus__id__in=[g.gpu_id for g in grants])
                            .values_list("name", flat=True)))
-    message = Msg(gettext_noop("Moved from %(node)s to %(nodes)s: %(reason)s."), node=node.name,
-                  nodes=", ".join(new_nodes), reason=reason)
+    if end < reservation.ends_at:
+        message = Msg(gettext_noop("Moved from %(node)s to %(nodes)s until %(at)s, when its reclaim notice takes "
+                                   "them back: %(reason)s."), node=node.name, nodes=", ".join(new_nodes),
+                      at=instant(end), reason=reason)
+    else:
+        message = Msg(gettext_noop("Moved from %(node)s to %(nodes)s: %(reason)s."), node=node.name,
+                      nodes=", ".join(new_nodes), reason=reason)
     if reservation.state == State.SCHEDULED:
         record(reservation, from_state=State.SCHEDULED, to_state=State.SCHEDULED, actor=None, reason=message)
     else:

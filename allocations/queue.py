@@ -1249,6 +1249,26 @@ def _write_entries(entry_rows: Sequence[list], reservation_rows: Sequence[list])
                      "reason_message = %s WHERE id = %s", reservation_rows)
 
 
+def requeue_rest(old: Reservation, remaining: timedelta, *, now: datetime, reason: Msg | None = None) -> Reservation:
+    """A reclaimed reservation's rest as a new waiting request, at the place in the queue the old one had (one
+    that asked `requeue`, when its notice is carried out or its GPUs are lost before that). `reason`: why, for
+    its history (by default: its GPUs were taken back)."""
+    shape = booking.shape_of(old, old.pool)
+    entry = QueueEntry.objects.filter(pk=old.pk).first()
+    again = Reservation.objects.create(
+        team=old.team, pool=old.pool, requested_by=old.requested_by, mode=old.mode, gpus=old.gpus, shares=old.shares,
+        mig_profile=old.mig_profile, mig_count=old.mig_count, gpu_memory_mib=old.gpu_memory_mib,
+        gpu_cores_pct=old.gpu_cores_pct, gpu_models=old.gpu_models, ge=0, priority=old.priority,
+        priority_class=old.priority_class, preemptible=old.preemptible, requeue=True, starts_at=now,
+        ends_at=now + remaining, state=State.PENDING)
+    QueueEntry.objects.create(reservation=again, shape=shape_data(shape), duration=remaining,
+                              queued_at=entry.queued_at if entry else old.created_at, priority=old.priority)
+    record(again, from_state="", to_state=State.PENDING, actor=None, at=now, reason=reason or Msg(gettext_noop(
+        "Requeued for the rest of reservation #%(id)s (%(span)s), whose GPUs were taken back."), id=old.pk,
+        span=span(remaining)))
+    return again
+
+
 def span(delta: timedelta) -> Msg:
     """A length of time as people read it: "45 min", "3 h 20 min", "2 d 4 h" (to the nearest minute; str() of
     it: in the active language)."""

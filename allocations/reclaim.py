@@ -32,18 +32,21 @@ was given for (`preempted_for`).
 
 A notice is withdrawn (call_off_needless) when that request no longer needs the GPUs before they are taken:
 it ended without them (cancelled, failed, released, deleted) or was placed on other GPUs. Its grants are
-given back their old end, if nothing else holds those GPUs by then, and its holders are told once. The
+given back their old end, if nothing else holds those GPUs by then, and its holders are told once. One the
+queue has promised to another waiting request that could have taken it itself stands for that request
+from then on: its reason names that request's team, and an event says why it changed. The
 queue's pass runs it for its pool (after every release, cancel and create), and the sweep before it takes
 any GPUs back.
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils.translation import gettext_noop
 
 from allocations import booking, notices, quotas, selectors
@@ -118,31 +121,8 @@ def give_notice(victims: Sequence[Reservation], *, at: datetime, team_words: str
     queue), and cut its grants to end then. `beneficiary_id`: the request they are taken for (None only
     while a fixed window's row is not written yet: its create sets it with for_request_of before it commits)."""
     for victim in victims:
-        if window_start is None:
-            whom = Msg(gettext_noop("team %(team)s, which asks within its quota"), team=team_words)
-        else:
-            whom = Msg(gettext_noop("a booking of team %(team)s within its quota from %(start)s"), team=team_words,
-                       start=instant(window_start))
-        pool = victim.pool.name
-        if victim.borrowed_ge > 0:
-            cause = Msg(gettext_noop("Its %(ge)s GE borrowed beyond team %(team)s's quota in pool %(pool)s are needed "
-                                     "by %(whom)s."), ge=f"{victim.borrowed_ge:.2f}", team=victim.team.name, pool=pool,
-                        whom=whom)
-            headline = Msg(gettext_noop("Reservation #%(id)s: borrowed GPUs taken back at %(at)s UTC"), id=victim.pk,
-                           at=_when(at, now))
-        else:
-            cause = Msg(gettext_noop("It runs at priority class %(name)s (%(value)s), which may be preempted, and its "
-                                     "GPUs in pool %(pool)s are needed by %(whom)s, at the higher priority "
-                                     "%(higher)s."), name=victim.priority_class, value=victim.priority,
-                        pool=pool, whom=whom, higher=priority)
-            headline = Msg(gettext_noop("Reservation #%(id)s: preempted at %(at)s UTC for a higher priority"),
-                           id=victim.pk, at=_when(at, now))
-        if victim.requeue:
-            then = Msg(gettext_noop("They are taken back at %(at)s and it waits in the queue again for the rest of its "
-                                    "time."), at=instant(at))
-        else:
-            then = Msg(gettext_noop("They are taken back at %(at)s."), at=instant(at))
-        why = Msg(gettext_noop("%(cause)s %(then)s"), cause=cause, then=then)
+        headline, why = _notice_words(victim, at=at, team_words=team_words, priority=priority,
+                                      window_start=window_start, now=now)
         # Only while it is live: a release that won the row's lock before this has ended it already (its
         # grants end earlier, which leaves the room free all the same).
         if not Reservation.objects.filter(pk=victim.pk, state__in=Reservation.LIVE_STATES).update(
@@ -157,6 +137,36 @@ def give_notice(victims: Sequence[Reservation], *, at: datetime, team_words: str
         record(victim, from_state=victim.state, to_state=victim.state, actor=None,
                reason=Msg(gettext_noop("Reclaim notice: %(why)s"), why=why), at=now)
         notices.notify_owners(victim, headline, why, event="reservation.preempted")
+
+
+def _notice_words(victim: Reservation, *, at: datetime, team_words: str, priority: int,
+                  window_start: datetime | None, now: datetime) -> tuple[Msg, Msg]:
+    """A notice's headline and its reason (why, and for which team), as give_notice's docstring says."""
+    if window_start is None:
+        whom = Msg(gettext_noop("team %(team)s, which asks within its quota"), team=team_words)
+    else:
+        whom = Msg(gettext_noop("a booking of team %(team)s within its quota from %(start)s"), team=team_words,
+                   start=instant(window_start))
+    pool = victim.pool.name
+    if victim.borrowed_ge > 0:
+        cause = Msg(gettext_noop("Its %(ge)s GE borrowed beyond team %(team)s's quota in pool %(pool)s are needed "
+                                 "by %(whom)s."), ge=f"{victim.borrowed_ge:.2f}", team=victim.team.name, pool=pool,
+                    whom=whom)
+        headline = Msg(gettext_noop("Reservation #%(id)s: borrowed GPUs taken back at %(at)s UTC"), id=victim.pk,
+                       at=_when(at, now))
+    else:
+        cause = Msg(gettext_noop("It runs at priority class %(name)s (%(value)s), which may be preempted, and its "
+                                 "GPUs in pool %(pool)s are needed by %(whom)s, at the higher priority "
+                                 "%(higher)s."), name=victim.priority_class, value=victim.priority,
+                    pool=pool, whom=whom, higher=priority)
+        headline = Msg(gettext_noop("Reservation #%(id)s: preempted at %(at)s UTC for a higher priority"),
+                       id=victim.pk, at=_when(at, now))
+    if victim.requeue:
+        then = Msg(gettext_noop("They are taken back at %(at)s and it waits in the queue again for the rest of its "
+                                "time."), at=instant(at))
+    else:
+        then = Msg(gettext_noop("They are taken back at %(at)s."), at=instant(at))
+    return headline, Msg(gettext_noop("%(cause)s %(then)s"), cause=cause, then=then)
 
 
 def make_room(*, pool, team_id: int, team_words: str, priority: int, quota: quotas.QuotaLimits,
@@ -234,7 +244,7 @@ def call_off_needless(pool_id: int, now: datetime) -> int:
     noticed = list(Reservation.objects.select_for_update(of=("self",))
                    .select_related("team", "pool", "requested_by", "preempted_for__team")
                    .filter(NOTICE_STANDS, pool_id=pool_id).order_by("pk"))
-    promises: list[tuple[int, int, datetime, datetime, set[int]]] | None = None
+    promises: list[_Promise] | None = None
     withdrawn = 0
     for victim in noticed:
         why = _needless_because(victim)
@@ -247,9 +257,12 @@ def call_off_needless(pool_id: int, now: datetime) -> int:
         # The last pass may have promised a waiting request those GPUs from the notice's end (they were free
         # in its plan then). One that could have taken them itself keeps the notice: withdrawn, its promise
         # would move later, which only a request ordered ahead or lost capacity may do (allocations/queue.py).
-        if any(gpus & gpu_ids and starts < victim.ends_at and ends > victim.preempt_at
-               and may_take(victim, team_id=team_id, priority=priority)
-               for team_id, priority, starts, ends, gpus in promises):
+        kept_for = next((promise for promise in promises
+                         if promise.gpus & gpu_ids and promise.start < victim.ends_at
+                         and promise.end > victim.preempt_at
+                         and may_take(victim, team_id=promise.team_id, priority=promise.priority)), None)
+        if kept_for is not None:
+            _stand_for(victim, kept_for, why, now=now)
             continue
         if not _give_back_grants(victim, held):
             continue
@@ -272,19 +285,49 @@ def _needless_because(victim: Reservation) -> Msg | None:
     if beneficiary.state not in Reservation.LIVE_STATES:
         return Msg(gettext_noop("the request of team %(team)s that it was given for has ended without needing them"),
                    team=team)
-    if beneficiary.allocations.filter(gpu_id__in=victim.allocations.values("gpu_id"),
-                                      ends_at__gt=victim.preempt_at).exists():
+    # The GPUs it holds up to the notice's end, not those a failover moved it off before then.
+    freed = victim.allocations.filter(ends_at__gte=victim.preempt_at).values("gpu_id")
+    if beneficiary.allocations.filter(gpu_id__in=freed, ends_at__gt=victim.preempt_at).exists():
         return None  # booked on them from the notice's end
     return Msg(gettext_noop("the request of team %(team)s that it was given for was placed on other GPUs"),
                team=team)
 
 
-def _promises(pool_id: int) -> list[tuple[int, int, datetime, datetime, set[int]]]:
-    """What the last pass promised each waiting request of the pool: (team, priority, start, end, GPUs)."""
-    return [(team_id, priority, start_by, start_by + duration, set(gpus or ()))
-            for team_id, priority, start_by, duration, gpus in QueueEntry.objects.filter(
+@dataclass(frozen=True)
+class _Promise:
+    """What the last pass promised a waiting request: its GPUs over [start, end)."""
+
+    reservation_id: int
+    team_id: int
+    team_words: str
+    priority: int
+    start: datetime
+    end: datetime
+    gpus: frozenset[int]
+
+
+def _promises(pool_id: int) -> list[_Promise]:
+    """What the last pass promised each waiting request of the pool, in the queue's order."""
+    return [_Promise(reservation_id=pk, team_id=team_id, team_words=name or slug, priority=priority, start=start_by,
+                     end=start_by + duration, gpus=frozenset(gpus or ()))
+            for pk, team_id, name, slug, priority, start_by, duration, gpus in QueueEntry.objects.filter(
                 reservation__pool_id=pool_id, reservation__state=Reservation.State.PENDING, start_by__isnull=False,
-            ).values_list("reservation__team_id", "priority", "start_by", "duration", "planned_gpus")]
+            ).order_by(F("position").asc(nulls_last=True), "pk").values_list(
+                "pk", "reservation__team_id", "reservation__team__name", "reservation__team__slug", "priority",
+                "start_by", "duration", "planned_gpus")]
+
+
+def _stand_for(victim: Reservation, promise: _Promise, was: Msg, *, now: datetime) -> None:
+    """Let the victim's notice stand for the request `promise` was made to, whose team its reason names from
+    now on (never the person), and record the change and why (`was`: why its first request needs it no more).
+    The time it is taken back does not change: its holders are not mailed again."""
+    _headline, why = _notice_words(victim, at=victim.preempt_at, team_words=promise.team_words,
+                                   priority=promise.priority, window_start=None, now=now)
+    Reservation.objects.filter(pk=victim.pk).update(preempt_reason=why.english(), preempt_message=why.data(),
+                                                    preempted_for_id=promise.reservation_id)
+    record(victim, from_state=victim.state, to_state=victim.state, actor=None,
+           reason=Msg(gettext_noop("Reclaim notice kept for another request (%(was)s): %(why)s"), was=was, why=why),
+           at=now)
 
 
 def _give_back_grants(victim: Reservation, held: Sequence) -> bool:
@@ -327,8 +370,7 @@ def _withdraw(victim: Reservation, why: Msg, *, now: datetime) -> None:
     reason = Msg(gettext_noop("Its GPUs in pool %(pool)s are not taken back after all, and it keeps them until "
                               "%(end)s: %(why)s."), pool=victim.pool.name, end=instant(victim.ends_at), why=why)
     victim.preempt_at = None
-    # The same event as the notice's: whoever was told the GPUs are taken back hears that they are not.
     record(victim, from_state=victim.state, to_state=victim.state, actor=None,
            reason=Msg(gettext_noop("Reclaim notice withdrawn: %(why)s"), why=reason), at=now)
     notices.notify_owners(victim, Msg(gettext_noop("Reservation #%(id)s: GPUs no longer taken back"), id=victim.pk),
-                          reason, event="reservation.preempted")
+                          reason, event="reservation.notice_withdrawn")

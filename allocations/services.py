@@ -753,26 +753,9 @@ def reservation_preempt(*, reservation_id: int, now: datetime | None = None) -> 
         queue.queue_pass(pool_id=pool_id, now=now, lock=False)
     for reservation in due:
         if reservation.requeue and remaining[reservation.pk] > timedelta(0):
-            _requeue(reservation, remaining[reservation.pk], now=now)
+            queue.requeue_rest(reservation, remaining[reservation.pk], now=now)
     queue.kick(pool_id)
     return len(due)
-
-
-def _requeue(old: Reservation, remaining: timedelta, *, now: datetime) -> Reservation:
-    """A reclaimed reservation's rest as a new waiting request, at the place in the queue the old one had."""
-    shape = booking.shape_of(old, old.pool)
-    entry = QueueEntry.objects.filter(pk=old.pk).first()
-    again = Reservation.objects.create(
-        team=old.team, pool=old.pool, requested_by=old.requested_by, mode=old.mode, gpus=old.gpus, shares=old.shares,
-        mig_profile=old.mig_profile, mig_count=old.mig_count, gpu_memory_mib=old.gpu_memory_mib,
-        gpu_cores_pct=old.gpu_cores_pct, gpu_models=old.gpu_models, ge=0, priority=old.priority, priority_class=old.priority_class,
-        preemptible=old.preemptible, requeue=True, starts_at=now, ends_at=now + remaining, state=State.PENDING)
-    QueueEntry.objects.create(reservation=again, shape=queue.shape_data(shape), duration=remaining,
-                              queued_at=entry.queued_at if entry else old.created_at, priority=old.priority)
-    _record(again, from_state="", to_state=State.PENDING, actor=None,
-            reason=Msg(gettext_noop("Requeued for the rest of reservation #%(id)s (%(span)s), whose GPUs were taken "
-                                    "back."), id=old.pk, span=queue.span(remaining)), at=now)
-    return again
 
 
 @transaction.atomic

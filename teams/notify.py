@@ -57,6 +57,7 @@ EVENTS = {
     "reservation.expiring": gettext_lazy("A reservation ends soon"),
     "reservation.moved": gettext_lazy("A reservation moved off a failed node"),
     "reservation.preempted": gettext_lazy("GPUs of a reservation are being taken back (borrowed or preempted)"),
+    "reservation.notice_withdrawn": gettext_lazy("A reclaim notice was withdrawn: its GPUs stay"),
     "reservation.queued_started": gettext_lazy("A queued request started"),
     "reservation.not_started": gettext_lazy("A queued request gave up"),
     "reservation.idle_warning": gettext_lazy("A reservation sits idle and will be released"),

@@ -9,11 +9,13 @@ from types import SimpleNamespace
 import pytest
 from django.db import IntegrityError, transaction
 from django.test import Client
-from django.utils import timezone
+from django.utils import timezone, translation
 
 from allocations import queue, quota_math, reclaim, selectors, services
+from allocations.failover import node_failover
 from allocations.models import Allocation, PriorityClass, QueueEntry, Quota, Reservation, ReservationEvent
-from tests.factories import QuotaFactory, TeamFactory
+from inventory.models import Node
+from tests.factories import QuotaFactory, TeamFactory, add_node
 
 URL = "/api/v1/reservations/"
 
@@ -472,6 +474,34 @@ def test_a_notice_is_withdrawn_when_its_waiter_starts_on_other_gpus(world, api, 
     assert "placed on other GPUs" in _withdrawn_once(victim, end, mailoutbox)
 
 
+def test_a_withdrawal_is_its_own_event_for_notification_channels_and_old_subscriptions_keep_hearing_it(
+        world, api, classes, django_capture_on_commit_callbacks):
+    import importlib
+
+    from django.apps import apps
+
+    from teams.models import Delivery, NotificationChannel
+    from teams.services import channel_create
+
+    def channel(name, events):
+        return channel_create(actor=world.outsider, team=world.other_team, name=name, kind="email",
+                              email=f"{name}@example.com", events=events)
+
+    notices_only = channel("notices", ["reservation.preempted"])
+    withdrawals_only = channel("withdrawals", ["reservation.notice_withdrawn"])
+    victim, _neighbour, waiter = _preempted_for_a_waiter(world, api, django_capture_on_commit_callbacks)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert api(world.member).post(f"{URL}{waiter}/release/").status_code == 200
+        assert queue.queue_pass(pool_id=world.pool.pk)["called_off"] == 1
+    told = sorted(Delivery.objects.values_list("channel__name", "event"))
+    assert told == [("notices", "reservation.preempted"), ("withdrawals", "reservation.notice_withdrawn")]
+    # A channel that listed the notice's event when withdrawals were sent under it is given the new one.
+    migration = importlib.import_module("teams.migrations.0009_notice_withdrawn_event")
+    migration.forwards(apps, None)
+    assert NotificationChannel.objects.get(pk=notices_only.pk).events == [
+        "reservation.preempted", "reservation.notice_withdrawn"]
+    assert NotificationChannel.objects.get(pk=withdrawals_only.pk).events == ["reservation.notice_withdrawn"]
+
 def _window_cancelled_and_the_notice_stands(world, api, borrowed, window, start, mailoutbox, capture) -> None:
     with capture(execute=True):
         assert api(world.outsider).post(f"{URL}{window['id']}/release/").status_code == 200
@@ -570,6 +600,46 @@ def test_a_notice_stands_for_another_waiter_promised_the_gpus_that_could_have_ta
     assert gpus_of(Reservation.objects.get(pk=asked[1], state="scheduled")) == gpus_of(victim)
 
 
+def test_a_notice_kept_for_another_waiter_names_that_waiters_team_in_its_reason(
+        world, api, classes, mailoutbox, django_capture_on_commit_callbacks):
+    vision = TeamFactory(slug="vision", name="Vision")
+    QuotaFactory(team=vision, pool=world.pool, max_ge=8, priority_class=classes["high"])
+    # infra: a node and a pair at class batch (not preemptible), a pair at low (the only possible victim).
+    started_ago(book(world, api, gpus=4, priority_class="batch"), 180)
+    victim = started_ago(book(world, api, gpus=2), 60)
+    started_ago(book(world, api, gpus=2, priority_class="batch"), 60)
+    first = api(world.member).post(URL, {"pool": "a100", "team": "ml", "gpus": 2, "duration": "1h"},
+                                   format="json").json()["id"]
+    second = api(world.staff).post(URL, {"pool": "a100", "team": "vision", "gpus": 2, "duration": "1h"},
+                                   format="json").json()["id"]
+    victim.refresh_from_db()
+    assert victim.preempted_for_id == first and "needed by team ML" in victim.preempt_reason
+    at = victim.preempt_at
+    mailoutbox.clear()
+    # ML's request goes; the pass promises Vision's the victim's GPUs from the notice's end, and Vision could
+    # have taken them itself: the notice stands, for Vision's request now, and says so.
+    with django_capture_on_commit_callbacks(execute=True):
+        assert api(world.member).post(f"{URL}{first}/release/").status_code == 200
+        assert "called_off" not in queue.queue_pass(pool_id=world.pool.pk)
+    victim.refresh_from_db()
+    assert victim.preempted_for_id == second and victim.preempt_at == at
+    assert "needed by team Vision" in victim.preempt_reason and "ML" not in victim.preempt_reason
+    [event] = ReservationEvent.objects.filter(reservation=victim, reason__startswith="Reclaim notice kept")
+    assert "team ML that it was given for has ended without needing them" in event.reason
+    assert "needed by team Vision" in event.reason and "member" not in event.reason and "staff" not in event.reason
+    with translation.override("zh-hans"):
+        assert "团队 Vision" in Reservation.objects.get(pk=victim.pk).preempt_reason
+        assert "团队 Vision" in ReservationEvent.objects.get(pk=event.pk).reason
+    page = Client()
+    page.force_login(world.outsider)  # infra's manager
+    html = page.get(f"/reservations/{victim.pk}/").content.decode()
+    assert 'id="reclaim-notice"' in html and "team Vision" in html
+    # The time it is taken back did not change: no mail; and the next pass changes nothing more.
+    with django_capture_on_commit_callbacks(execute=True):
+        queue.queue_pass(pool_id=world.pool.pk)
+    assert ReservationEvent.objects.filter(reservation=victim, reason__startswith="Reclaim notice kept").count() == 1
+    assert not mailoutbox
+
 def test_two_callers_at_once_withdraw_a_notice_once(world, api, classes, mailoutbox, monkeypatch, transactional_db):
     from contextlib import nullcontext
 
@@ -586,3 +656,136 @@ def test_two_callers_at_once_withdraw_a_notice_once(world, api, classes, mailout
     victim.refresh_from_db()
     assert victim.preempt_at is None and len(_withdrawn_events(victim)) == 1
     assert [m.subject for m in mailoutbox] == [f"[GPU Pool] Reservation #{victim.pk}: {WITHDRAWN}"]
+
+
+# --- a victim whose node fails while under notice ---------------------------------------------------------
+
+def _victim_on_a_node_that_dies(world, api, capture):
+    """infra holds node-a (class batch) and node-b (class low, `requeue`); ml (class high) asks for 4: the low
+    booking gets the notice. node-x (4 GPUs, cordoned until now) comes back, then node-b dies and the failover
+    moves the victim to node-x. Returns (the victim, its old GPUs, the waiter's id)."""
+    Quota.objects.filter(team=world.other_team, pool=world.pool).update(ge_hours_per_month=10_000)
+    spare = add_node(world.pool, "node-x", 4)
+    Node.objects.filter(pk=spare.pk).update(schedulable=False)
+    started_ago(book(world, api, gpus=4, priority_class="batch"), 180)
+    victim = started_ago(book(world, api, gpus=4, requeue=True), 60)
+    assert nodes_of(victim) == {"node-b"}
+    with capture(execute=True):
+        asked = api(world.member).post(URL, {"pool": "a100", "team": "ml", "gpus": 4, "duration": "1h"},
+                                       format="json")
+    waiter = asked.json()["id"]
+    victim.refresh_from_db()
+    assert asked.json()["state"] == "pending" and victim.preempted_for_id == waiter
+    old_gpus = gpus_of(victim)
+    Node.objects.filter(pk=spare.pk).update(schedulable=True)
+    Node.objects.filter(name="node-b").update(healthy=False)
+    with capture(execute=True):
+        assert node_failover(node_id=Node.objects.get(name="node-b").pk)["moved"] == [victim.pk]
+    return victim, old_gpus, waiter
+
+
+def _held_after(reservation, at):
+    """Its grants that hold a GPU after `at`: {gpu id: end}."""
+    return dict(Allocation.objects.filter(reservation=reservation, ends_at__gt=at).values_list("gpu_id", "ends_at"))
+
+
+def test_a_victim_that_fails_over_holds_its_new_gpus_only_until_its_notice_ends_and_the_waiter_gets_them_then(
+        world, api, classes, mailoutbox, django_capture_on_commit_callbacks):
+    victim, old_gpus, waiter = _victim_on_a_node_that_dies(world, api, django_capture_on_commit_callbacks)
+    at, end = victim.preempt_at, victim.ends_at
+    now = timezone.now()
+    # The new grants, on node-x, end when the notice does, as the old ones had been cut to: the notice stands,
+    # and its holders are told they hold them only until then.
+    new = _held_after(victim, now)
+    assert set(new.values()) == {at} and not set(new) & old_gpus and nodes_of(victim) == {"node-b", "node-x"}
+    victim.refresh_from_db()
+    assert victim.preempt_at == at and victim.preempted_for_id == waiter
+    assert "when its reclaim notice takes them back" in ReservationEvent.objects.filter(
+        reservation=victim, reason__startswith="Moved from node-b").get().reason
+    # The waiter is promised them from the notice's end (node-b is dead), and starts on them then; the victim
+    # waits again for the rest of its time.
+    queue.queue_pass(pool_id=world.pool.pk)
+    entry = QueueEntry.objects.get(pk=waiter)
+    assert entry.start_by == at and set(entry.planned_gpus) == set(new)
+    assert services.reservation_preempt(reservation_id=victim.pk, now=at) == 1
+    placed = Reservation.objects.get(pk=waiter)
+    assert placed.state == "scheduled" and placed.starts_at == at and gpus_of(placed) == set(new)
+    again = Reservation.objects.get(team=world.other_team, state="pending")
+    assert again.requeue and again.ends_at - again.starts_at == end - at
+
+
+def test_a_victim_that_asked_requeue_waits_again_for_the_rest_when_its_node_dies_and_nothing_fits(
+        world, api, classes, django_capture_on_commit_callbacks):
+    Quota.objects.filter(team=world.other_team, pool=world.pool).update(ge_hours_per_month=10_000)
+    started_ago(book(world, api, gpus=4, priority_class="batch"), 180)
+    victim = started_ago(book(world, api, gpus=4, requeue=True), 60)
+    with django_capture_on_commit_callbacks(execute=True):
+        asked = api(world.member).post(URL, {"pool": "a100", "team": "ml", "gpus": 4, "duration": "1h"},
+                                       format="json")
+    victim.refresh_from_db()
+    assert victim.preempted_for_id == asked.json()["id"]
+    # node-b dies before the notice ends, and no healthy GPUs are free: it fails, and its notice's promise
+    # stands: it waits in the queue again, at its old place, for the rest of its time.
+    Node.objects.filter(name="node-b").update(healthy=False)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert node_failover(node_id=Node.objects.get(name="node-b").pk)["failed"] == [victim.pk]
+    assert Reservation.objects.get(pk=victim.pk).state == "failed"
+    again = Reservation.objects.get(team=world.other_team, state="pending")
+    assert again.requeue and again.priority_class == "low" and again.gpus == 4
+    assert abs((again.ends_at - again.starts_at) - (victim.ends_at - timezone.now())) < timedelta(seconds=30)
+    assert "whose node node-b failed while it was under a reclaim notice" in again.events.get().reason
+
+def test_a_notice_withdrawn_after_a_failover_gives_the_new_gpus_their_old_end_back(
+        world, api, classes, mailoutbox, django_capture_on_commit_callbacks):
+    victim, old_gpus, waiter = _victim_on_a_node_that_dies(world, api, django_capture_on_commit_callbacks)
+    at, end = victim.preempt_at, victim.ends_at
+    moved_at = timezone.now()
+    new = set(_held_after(victim, moved_at))
+    assert set(_held_after(victim, moved_at).values()) == {at}
+    with django_capture_on_commit_callbacks(execute=True):
+        assert api(world.member).post(f"{URL}{waiter}/release/").status_code == 200
+        assert queue.queue_pass(pool_id=world.pool.pk)["called_off"] == 1
+    # The GPUs on node-x run to its own end again (nothing holds them from the notice's end); those it left on
+    # the dead node stay ended.
+    assert _held_after(victim, moved_at) == {gpu: end for gpu in new}
+    assert not Allocation.objects.filter(reservation=victim, gpu_id__in=old_gpus, ends_at__gt=moved_at).exists()
+    [why] = _withdrawn_events(victim)
+    assert "has ended without needing them" in why
+    victim.refresh_from_db()
+    assert victim.preempt_at is None
+
+
+def test_a_notice_stands_after_a_failover_when_another_booking_took_the_new_gpus_from_its_end(
+        world, api, classes, mailoutbox, django_capture_on_commit_callbacks):
+    victim, _old_gpus, waiter = _victim_on_a_node_that_dies(world, api, django_capture_on_commit_callbacks)
+    at = victim.preempt_at
+    new = set(_held_after(victim, timezone.now()))
+    # The waiter goes; before a pass runs, Vision books node-x from the notice's end (free then).
+    assert api(world.member).post(f"{URL}{waiter}/release/").status_code == 200
+    vision = TeamFactory(slug="vision", name="Vision")
+    QuotaFactory(team=vision, pool=world.pool, max_ge=8)
+    later = book(world, api, team="vision", gpus=4, hours=2, starts_at=at.isoformat())
+    assert gpus_of(later) == new
+    with django_capture_on_commit_callbacks(execute=True):
+        assert "called_off" not in queue.queue_pass(pool_id=world.pool.pk)
+    # Its new GPUs cannot run to its old end again: the notice stands, and is carried out when it runs out.
+    victim.refresh_from_db()
+    assert victim.preempt_at == at and not _withdrawn_events(victim)
+    assert set(_held_after(victim, timezone.now()).values()) == {at}
+    assert services.reservation_preempt(reservation_id=victim.pk, now=at) == 1
+
+def test_a_notice_is_withdrawn_when_its_waiter_starts_on_the_gpus_its_victim_failed_over_from(
+        world, api, classes, mailoutbox, django_capture_on_commit_callbacks):
+    victim, old_gpus, waiter = _victim_on_a_node_that_dies(world, api, django_capture_on_commit_callbacks)
+    end = victim.ends_at
+    # node-b comes back before the notice ends: the waiter starts there at once, and needs nothing the victim
+    # holds now (its GPUs on node-x).
+    Node.objects.filter(name="node-b").update(healthy=True)
+    with django_capture_on_commit_callbacks(execute=True):
+        counts = queue.queue_pass(pool_id=world.pool.pk)
+    placed = Reservation.objects.get(pk=waiter)
+    assert counts["started"] == 1 and placed.state == "scheduled" and gpus_of(placed) == old_gpus
+    assert counts["called_off"] == 1
+    assert "placed on other GPUs" in _withdrawn_events(victim)[0]
+    assert set(_held_after(victim, timezone.now()).values()) == {end}
+    assert Reservation.objects.get(pk=victim.pk).preempt_at is None
