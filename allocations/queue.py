@@ -47,6 +47,7 @@ from django.utils.translation import gettext_noop
 from allocations import booking, notices, quotas, reclaim, selectors, units
 from allocations.messages import Msg, json_param, msg_of, stored
 from allocations.models import QueueEntry, Quota, Reservation
+from allocations.placement.api import WindowPlacer
 from allocations.placement.queueing import ORDERINGS, QueuedItem, order_queue
 from allocations.placement.timeline import FreeTimeline, WholeGpuState
 from allocations.transitions import move, record
@@ -317,6 +318,7 @@ class WholeGpuBoard:
         self.state = frame.state.copy()
         self.state.hold_columns(frame.gpu_ids[ranks], starts / 1e6, ends / 1e6,
                                 [grants[k].reservation_id for k in mine.tolist()])
+        self.placer = WindowPlacer(self.state)
         # Where a gap opens (the starts earliest_fit tries, as micros), each with how many windows end there.
         opens, count = np.unique(ends, return_counts=True)
         self.ends: list[int] = opens.tolist()
@@ -328,6 +330,7 @@ class WholeGpuBoard:
         twin = object.__new__(WholeGpuBoard)
         twin.__dict__.update(self.__dict__)
         twin.timeline, twin.state, twin.ends = self.timeline.copy(), self.state.copy(), list(self.ends)
+        twin.placer = WindowPlacer(twin.state)
         twin.end_count = defaultdict(int, self.end_count)
         twin.quota_windows = {}
         return twin
@@ -392,8 +395,9 @@ class WholeGpuBoard:
             free &= allowed
         try:
             ids = booking.choose_whole_gpus(window, count, policy=policy, state=self.state,
-                                            free=[self.gpus[k] for k in np.flatnonzero(free)],
-                                            most_per_node=most_per_node, gpu_models=models, profile=self.profile)
+                                            free=_FreeGpus(self.gpus, free),
+                                            most_per_node=most_per_node, gpu_models=models, profile=self.profile,
+                                            placer=self.placer)
         except booking.BookingRefused as refused:
             return None, _plan_reason(refused.code, models)
         return [booking.NewGrant(gpu_id=gpu_id, ge=self.frame.weight[gpu_id]) for gpu_id in ids], ""
@@ -469,6 +473,26 @@ class WholeGpuBoard:
             options.extend(end for _, end, _ in (*team.in_pool, *team.everywhere, *team.promised) if end > after)
         nxt = min(options, default=None)
         return nxt if nxt is not None and nxt <= latest else None
+
+
+class _FreeGpus(Sequence):
+    """The pool's GPUs free for a window (a mask over the board's ranks), as choose_whole_gpus takes them:
+    counted at once, listed only where it walks them (a request larger than any node, or one that names
+    models). Listing thousands of free GPUs for every window the plan tried cost more than the engine's choice."""
+
+    def __init__(self, gpus: Sequence[booking.PoolGpu], mask: np.ndarray) -> None:
+        self._gpus, self._ranks = gpus, np.flatnonzero(mask)
+
+    def __len__(self) -> int:
+        return int(self._ranks.size)
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return [self._gpus[r] for r in self._ranks[k].tolist()]
+        return self._gpus[int(self._ranks[k])]
+
+    def __iter__(self):
+        return (self._gpus[r] for r in self._ranks.tolist())
 
 
 @dataclass(frozen=True)

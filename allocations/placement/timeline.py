@@ -181,15 +181,20 @@ class WholeGpuState(ClusterState):
     def __init__(self, nodes: Sequence[NodeInfo]) -> None:
         super().__init__(nodes=nodes)
         empty = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64),
-                 np.zeros(0, dtype=np.float64), np.zeros(0, dtype=np.int64))
-        self._many = self._few = empty  # (node, slot, start, end, group) columns each
+                 np.zeros(0, dtype=np.float64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+        self._many = self._few = empty  # (node, slot, start, end, group, serial) columns each
+        # Each holding's serial number (0, 1, 2, ... in the order held): window_arrays tells which holdings entered
+        # or left the window since its last call by them.
+        self._serials = 0
         self._groups: dict[Hashable, int] = {}
         self._last: tuple[tuple[float, float, int], ClusterArrays] | None = None
+        self._kept: tuple[ClusterArrays, np.ndarray, np.ndarray] | None = None  # window_arrays' arrays, hits, nodes
 
     def copy(self) -> WholeGpuState:
         twin = WholeGpuState.__new__(WholeGpuState)
         twin.__dict__.update(self.__dict__)
         twin._groups = dict(self._groups)
+        twin._kept = None  # window_arrays writes its arrays in place: a copy keeps its own
         return twin  # the columns are replaced, never written in place, by hold and release
 
     def hold(self, whole: Sequence[tuple[Hashable, Time, Time, Hashable]]) -> None:
@@ -202,9 +207,12 @@ class WholeGpuState(ClusterState):
                      reservation_ids: Sequence[Hashable]) -> None:
         """hold, given as columns (starts and ends in seconds, as `to_seconds` gives them)."""
         slots = [self.gpu_slot(gpu_id) for gpu_id in gpu_ids]
+        serials = np.arange(self._serials, self._serials + len(slots), dtype=np.int64)
+        self._serials += len(slots)
         added = (np.array([n for n, _ in slots], dtype=np.int64), np.array([slot for _, slot in slots], dtype=np.int64),
                  np.asarray(starts, dtype=np.float64), np.asarray(ends, dtype=np.float64),
-                 np.array([self._groups.setdefault(rid, len(self._groups)) for rid in reservation_ids], dtype=np.int64))
+                 np.array([self._groups.setdefault(rid, len(self._groups)) for rid in reservation_ids], dtype=np.int64),
+                 serials)
         self._few = tuple(np.concatenate([few, more]) for few, more in zip(self._few, added, strict=True))
         if self._few[0].size >= self.MERGE_AT:
             self._many = tuple(np.concatenate([many, few]) for many, few in zip(self._many, self._few, strict=True))
@@ -223,6 +231,27 @@ class WholeGpuState(ClusterState):
                 setattr(self, name, tuple(column[keep] for column in columns))
         self._last = None
 
+    def _hit_masks(self, ws: float, we: float) -> tuple[np.ndarray, np.ndarray]:
+        """Per holding of the many and of the few, whether it holds a card at some instant of [ws, we)."""
+        return tuple((start_s < we) & (end_s > ws) & (end_s > start_s)
+                     for _, _, start_s, end_s, _, _ in (self._many, self._few))
+
+    def _hits(self, masks: tuple[np.ndarray, np.ndarray], column: int) -> np.ndarray:
+        """One column of the holdings `masks` pick (node 0, slot 1, group 4, serial 5), the many's then the few's."""
+        return np.concatenate([self._many[column][masks[0]], self._few[column][masks[1]]])
+
+    def _mark(self, arrays: ClusterArrays, n: np.ndarray, slot: np.ndarray, group: np.ndarray) -> None:
+        """Take the cards these holdings hold in `arrays` (their rows as the empty cluster has them)."""
+        arrays.gpu_free[n, slot] = 0
+        mig = arrays.mig_capable[n, slot]
+        arrays.mig_used[n[mig], slot[mig]] = FULL_MASK
+        # Clustering tags: each reservation's whole cards on a node are one k-card task.
+        groups = len(self._groups) + 1
+        tasks, cards = np.unique(n * groups + group, return_counts=True)
+        cells = (tasks // groups) * arrays.affinity.shape[1] + np.minimum(cards, AFFINITY_BIG)
+        arrays.affinity += np.bincount(cells, minlength=arrays.affinity.size).reshape(arrays.affinity.shape
+                                                                                    ).astype(arrays.affinity.dtype)
+
     def arrays_for_window(self, start: Time, end: Time) -> ClusterArrays:
         ws, we = to_seconds(start), to_seconds(end)
         if not we > ws:
@@ -230,20 +259,42 @@ class WholeGpuState(ClusterState):
         key = (ws, we, self._many[0].size + self._few[0].size)
         if self._last is None or self._last[0] != key:
             arrays = self.base_arrays().copy()
-            hits = []
-            for n, slot, start_s, end_s, group in (self._many, self._few):
-                hit = (start_s < we) & (end_s > ws) & (end_s > start_s)
-                hits.append((n[hit], slot[hit], group[hit]))
-            n, slot, group = (np.concatenate(column) for column in zip(*hits, strict=True))
-            arrays.gpu_free[n, slot] = 0
-            mig = arrays.mig_capable[n, slot]
-            arrays.mig_used[n[mig], slot[mig]] = FULL_MASK
-            # Clustering tags: each reservation's whole cards on a node are one k-card task.
-            groups = len(self._groups) + 1
-            tasks, cards = np.unique(n * groups + group, return_counts=True)
-            cells = (tasks // groups) * arrays.affinity.shape[1] + np.minimum(cards, AFFINITY_BIG)
-            arrays.affinity += np.bincount(cells, minlength=arrays.affinity.size).reshape(arrays.affinity.shape
-                                                                                        ).astype(arrays.affinity.dtype)
+            hit = self._hit_masks(ws, we)
+            self._mark(arrays, self._hits(hit, 0), self._hits(hit, 1), self._hits(hit, 4))
             arrays.version += 1
             self._last = (key, arrays)
         return self._last[1].copy()
+
+    def window_arrays(self, start: Time, end: Time) -> ClusterArrays:
+        """What arrays_for_window gives, in one ClusterArrays kept from call to call (the caller must not change
+        it): only the rows of the nodes where a holding entered or left the window since the last call (or was
+        held or released meanwhile) are written again, and only their versions move, so a ScoreCache rescores
+        those nodes alone. A queue plan asks window after window of one pool, and between two of them a couple
+        of its thousand nodes change; arrays_for_window copies and masks every row each time."""
+        ws, we = to_seconds(start), to_seconds(end)
+        if not we > ws:
+            raise ValueError("window must end after it starts")
+        hit = self._hit_masks(ws, we)
+        n, serial = self._hits(hit, 0), self._hits(hit, 5)
+        if self._kept is None:
+            arrays = self.base_arrays().copy()
+            self._mark(arrays, n, self._hits(hit, 1), self._hits(hit, 4))
+        else:
+            arrays, was_serial, was_node = self._kept
+            # Serials only grow, so each set of them is a mask over 0.._serials.
+            was, now = np.zeros(self._serials, dtype=bool), np.zeros(self._serials, dtype=bool)
+            was[was_serial] = True
+            now[serial] = True
+            dirty = np.unique(np.concatenate([n[~was[serial]], was_node[~now[was_serial]]]))
+            if dirty.size:
+                base = self.base_arrays()
+                arrays.gpu_free[dirty] = base.gpu_free[dirty]
+                arrays.mig_used[dirty] = base.mig_used[dirty]
+                arrays.affinity[dirty] = base.affinity[dirty]
+                on = np.zeros(arrays.n_nodes, dtype=bool)
+                on[dirty] = True
+                mine = on[n]
+                self._mark(arrays, n[mine], self._hits(hit, 1)[mine], self._hits(hit, 4)[mine])
+                arrays.version[dirty] += 1
+        self._kept = (arrays, serial, n)
+        return arrays
