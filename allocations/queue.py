@@ -32,7 +32,7 @@ import logging
 import math
 import re
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -120,16 +120,55 @@ class Waiting:
     promised_gpus: tuple[int, ...] = ()
 
 
+class Windows(list):
+    """A team's windows (start, end, GE) as quotas counts them, with their starts and ends as microseconds since the
+    epoch alongside (`columns`), kept in step as the list grows: the plan only appends to it. The board adds up the
+    windows that overlap each start it tries, and the estimate shortens them all, both in NumPy; the datetimes of a
+    team's thousands of windows were turned into microseconds per board, and the estimate's back into datetimes
+    and into microseconds again."""
+
+    def __init__(self, windows: Iterable[quotas.Window] = (), *,
+                 columns: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> None:
+        """`columns`: the windows' (starts, ends, GE) columns, where the caller has them."""
+        super().__init__(windows)
+        self._columns = (len(self), *columns) if columns is not None else (
+            0, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0))
+
+    def copy(self) -> Windows:
+        return Windows(self, columns=self.columns())
+
+    def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The windows' starts and ends (micro) and GE, as int64, int64 and float columns in the list's order."""
+        seen, starts, ends, ge = self._columns
+        if seen != len(self):
+            tail = self[seen:]  # all of them the first time; after that the one or two the plan appended
+            starts = np.concatenate([starts, np.array([micro(start) for start, _, _ in tail], dtype=np.int64)])
+            ends = np.concatenate([ends, np.array([micro(end) for _, end, _ in tail], dtype=np.int64)])
+            ge = np.concatenate([ge, np.array([float(amount) for _, _, amount in tail], dtype=np.float64)])
+            self._columns = (len(self), starts, ends, ge)
+        return starts, ends, ge
+
+    def overlapping(self, start: datetime, end: datetime) -> np.ndarray:
+        """Which windows overlap [start, end) (a mask in the list's order)."""
+        starts, ends, _ = self.columns()
+        return (starts < micro(end)) & (ends > micro(start))
+
+
 @dataclass
 class TeamHolding:
     """A team's quota in the pool and what it holds (its grants' windows, then the plan's), in GE."""
 
     quota: quotas.QuotaLimits
-    in_pool: list[quotas.Window]
-    everywhere: list[quotas.Window]
+    in_pool: Windows
+    everywhere: Windows
     # Windows the plan holds for the team's other promised requests while it plans one of them (plan's
     # keep_promises): they count in the pool and everywhere.
     promised: list[quotas.Window] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for name in ("in_pool", "everywhere"):
+            if not isinstance(getattr(self, name), Windows):
+                setattr(self, name, Windows(getattr(self, name)))
 
 
 @dataclass(frozen=True)
@@ -323,7 +362,6 @@ class WholeGpuBoard:
         opens, count = np.unique(ends, return_counts=True)
         self.ends: list[int] = opens.tolist()
         self.end_count: dict[int, int] = defaultdict(int, zip(self.ends, count.tolist(), strict=True))
-        self.quota_windows: dict[int, tuple[int, np.ndarray, np.ndarray, np.ndarray]] = {}
 
     def copy(self) -> WholeGpuBoard:
         """The board as it is now, to book on apart."""
@@ -332,7 +370,6 @@ class WholeGpuBoard:
         twin.timeline, twin.state, twin.ends = self.timeline.copy(), self.state.copy(), list(self.ends)
         twin.placer = WindowPlacer(twin.state)
         twin.end_count = defaultdict(int, self.end_count)
-        twin.quota_windows = {}
         return twin
 
     @staticmethod
@@ -409,30 +446,16 @@ class WholeGpuBoard:
         quota = team.quota
         promised = [w for w in team.promised if w[0] < end and w[1] > start]
         held = sum(amount for _, _, amount in promised)
-        fine = (self._overlap_sum(team.quota.team_id * 2, team.in_pool, start, end) + held + ge
-                <= quota.max_ge + 1e-9)
+        in_pool, everywhere = team.in_pool.overlapping(start, end), team.everywhere.overlapping(start, end)
+        fine = float(team.in_pool.columns()[2][in_pool].sum()) + held + ge <= quota.max_ge + 1e-9
         if fine and quota.team_max_ge is not None:
-            fine = (self._overlap_sum(team.quota.team_id * 2 + 1, team.everywhere, start, end) + held + ge
-                    <= quota.team_max_ge + 1e-9)
+            fine = float(team.everywhere.columns()[2][everywhere].sum()) + held + ge <= quota.team_max_ge + 1e-9
         if fine:
             return True
-        in_pool = [w for w in team.in_pool if w[0] < end and w[1] > start] + promised
-        everywhere = [w for w in team.everywhere if w[0] < end and w[1] > start] + promised
-        return quotas.held_error(quota, ge=ge, asked="", field="", start=start, end=end, in_pool=in_pool,
-                                 everywhere=everywhere) is None
-
-    def _overlap_sum(self, key: int, windows: list[quotas.Window], start: datetime, end: datetime) -> float:
-        """The GE of `windows` that overlap [start, end), from arrays kept in step with the list (the plan
-        only appends to it)."""
-        seen, starts, ends, ge = self.quota_windows.get(key, (0, *(np.zeros(0, dtype=np.int64),) * 2,
-                                                              np.zeros(0)))
-        if len(windows) != seen:
-            tail = windows[seen:]
-            starts = np.append(starts, [self._t(a) for a, _, _ in tail])
-            ends = np.append(ends, [self._t(b) for _, b, _ in tail])
-            ge = np.append(ge, [float(amount) for _, _, amount in tail])
-            self.quota_windows[key] = (len(windows), starts, ends, ge)
-        return float(ge[(starts < self._t(end)) & (ends > self._t(start))].sum())
+        return quotas.held_error(quota, ge=ge, asked="", field="", start=start, end=end,
+                                 in_pool=[team.in_pool[k] for k in np.flatnonzero(in_pool)] + promised,
+                                 everywhere=[team.everywhere[k] for k in np.flatnonzero(everywhere)] + promised
+                                 ) is None
 
     def earliest_fit(self, *, shape: booking.Shape, duration: timedelta, earliest: datetime, latest: datetime,
                      policy: str, team: TeamHolding | None = None
@@ -467,12 +490,18 @@ class WholeGpuBoard:
 
     def _next_candidate(self, after: datetime, latest: datetime, team: TeamHolding | None) -> datetime | None:
         """The next start earliest_fit's walk tries after `after`: where a booking or the team's holding ends."""
-        k = bisect.bisect_right(self.ends, micro(after))
-        options = [instant_of(self.ends[k])] if k < len(self.ends) else []
+        after_us = micro(after)
+        k = bisect.bisect_right(self.ends, after_us)
+        options = [self.ends[k]] if k < len(self.ends) else []
         if team is not None:
-            options.extend(end for _, end, _ in (*team.in_pool, *team.everywhere, *team.promised) if end > after)
+            for windows in (team.in_pool, team.everywhere):
+                ends = windows.columns()[1]
+                later = ends[ends > after_us]
+                if later.size:
+                    options.append(int(later.min()))
+            options.extend(micro(end) for _, end, _ in team.promised if end > after)
         nxt = min(options, default=None)
-        return nxt if nxt is not None and nxt <= latest else None
+        return instant_of(nxt) if nxt is not None and nxt <= micro(latest) else None
 
 
 class _FreeGpus(Sequence):
@@ -860,18 +889,19 @@ class PoolQueue:
                     frame=self.frame(), grant_times=(starts, likely), profile=self.snapshot.profile)
 
     def _fresh_teams(self) -> dict[int, TeamHolding]:
-        return {team_id: TeamHolding(quota=t.quota, in_pool=list(t.in_pool), everywhere=list(t.everywhere))
+        return {team_id: TeamHolding(quota=t.quota, in_pool=t.in_pool.copy(), everywhere=t.everywhere.copy())
                 for team_id, t in self.teams.items()}
 
 
-def _ending_as_usual(history: EarlyRelease, windows: list[quotas.Window], now: int) -> list[quotas.Window]:
+def _ending_as_usual(history: EarlyRelease, windows: Windows, now: int) -> Windows:
     """A team's windows (start, end, GE), each ending when history.expected_end says (`now` in micros)."""
-    if not windows:
-        return []
-    booked = micros(end for _, end, _ in windows)
-    likely = history.expected_ends(micros(start for start, _, _ in windows), booked, now)
-    return [(start, end if us == was else instant_of(us), ge)
-            for (start, end, ge), us, was in zip(windows, likely.tolist(), booked.tolist(), strict=True)]
+    starts, booked, ge = windows.columns()
+    likely = history.expected_ends(starts, booked, now)
+    moved = Windows(windows, columns=(starts, likely, ge))
+    for k in np.flatnonzero(likely != booked).tolist():
+        start, _, amount = moved[k]
+        moved[k] = (start, instant_of(int(likely[k])), amount)
+    return moved
 
 
 def shape_data(shape: booking.Shape) -> dict:
@@ -992,9 +1022,12 @@ def _cut_at_notice(snapshot: booking.PoolSnapshot, pool_id: int) -> booking.Pool
 def team_holding(quota: quotas.QuotaLimits, start: datetime, end: datetime) -> TeamHolding:
     """The team's quota with what it holds over [start, end): in the pool, and across pools where a
     team-wide cap makes that count."""
-    return TeamHolding(
-        quota=quota, in_pool=selectors.team_windows(quota.team_id, quota.pool_id, start, end),
-        everywhere=(selectors.team_windows(quota.team_id, None, start, end) if quota.team_max_ge is not None else []))
+    holding = TeamHolding(
+        quota=quota, in_pool=Windows(selectors.team_windows(quota.team_id, quota.pool_id, start, end)),
+        everywhere=Windows(selectors.team_windows(quota.team_id, None, start, end) if quota.team_max_ge is not None
+                           else ()))
+    holding.in_pool.columns(), holding.everywhere.columns()  # once, for every plan of the pass
+    return holding
 
 
 def with_promised(snapshot: booking.PoolSnapshot, promised: Sequence[booking.Grant]) -> booking.PoolSnapshot:
