@@ -85,7 +85,10 @@ class FreeTimeline:
         gap_from = np.concatenate([np.full(int(first.sum()), -FOREVER), ends, np.full(idle.size, -FOREVER)])
         gap_to = np.concatenate([s[first], nxt, np.full(idle.size, FOREVER)])
         keep = gap_to > gap_from
-        self.gap_gpu, self.gap_from, self.gap_to = gap_gpu[keep], gap_from[keep], gap_to[keep]
+        # Kept in GPU order, so book and unbook find a GPU's few gaps by binary search instead of a pass over all
+        # of them (the order of the gaps matters nowhere else).
+        order = np.argsort(gap_gpu[keep], kind="stable")
+        self.gap_gpu, self.gap_from, self.gap_to = gap_gpu[keep][order], gap_from[keep][order], gap_to[keep][order]
 
     def copy(self) -> FreeTimeline:
         twin = object.__new__(FreeTimeline)
@@ -93,44 +96,51 @@ class FreeTimeline:
         twin.gap_gpu, twin.gap_from, twin.gap_to = self.gap_gpu.copy(), self.gap_from.copy(), self.gap_to.copy()
         return twin
 
+    def _gaps_of(self, gpu: int) -> range:
+        """Where GPU `gpu`'s gaps are in the columns (they are kept in GPU order)."""
+        return range(int(np.searchsorted(self.gap_gpu, gpu, "left")), int(np.searchsorted(self.gap_gpu, gpu, "right")))
+
+    def _insert(self, k: int, gpu: int, start: int, end: int) -> None:
+        self.gap_gpu = np.insert(self.gap_gpu, k, gpu)
+        self.gap_from = np.insert(self.gap_from, k, start)
+        self.gap_to = np.insert(self.gap_to, k, end)
+
+    def _delete(self, k: int) -> None:
+        self.gap_gpu, self.gap_from, self.gap_to = (np.delete(column, k) for column in
+                                                    (self.gap_gpu, self.gap_from, self.gap_to))
+
     def book(self, gpu: int, start: int, end: int) -> None:
         """Hold GPU `gpu` over [start, end), which must lie in one of its gaps (a planned window is
         chosen where it is free): that gap splits in two."""
-        inside = np.flatnonzero((self.gap_gpu == gpu) & (self.gap_from <= start) & (self.gap_to >= end))
-        if inside.size != 1:
+        inside = [k for k in self._gaps_of(gpu) if self.gap_from[k] <= start and self.gap_to[k] >= end]
+        if len(inside) != 1:
             raise ValueError(f"GPU {gpu} is not free over [{start}, {end})")
-        k = int(inside[0])
+        k = inside[0]
         after = int(self.gap_to[k])
         if self.gap_from[k] < start:
             self.gap_to[k] = start
-        else:  # the window starts where the gap does: no gap is left before it
-            keep = np.ones(self.gap_gpu.size, dtype=bool)
-            keep[k] = False
-            self.gap_gpu, self.gap_from, self.gap_to = self.gap_gpu[keep], self.gap_from[keep], self.gap_to[keep]
-        if after > end:
-            self.gap_gpu = np.append(self.gap_gpu, gpu)
-            self.gap_from = np.append(self.gap_from, end)
-            self.gap_to = np.append(self.gap_to, after)
+            if after > end:
+                self._insert(k + 1, gpu, end, after)
+        elif after > end:  # the window starts where the gap does (as an earliest fit does): the gap starts later
+            self.gap_from[k] = end
+        else:  # the window fills the gap
+            self._delete(k)
 
     def unbook(self, gpu: int, start: int, end: int) -> None:
         """Free GPU `gpu` over [start, end) again (a window `book` held): the gaps either side join it. (Gaps
         are never empty, so at most one gap ends at `start` and one begins at `end`.)"""
-        on_gpu = self.gap_gpu == gpu
-        left = np.flatnonzero(on_gpu & (self.gap_to == start))
-        right = np.flatnonzero(on_gpu & (self.gap_from == end))
-        if left.size and right.size:
+        gaps = self._gaps_of(gpu)
+        left = [k for k in gaps if self.gap_to[k] == start]
+        right = [k for k in gaps if self.gap_from[k] == end]
+        if left and right:
             self.gap_to[left[0]] = self.gap_to[right[0]]
-            keep = np.ones(self.gap_gpu.size, dtype=bool)
-            keep[right[0]] = False
-            self.gap_gpu, self.gap_from, self.gap_to = self.gap_gpu[keep], self.gap_from[keep], self.gap_to[keep]
-        elif left.size:
+            self._delete(right[0])
+        elif left:
             self.gap_to[left[0]] = end
-        elif right.size:
+        elif right:
             self.gap_from[right[0]] = start
         else:
-            self.gap_gpu = np.append(self.gap_gpu, gpu)
-            self.gap_from = np.append(self.gap_from, start)
-            self.gap_to = np.append(self.gap_to, end)
+            self._insert(gaps.start, gpu, start, end)
 
     def free_for(self, start: int, end: int) -> np.ndarray:
         """Per GPU (0..n-1), whether its whole card is free over [start, end) (mask it with a request's allowed GPUs

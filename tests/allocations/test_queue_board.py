@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from datetime import datetime, timedelta, timezone
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -289,3 +290,34 @@ def test_the_kept_window_arrays_and_the_window_placer_answer_what_a_fresh_window
         for field in ("gpu_free", "mig_used", "affinity", "cpu_free", "mem_free", "gpu_mem_free", "mig_media"):
             assert (getattr(fresh, field) == getattr(arrays, field)).all(), field
         assert got == expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(-20, 40), st.integers(0, 20)), max_size=14), st.data())
+def test_the_timeline_booked_and_unbooked_has_the_gaps_of_one_built_from_its_windows(busy, data):
+    """book splits a GPU's gap and unbook joins them again, in place on the GPU's gaps (kept in GPU order): after
+    any of them the gaps are those of a timeline built afresh from the windows held."""
+    node_of = [0, 0, 0, 1, 1, 2]
+    usable = [True, True, False, True, True, True]
+    timeline = FreeTimeline(node_of, usable, [(g, s, s + n) for g, s, n in busy])
+    held: list[tuple[int, int, int]] = []
+
+    def gaps(line):
+        return sorted(zip(line.gap_gpu.tolist(), line.gap_from.tolist(), line.gap_to.tolist(), strict=True))
+
+    for _ in range(data.draw(st.integers(1, 10))):
+        if held and data.draw(st.booleans()):
+            gpu, start, end = held.pop(data.draw(st.integers(0, len(held) - 1)))
+            timeline.unbook(gpu, start, end)
+        else:
+            k = data.draw(st.integers(0, timeline.gap_gpu.size - 1))
+            gpu, lo, hi = int(timeline.gap_gpu[k]), max(int(timeline.gap_from[k]), -30), min(int(timeline.gap_to[k]), 60)
+            if hi <= lo:
+                continue
+            start = data.draw(st.integers(lo, hi - 1))
+            end = data.draw(st.integers(start + 1, hi))
+            timeline.book(gpu, start, end)
+            held.append((gpu, start, end))
+        fresh = FreeTimeline(node_of, usable, [(g, s, s + n) for g, s, n in busy] + held)
+        assert gaps(timeline) == gaps(fresh)
+        assert (np.diff(timeline.gap_gpu) >= 0).all()
