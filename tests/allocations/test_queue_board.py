@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 from datetime import datetime, timedelta, timezone
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -295,8 +294,8 @@ def test_the_kept_window_arrays_and_the_window_placer_answer_what_a_fresh_window
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 5), st.integers(-20, 40), st.integers(0, 20)), max_size=14), st.data())
 def test_the_timeline_booked_and_unbooked_has_the_gaps_of_one_built_from_its_windows(busy, data):
-    """book splits a GPU's gap and unbook joins them again, in place on the GPU's gaps (kept in GPU order): after
-    any of them the gaps are those of a timeline built afresh from the windows held."""
+    """book splits a GPU's gap and unbook joins them again, in place where it can: after any of them the gaps are
+    those of a timeline built afresh from the windows held."""
     node_of = [0, 0, 0, 1, 1, 2]
     usable = [True, True, False, True, True, True]
     timeline = FreeTimeline(node_of, usable, [(g, s, s + n) for g, s, n in busy])
@@ -320,4 +319,3 @@ def test_the_timeline_booked_and_unbooked_has_the_gaps_of_one_built_from_its_win
             held.append((gpu, start, end))
         fresh = FreeTimeline(node_of, usable, [(g, s, s + n) for g, s, n in busy] + held)
         assert gaps(timeline) == gaps(fresh)
-        assert (np.diff(timeline.gap_gpu) >= 0).all()
