@@ -16,7 +16,9 @@ starts cannot afford that. Two structures here keep the answer exact and cheap:
 * :class:`WholeGpuState`: a :class:`ClusterState` whose holdings are whole-card bookings kept as
   NumPy columns; `arrays_for_window` is then a mask over them, equal to the general one for such
   holdings (a whole card held at any instant of the window leaves it 0 free; the clustering
-  tags count each reservation's cards per node).
+  tags count each reservation's cards per node). :meth:`WholeGpuState.window_arrays` keeps one
+  such set of arrays from window to window and rewrites only the rows whose holdings in the
+  window changed, so the engine (``api.WindowPlacer``) rescores only those nodes.
 
 Times are integers (any unit; the caller picks microseconds) in the timeline, and the engine's
 seconds in the state. Nothing here knows Django.
