@@ -1022,12 +1022,13 @@ def _cut_at_notice(snapshot: booking.PoolSnapshot, pool_id: int) -> booking.Pool
 def team_holding(quota: quotas.QuotaLimits, start: datetime, end: datetime) -> TeamHolding:
     """The team's quota with what it holds over [start, end): in the pool, and across pools where a
     team-wide cap makes that count."""
-    holding = TeamHolding(
-        quota=quota, in_pool=Windows(selectors.team_windows(quota.team_id, quota.pool_id, start, end)),
-        everywhere=Windows(selectors.team_windows(quota.team_id, None, start, end) if quota.team_max_ge is not None
-                           else ()))
-    holding.in_pool.columns(), holding.everywhere.columns()  # once, for every plan of the pass
-    return holding
+    def windows(pool_id: int | None) -> Windows:
+        held, starts, ends = selectors.team_window_micros(quota.team_id, pool_id, start, end)
+        return Windows(held, columns=(np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64),
+                                      np.array([float(ge) for _, _, ge in held], dtype=np.float64)))
+
+    return TeamHolding(quota=quota, in_pool=windows(quota.pool_id),
+                       everywhere=windows(None) if quota.team_max_ge is not None else Windows())
 
 
 def with_promised(snapshot: booking.PoolSnapshot, promised: Sequence[booking.Grant]) -> booking.PoolSnapshot:
