@@ -38,6 +38,7 @@ from allocations.placement import (
     WorkloadProfile,
     place,
 )
+from allocations.placement.api import WindowPlacer
 from allocations.models import AllocationQuerySet
 from common import sql
 from inventory.sharing import REPLICA_MODES, SharingMode, mig_dynamic, mig_layout_names, replicas_of
@@ -328,9 +329,9 @@ def policy_name(name: str | None) -> str:
 
 
 def choose_whole_gpus(snapshot: PoolSnapshot, count: int, *, policy: str = DEFAULT_POLICY,
-                      state: ClusterState | None = None, free: list[PoolGpu] | None = None,
+                      state: ClusterState | None = None, free: Sequence[PoolGpu] | None = None,
                       most_per_node: int | None = None, gpu_models: Iterable[str] = (),
-                      profile: WorkloadProfile | None = None) -> list[int]:
+                      profile: WorkloadProfile | None = None, placer: WindowPlacer | None = None) -> list[int]:
     """Pick `count` GPUs whose whole card is free for the snapshot's window.
 
     A request that fits on one node of the pool (count <= the most usable GPUs any node has)
@@ -343,7 +344,8 @@ def choose_whole_gpus(snapshot: PoolSnapshot, count: int, *, policy: str = DEFAU
     models the request accepts (the engine is told too, so its policy scores the demand as tied to them);
     `profile`: the pool's usual work, for the policies that weigh it (pool_profile). With `gpu_models`, only
     their GPUs count as free and make a node's room, and the engine sees the whole pool (its policy weighs
-    what the choice leaves on every model) but may place only on them.
+    what the choice leaves on every model) but may place only on them. `placer`: places in `state` as place()
+    does, window after window, rescoring only the nodes that changed (the queue's plan keeps one per board).
     """
     state = state or snapshot.state()
     free = free if free is not None else snapshot.whole_gpus_free(state)
@@ -357,9 +359,9 @@ def choose_whole_gpus(snapshot: PoolSnapshot, count: int, *, policy: str = DEFAU
             gettext_noop("%(requested)d GPUs requested but only %(free)d are free for the whole window."),
             requested=count, free=len(free)))
     if count <= (most_per_node if most_per_node is not None else most_usable_on_a_node(snapshot.gpus)):
-        decision = place(state, PlacementRequest(gpus=count, start=snapshot.start, end=snapshot.end,
-                                                 allowed_models=allowed),
-                         policy_name(policy), profile=profile)
+        request = PlacementRequest(gpus=count, start=snapshot.start, end=snapshot.end, allowed_models=allowed)
+        decision = (placer.place(request, policy_name(policy), profile=profile) if placer is not None
+                    else place(state, request, policy_name(policy), profile=profile))
         if not decision.ok:
             first = decision.reasons[0]
             raise BookingRefused(decision.code, engine_msg(first.code, first.message, first.details))
@@ -375,7 +377,7 @@ def most_usable_on_a_node(gpus: Sequence[PoolGpu]) -> int:
     return max(usable_per_node.values(), default=0)
 
 
-def _whole_nodes(free: list[PoolGpu], count: int) -> list[int]:
+def _whole_nodes(free: Iterable[PoolGpu], count: int) -> list[int]:
     by_node: dict[int, list[PoolGpu]] = defaultdict(list)
     for gpu in free:
         by_node[gpu.node_id].append(gpu)

@@ -32,7 +32,7 @@ import logging
 import math
 import re
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -47,6 +47,7 @@ from django.utils.translation import gettext_noop
 from allocations import booking, notices, quotas, reclaim, selectors, units
 from allocations.messages import Msg, json_param, msg_of, stored
 from allocations.models import QueueEntry, Quota, Reservation
+from allocations.placement.api import WindowPlacer
 from allocations.placement.queueing import ORDERINGS, QueuedItem, order_queue
 from allocations.placement.timeline import FreeTimeline, WholeGpuState
 from allocations.transitions import move, record
@@ -119,16 +120,55 @@ class Waiting:
     promised_gpus: tuple[int, ...] = ()
 
 
+class Windows(list):
+    """A team's windows (start, end, GE) as quotas counts them, with their starts and ends as microseconds since the
+    epoch alongside (`columns`), kept in step as the list grows: the plan only appends to it. The board adds up the
+    windows that overlap each start it tries, and the estimate shortens them all, both in NumPy; the datetimes of a
+    team's thousands of windows were turned into microseconds per board, and the estimate's back into datetimes
+    and into microseconds again."""
+
+    def __init__(self, windows: Iterable[quotas.Window] = (), *,
+                 columns: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> None:
+        """`columns`: the windows' (starts, ends, GE) columns, where the caller has them."""
+        super().__init__(windows)
+        self._columns = (len(self), *columns) if columns is not None else (
+            0, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0))
+
+    def copy(self) -> Windows:
+        return Windows(self, columns=self.columns())
+
+    def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The windows' starts and ends (micro) and GE, as int64, int64 and float columns in the list's order."""
+        seen, starts, ends, ge = self._columns
+        if seen != len(self):
+            tail = self[seen:]  # all of them the first time; after that the one or two the plan appended
+            starts = np.concatenate([starts, np.array([micro(start) for start, _, _ in tail], dtype=np.int64)])
+            ends = np.concatenate([ends, np.array([micro(end) for _, end, _ in tail], dtype=np.int64)])
+            ge = np.concatenate([ge, np.array([float(amount) for _, _, amount in tail], dtype=np.float64)])
+            self._columns = (len(self), starts, ends, ge)
+        return starts, ends, ge
+
+    def overlapping(self, start: datetime, end: datetime) -> np.ndarray:
+        """Which windows overlap [start, end) (a mask in the list's order)."""
+        starts, ends, _ = self.columns()
+        return (starts < micro(end)) & (ends > micro(start))
+
+
 @dataclass
 class TeamHolding:
     """A team's quota in the pool and what it holds (its grants' windows, then the plan's), in GE."""
 
     quota: quotas.QuotaLimits
-    in_pool: list[quotas.Window]
-    everywhere: list[quotas.Window]
+    in_pool: Windows
+    everywhere: Windows
     # Windows the plan holds for the team's other promised requests while it plans one of them (plan's
     # keep_promises): they count in the pool and everywhere.
     promised: list[quotas.Window] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for name in ("in_pool", "everywhere"):
+            if not isinstance(getattr(self, name), Windows):
+                setattr(self, name, Windows(getattr(self, name)))
 
 
 @dataclass(frozen=True)
@@ -317,19 +357,19 @@ class WholeGpuBoard:
         self.state = frame.state.copy()
         self.state.hold_columns(frame.gpu_ids[ranks], starts / 1e6, ends / 1e6,
                                 [grants[k].reservation_id for k in mine.tolist()])
+        self.placer = WindowPlacer(self.state)
         # Where a gap opens (the starts earliest_fit tries, as micros), each with how many windows end there.
         opens, count = np.unique(ends, return_counts=True)
         self.ends: list[int] = opens.tolist()
         self.end_count: dict[int, int] = defaultdict(int, zip(self.ends, count.tolist(), strict=True))
-        self.quota_windows: dict[int, tuple[int, np.ndarray, np.ndarray, np.ndarray]] = {}
 
     def copy(self) -> WholeGpuBoard:
         """The board as it is now, to book on apart."""
         twin = object.__new__(WholeGpuBoard)
         twin.__dict__.update(self.__dict__)
         twin.timeline, twin.state, twin.ends = self.timeline.copy(), self.state.copy(), list(self.ends)
+        twin.placer = WindowPlacer(twin.state)
         twin.end_count = defaultdict(int, self.end_count)
-        twin.quota_windows = {}
         return twin
 
     @staticmethod
@@ -392,8 +432,9 @@ class WholeGpuBoard:
             free &= allowed
         try:
             ids = booking.choose_whole_gpus(window, count, policy=policy, state=self.state,
-                                            free=[self.gpus[k] for k in np.flatnonzero(free)],
-                                            most_per_node=most_per_node, gpu_models=models, profile=self.profile)
+                                            free=_FreeGpus(self.gpus, free),
+                                            most_per_node=most_per_node, gpu_models=models, profile=self.profile,
+                                            placer=self.placer)
         except booking.BookingRefused as refused:
             return None, _plan_reason(refused.code, models)
         return [booking.NewGrant(gpu_id=gpu_id, ge=self.frame.weight[gpu_id]) for gpu_id in ids], ""
@@ -405,30 +446,16 @@ class WholeGpuBoard:
         quota = team.quota
         promised = [w for w in team.promised if w[0] < end and w[1] > start]
         held = sum(amount for _, _, amount in promised)
-        fine = (self._overlap_sum(team.quota.team_id * 2, team.in_pool, start, end) + held + ge
-                <= quota.max_ge + 1e-9)
+        in_pool, everywhere = team.in_pool.overlapping(start, end), team.everywhere.overlapping(start, end)
+        fine = float(team.in_pool.columns()[2][in_pool].sum()) + held + ge <= quota.max_ge + 1e-9
         if fine and quota.team_max_ge is not None:
-            fine = (self._overlap_sum(team.quota.team_id * 2 + 1, team.everywhere, start, end) + held + ge
-                    <= quota.team_max_ge + 1e-9)
+            fine = float(team.everywhere.columns()[2][everywhere].sum()) + held + ge <= quota.team_max_ge + 1e-9
         if fine:
             return True
-        in_pool = [w for w in team.in_pool if w[0] < end and w[1] > start] + promised
-        everywhere = [w for w in team.everywhere if w[0] < end and w[1] > start] + promised
-        return quotas.held_error(quota, ge=ge, asked="", field="", start=start, end=end, in_pool=in_pool,
-                                 everywhere=everywhere) is None
-
-    def _overlap_sum(self, key: int, windows: list[quotas.Window], start: datetime, end: datetime) -> float:
-        """The GE of `windows` that overlap [start, end), from arrays kept in step with the list (the plan
-        only appends to it)."""
-        seen, starts, ends, ge = self.quota_windows.get(key, (0, *(np.zeros(0, dtype=np.int64),) * 2,
-                                                              np.zeros(0)))
-        if len(windows) != seen:
-            tail = windows[seen:]
-            starts = np.append(starts, [self._t(a) for a, _, _ in tail])
-            ends = np.append(ends, [self._t(b) for _, b, _ in tail])
-            ge = np.append(ge, [float(amount) for _, _, amount in tail])
-            self.quota_windows[key] = (len(windows), starts, ends, ge)
-        return float(ge[(starts < self._t(end)) & (ends > self._t(start))].sum())
+        return quotas.held_error(quota, ge=ge, asked="", field="", start=start, end=end,
+                                 in_pool=[team.in_pool[k] for k in np.flatnonzero(in_pool)] + promised,
+                                 everywhere=[team.everywhere[k] for k in np.flatnonzero(everywhere)] + promised
+                                 ) is None
 
     def earliest_fit(self, *, shape: booking.Shape, duration: timedelta, earliest: datetime, latest: datetime,
                      policy: str, team: TeamHolding | None = None
@@ -463,12 +490,38 @@ class WholeGpuBoard:
 
     def _next_candidate(self, after: datetime, latest: datetime, team: TeamHolding | None) -> datetime | None:
         """The next start earliest_fit's walk tries after `after`: where a booking or the team's holding ends."""
-        k = bisect.bisect_right(self.ends, micro(after))
-        options = [instant_of(self.ends[k])] if k < len(self.ends) else []
+        after_us = micro(after)
+        k = bisect.bisect_right(self.ends, after_us)
+        options = [self.ends[k]] if k < len(self.ends) else []
         if team is not None:
-            options.extend(end for _, end, _ in (*team.in_pool, *team.everywhere, *team.promised) if end > after)
+            for windows in (team.in_pool, team.everywhere):
+                ends = windows.columns()[1]
+                later = ends[ends > after_us]
+                if later.size:
+                    options.append(int(later.min()))
+            options.extend(micro(end) for _, end, _ in team.promised if end > after)
         nxt = min(options, default=None)
-        return nxt if nxt is not None and nxt <= latest else None
+        return instant_of(nxt) if nxt is not None and nxt <= micro(latest) else None
+
+
+class _FreeGpus(Sequence):
+    """The pool's GPUs free for a window (a mask over the board's ranks), as choose_whole_gpus takes them:
+    counted at once, listed only where it walks them (a request larger than any node, or one that names
+    models). Listing thousands of free GPUs for every window the plan tried cost more than the engine's choice."""
+
+    def __init__(self, gpus: Sequence[booking.PoolGpu], mask: np.ndarray) -> None:
+        self._gpus, self._ranks = gpus, np.flatnonzero(mask)
+
+    def __len__(self) -> int:
+        return int(self._ranks.size)
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return [self._gpus[r] for r in self._ranks[k].tolist()]
+        return self._gpus[int(self._ranks[k])]
+
+    def __iter__(self):
+        return (self._gpus[r] for r in self._ranks.tolist())
 
 
 @dataclass(frozen=True)
@@ -836,18 +889,19 @@ class PoolQueue:
                     frame=self.frame(), grant_times=(starts, likely), profile=self.snapshot.profile)
 
     def _fresh_teams(self) -> dict[int, TeamHolding]:
-        return {team_id: TeamHolding(quota=t.quota, in_pool=list(t.in_pool), everywhere=list(t.everywhere))
+        return {team_id: TeamHolding(quota=t.quota, in_pool=t.in_pool.copy(), everywhere=t.everywhere.copy())
                 for team_id, t in self.teams.items()}
 
 
-def _ending_as_usual(history: EarlyRelease, windows: list[quotas.Window], now: int) -> list[quotas.Window]:
+def _ending_as_usual(history: EarlyRelease, windows: Windows, now: int) -> Windows:
     """A team's windows (start, end, GE), each ending when history.expected_end says (`now` in micros)."""
-    if not windows:
-        return []
-    booked = micros(end for _, end, _ in windows)
-    likely = history.expected_ends(micros(start for start, _, _ in windows), booked, now)
-    return [(start, end if us == was else instant_of(us), ge)
-            for (start, end, ge), us, was in zip(windows, likely.tolist(), booked.tolist(), strict=True)]
+    starts, booked, ge = windows.columns()
+    likely = history.expected_ends(starts, booked, now)
+    moved = Windows(windows, columns=(starts, likely, ge))
+    for k in np.flatnonzero(likely != booked).tolist():
+        start, _, amount = moved[k]
+        moved[k] = (start, instant_of(int(likely[k])), amount)
+    return moved
 
 
 def shape_data(shape: booking.Shape) -> dict:
@@ -968,9 +1022,13 @@ def _cut_at_notice(snapshot: booking.PoolSnapshot, pool_id: int) -> booking.Pool
 def team_holding(quota: quotas.QuotaLimits, start: datetime, end: datetime) -> TeamHolding:
     """The team's quota with what it holds over [start, end): in the pool, and across pools where a
     team-wide cap makes that count."""
-    return TeamHolding(
-        quota=quota, in_pool=selectors.team_windows(quota.team_id, quota.pool_id, start, end),
-        everywhere=(selectors.team_windows(quota.team_id, None, start, end) if quota.team_max_ge is not None else []))
+    def windows(pool_id: int | None) -> Windows:
+        held, starts, ends = selectors.team_window_micros(quota.team_id, pool_id, start, end)
+        return Windows(held, columns=(np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64),
+                                      np.array([float(ge) for _, _, ge in held], dtype=np.float64)))
+
+    return TeamHolding(quota=quota, in_pool=windows(quota.pool_id),
+                       everywhere=windows(None) if quota.team_max_ge is not None else Windows())
 
 
 def with_promised(snapshot: booking.PoolSnapshot, promised: Sequence[booking.Grant]) -> booking.PoolSnapshot:

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .engine import decide
+from .arrays import ClusterArrays
+from .engine import ScoreCache, decide
 from .mig import MIG_GEOMETRY
 from .policies import DEFAULT_POLICY, get_policy
-from .policies.base import PolicyContext
+from .policies.base import Policy, PolicyContext
 from .reasons import Reason, diagnose, quota_reason
 from .requests import Kind, PlacementRequest
 from .state import ClusterState, Holding
+from .timeline import WholeGpuState
 from .workload import WorkloadProfile, demand_for
 
 
@@ -132,6 +134,20 @@ def place(
     ``profile`` describes the usual work (defaults to :meth:`WorkloadProfile.default`);
     ``seed`` only matters for the ``random`` policy.
     """
+    ctx = PolicyContext(rng=np.random.default_rng(seed), profile=profile or WorkloadProfile.default())
+    return _place(state, request, state.arrays_for_window, get_policy(policy), ctx)
+
+
+def _place(
+    state: ClusterState,
+    request: PlacementRequest,
+    arrays_for: Callable[[float, float], ClusterArrays],
+    pol: Policy,
+    ctx: PolicyContext,
+    cache: ScoreCache | None = None,
+) -> Decision:
+    """place()'s decision, with the window's arrays from ``arrays_for`` and the policy's scores through ``cache``
+    where the caller keeps one (:class:`WindowPlacer`)."""
     invalid = _invalid(request)
     if invalid is not None:
         return Unplaceable((invalid,))
@@ -141,12 +157,10 @@ def place(
         if needed > request.quota_gpus_remaining + 1e-9:
             pre.append(quota_reason(needed, request.quota_gpus_remaining))
     start, end = request.window
-    arrays = state.arrays_for_window(start, end)
+    arrays = arrays_for(start, end)
     demand = demand_for(request)
     label_mask = state.label_mask(request.node_labels)
-    ctx = PolicyContext(rng=np.random.default_rng(seed), profile=profile or WorkloadProfile.default())
-    pol = get_policy(policy)
-    choice = decide(arrays, demand, pol, ctx, label_mask=label_mask)
+    choice = decide(arrays, demand, pol, ctx, label_mask=label_mask, cache=cache)
     if choice is None:
         return Unplaceable(tuple(pre + diagnose(arrays, demand, label_mask)))
     if pre:
@@ -170,6 +184,37 @@ def place(
         policy=pol.name,
         score=choice.score,
     )
+
+
+class WindowPlacer:
+    """place() in one :class:`WholeGpuState`, window after window, with the same answers: the window's arrays
+    are kept and only the rows of nodes whose holdings in it changed are written again
+    (:meth:`WholeGpuState.window_arrays`), and each policy keeps one instance (its prepared terms) and a
+    :class:`ScoreCache`, so a decision rescores only those rows. A queue plan places hundreds of requests
+    in windows of one pool one after the other; between two of them a couple of its thousand nodes change,
+    and place() built and scored them all every time. Book in the state between calls as the plan does."""
+
+    def __init__(self, state: WholeGpuState) -> None:
+        self.state = state
+        self._policies: dict[str, tuple[Policy, ScoreCache]] = {}
+        self._ctx: PolicyContext | None = None
+
+    def place(
+        self, request: PlacementRequest, policy: str = DEFAULT_POLICY, *, profile: WorkloadProfile | None = None
+    ) -> Decision:
+        """place(state, request, policy, profile=profile)'s answer (its seed 0)."""
+        if policy not in self._policies:
+            pol = get_policy(policy)
+            self._policies[policy] = (pol, ScoreCache(len(self.state.nodes)))
+        pol, cache = self._policies[policy]
+        profile = profile or WorkloadProfile.default()
+        if not pol.node_local:
+            # It draws random numbers: a fresh generator seeded as place() seeds it, and no cached scores.
+            ctx = PolicyContext(rng=np.random.default_rng(0), profile=profile)
+            return _place(self.state, request, self.state.window_arrays, pol, ctx)
+        if self._ctx is None or self._ctx.profile is not profile:
+            self._ctx = PolicyContext(profile=profile)  # its generator unused: a node-local policy draws nothing
+        return _place(self.state, request, self.state.window_arrays, pol, self._ctx, cache)
 
 
 def explain(state: ClusterState, request: PlacementRequest) -> list[Reason]:

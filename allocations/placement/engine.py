@@ -2,7 +2,8 @@
 
 ``decide`` runs on a :class:`ClusterArrays` (free capacity for one window):
 
-1. filter: :func:`feasibility.feasible_nodes` (health, labels, CPU, memory, GPU fit);
+1. filter: :func:`feasibility.feasible_nodes` (health, labels, CPU, memory, GPU fit; only
+   the rows whose version moved, through a :class:`ScoreCache` when the caller keeps one);
 2. score: the policy's ``evaluate`` on the feasible nodes (through a :class:`ScoreCache`
    when the caller keeps one and the policy is ``node_local``), then its ``adjust`` (a
    cluster-wide correction, never cached);
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .arrays import ClusterArrays
-from .feasibility import feasible_nodes
+from .feasibility import feasible_nodes, gpu_fit, node_resources_ok
 from .policies.base import Policy, PolicyContext
 from .requests import Demand
 
@@ -40,12 +41,38 @@ class ScoreCache:
 
     Valid only for ``node_local`` policies: a node's score is recomputed when its row's
     version moved, so a placement costs one row re-score per shape later asked about.
+    It keeps each demand's feasible nodes the same way (:meth:`feasible`), for any policy.
     """
 
     def __init__(self, n_nodes: int) -> None:
         self.n = n_nodes
         self._entries: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._feasible: dict[Demand, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self.evaluated_rows = 0  # statistics: rows actually scored
+
+    def feasible(
+        self, arrays: ClusterArrays, demand: Demand, label_mask: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """:func:`feasible_nodes`' answer, checking again only the rows whose version moved since this
+        demand's last call: whether a node can take a demand depends on its row alone (the labels, which
+        are not in the arrays, are applied after). Over a thousand nodes the filter cost more than
+        re-scoring the one or two rows that changed between two placements."""
+        entry = self._feasible.get(demand)
+        if entry is None:
+            entry = self._feasible[demand] = (
+                np.zeros(self.n, dtype=bool),
+                np.zeros((self.n, arrays.max_gpus), dtype=bool),
+                np.full(self.n, -1, dtype=np.int64),
+            )
+        ok, fit, versions = entry
+        stale = np.flatnonzero(versions != arrays.version)
+        if stale.size:
+            rows_fit = gpu_fit(arrays, demand, stale)  # all False for CPU-only work, which needs no GPU
+            ok[stale] = node_resources_ok(arrays, demand, stale) & (rows_fit.sum(axis=1) >= demand.num_gpu)
+            fit[stale] = rows_fit
+            versions[stale] = arrays.version[stale]
+        idx = np.flatnonzero(ok & label_mask if label_mask is not None else ok)
+        return idx, fit[idx]
 
     def lookup(
         self,
@@ -96,7 +123,10 @@ def decide(
     cache: ScoreCache | None = None,
 ) -> Choice | None:
     """The node and GPUs ``policy`` gives ``demand`` now, or None if no node is feasible."""
-    idx, fit = feasible_nodes(arrays, demand, label_mask)
+    if cache is not None:
+        idx, fit = cache.feasible(arrays, demand, label_mask)
+    else:
+        idx, fit = feasible_nodes(arrays, demand, label_mask)
     if idx.size == 0:
         return None
     if cache is not None and policy.node_local:

@@ -16,7 +16,9 @@ starts cannot afford that. Two structures here keep the answer exact and cheap:
 * :class:`WholeGpuState`: a :class:`ClusterState` whose holdings are whole-card bookings kept as
   NumPy columns; `arrays_for_window` is then a mask over them, equal to the general one for such
   holdings (a whole card held at any instant of the window leaves it 0 free; the clustering
-  tags count each reservation's cards per node).
+  tags count each reservation's cards per node). :meth:`WholeGpuState.window_arrays` keeps one
+  such set of arrays from window to window and rewrites only the rows whose holdings in the
+  window changed, so the engine (``api.WindowPlacer``) rescores only those nodes.
 
 Times are integers (any unit; the caller picks microseconds) in the timeline, and the engine's
 seconds in the state. Nothing here knows Django.
@@ -93,44 +95,52 @@ class FreeTimeline:
         twin.gap_gpu, twin.gap_from, twin.gap_to = self.gap_gpu.copy(), self.gap_from.copy(), self.gap_to.copy()
         return twin
 
+    def _gaps_of(self, gpu: int) -> list[int]:
+        """Where GPU `gpu`'s gaps are in the columns. (Sorting the columns by GPU made this a binary search, but
+        the sweeps in `earliest` over columns in that order took twice as long.)"""
+        return np.flatnonzero(self.gap_gpu == gpu).tolist()
+
+    def _append(self, gpu: int, start: int, end: int) -> None:
+        self.gap_gpu = np.append(self.gap_gpu, gpu)
+        self.gap_from = np.append(self.gap_from, start)
+        self.gap_to = np.append(self.gap_to, end)
+
+    def _delete(self, k: int) -> None:
+        self.gap_gpu, self.gap_from, self.gap_to = (np.delete(column, k) for column in
+                                                    (self.gap_gpu, self.gap_from, self.gap_to))
+
     def book(self, gpu: int, start: int, end: int) -> None:
         """Hold GPU `gpu` over [start, end), which must lie in one of its gaps (a planned window is
         chosen where it is free): that gap splits in two."""
-        inside = np.flatnonzero((self.gap_gpu == gpu) & (self.gap_from <= start) & (self.gap_to >= end))
-        if inside.size != 1:
+        inside = [k for k in self._gaps_of(gpu) if self.gap_from[k] <= start and self.gap_to[k] >= end]
+        if len(inside) != 1:
             raise ValueError(f"GPU {gpu} is not free over [{start}, {end})")
-        k = int(inside[0])
+        k = inside[0]
         after = int(self.gap_to[k])
         if self.gap_from[k] < start:
             self.gap_to[k] = start
-        else:  # the window starts where the gap does: no gap is left before it
-            keep = np.ones(self.gap_gpu.size, dtype=bool)
-            keep[k] = False
-            self.gap_gpu, self.gap_from, self.gap_to = self.gap_gpu[keep], self.gap_from[keep], self.gap_to[keep]
-        if after > end:
-            self.gap_gpu = np.append(self.gap_gpu, gpu)
-            self.gap_from = np.append(self.gap_from, end)
-            self.gap_to = np.append(self.gap_to, after)
+            if after > end:
+                self._append(gpu, end, after)
+        elif after > end:  # the window starts where the gap does (as an earliest fit does): the gap starts later
+            self.gap_from[k] = end
+        else:  # the window fills the gap
+            self._delete(k)
 
     def unbook(self, gpu: int, start: int, end: int) -> None:
         """Free GPU `gpu` over [start, end) again (a window `book` held): the gaps either side join it. (Gaps
         are never empty, so at most one gap ends at `start` and one begins at `end`.)"""
-        on_gpu = self.gap_gpu == gpu
-        left = np.flatnonzero(on_gpu & (self.gap_to == start))
-        right = np.flatnonzero(on_gpu & (self.gap_from == end))
-        if left.size and right.size:
+        gaps = self._gaps_of(gpu)
+        left = [k for k in gaps if self.gap_to[k] == start]
+        right = [k for k in gaps if self.gap_from[k] == end]
+        if left and right:
             self.gap_to[left[0]] = self.gap_to[right[0]]
-            keep = np.ones(self.gap_gpu.size, dtype=bool)
-            keep[right[0]] = False
-            self.gap_gpu, self.gap_from, self.gap_to = self.gap_gpu[keep], self.gap_from[keep], self.gap_to[keep]
-        elif left.size:
+            self._delete(right[0])
+        elif left:
             self.gap_to[left[0]] = end
-        elif right.size:
+        elif right:
             self.gap_from[right[0]] = start
         else:
-            self.gap_gpu = np.append(self.gap_gpu, gpu)
-            self.gap_from = np.append(self.gap_from, start)
-            self.gap_to = np.append(self.gap_to, end)
+            self._append(gpu, start, end)
 
     def free_for(self, start: int, end: int) -> np.ndarray:
         """Per GPU (0..n-1), whether its whole card is free over [start, end) (mask it with a request's allowed GPUs
@@ -181,15 +191,20 @@ class WholeGpuState(ClusterState):
     def __init__(self, nodes: Sequence[NodeInfo]) -> None:
         super().__init__(nodes=nodes)
         empty = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64),
-                 np.zeros(0, dtype=np.float64), np.zeros(0, dtype=np.int64))
-        self._many = self._few = empty  # (node, slot, start, end, group) columns each
+                 np.zeros(0, dtype=np.float64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+        self._many = self._few = empty  # (node, slot, start, end, group, serial) columns each
+        # Each holding's serial number (0, 1, 2, ... in the order held): window_arrays tells which holdings entered
+        # or left the window since its last call by them.
+        self._serials = 0
         self._groups: dict[Hashable, int] = {}
         self._last: tuple[tuple[float, float, int], ClusterArrays] | None = None
+        self._kept: tuple | None = None  # window_arrays' arrays, and what its last window hit
 
     def copy(self) -> WholeGpuState:
         twin = WholeGpuState.__new__(WholeGpuState)
         twin.__dict__.update(self.__dict__)
         twin._groups = dict(self._groups)
+        twin._kept = None  # window_arrays writes its arrays in place: a copy keeps its own
         return twin  # the columns are replaced, never written in place, by hold and release
 
     def hold(self, whole: Sequence[tuple[Hashable, Time, Time, Hashable]]) -> None:
@@ -202,9 +217,12 @@ class WholeGpuState(ClusterState):
                      reservation_ids: Sequence[Hashable]) -> None:
         """hold, given as columns (starts and ends in seconds, as `to_seconds` gives them)."""
         slots = [self.gpu_slot(gpu_id) for gpu_id in gpu_ids]
+        serials = np.arange(self._serials, self._serials + len(slots), dtype=np.int64)
+        self._serials += len(slots)
         added = (np.array([n for n, _ in slots], dtype=np.int64), np.array([slot for _, slot in slots], dtype=np.int64),
                  np.asarray(starts, dtype=np.float64), np.asarray(ends, dtype=np.float64),
-                 np.array([self._groups.setdefault(rid, len(self._groups)) for rid in reservation_ids], dtype=np.int64))
+                 np.array([self._groups.setdefault(rid, len(self._groups)) for rid in reservation_ids], dtype=np.int64),
+                 serials)
         self._few = tuple(np.concatenate([few, more]) for few, more in zip(self._few, added, strict=True))
         if self._few[0].size >= self.MERGE_AT:
             self._many = tuple(np.concatenate([many, few]) for many, few in zip(self._many, self._few, strict=True))
@@ -223,6 +241,27 @@ class WholeGpuState(ClusterState):
                 setattr(self, name, tuple(column[keep] for column in columns))
         self._last = None
 
+    def _hit_masks(self, ws: float, we: float) -> tuple[np.ndarray, np.ndarray]:
+        """Per holding of the many and of the few, whether it holds a card at some instant of [ws, we)."""
+        return tuple((start_s < we) & (end_s > ws) & (end_s > start_s)
+                     for _, _, start_s, end_s, _, _ in (self._many, self._few))
+
+    def _hits(self, masks: tuple[np.ndarray, np.ndarray], column: int) -> np.ndarray:
+        """One column of the holdings `masks` pick (node 0, slot 1, group 4, serial 5), the many's then the few's."""
+        return np.concatenate([self._many[column][masks[0]], self._few[column][masks[1]]])
+
+    def _mark(self, arrays: ClusterArrays, n: np.ndarray, slot: np.ndarray, group: np.ndarray) -> None:
+        """Take the cards these holdings hold in `arrays` (their rows as the empty cluster has them)."""
+        arrays.gpu_free[n, slot] = 0
+        mig = arrays.mig_capable[n, slot]
+        arrays.mig_used[n[mig], slot[mig]] = FULL_MASK
+        # Clustering tags: each reservation's whole cards on a node are one k-card task.
+        groups = len(self._groups) + 1
+        tasks, cards = np.unique(n * groups + group, return_counts=True)
+        cells = (tasks // groups) * arrays.affinity.shape[1] + np.minimum(cards, AFFINITY_BIG)
+        arrays.affinity += np.bincount(cells, minlength=arrays.affinity.size).reshape(arrays.affinity.shape
+                                                                                    ).astype(arrays.affinity.dtype)
+
     def arrays_for_window(self, start: Time, end: Time) -> ClusterArrays:
         ws, we = to_seconds(start), to_seconds(end)
         if not we > ws:
@@ -230,20 +269,46 @@ class WholeGpuState(ClusterState):
         key = (ws, we, self._many[0].size + self._few[0].size)
         if self._last is None or self._last[0] != key:
             arrays = self.base_arrays().copy()
-            hits = []
-            for n, slot, start_s, end_s, group in (self._many, self._few):
-                hit = (start_s < we) & (end_s > ws) & (end_s > start_s)
-                hits.append((n[hit], slot[hit], group[hit]))
-            n, slot, group = (np.concatenate(column) for column in zip(*hits, strict=True))
-            arrays.gpu_free[n, slot] = 0
-            mig = arrays.mig_capable[n, slot]
-            arrays.mig_used[n[mig], slot[mig]] = FULL_MASK
-            # Clustering tags: each reservation's whole cards on a node are one k-card task.
-            groups = len(self._groups) + 1
-            tasks, cards = np.unique(n * groups + group, return_counts=True)
-            cells = (tasks // groups) * arrays.affinity.shape[1] + np.minimum(cards, AFFINITY_BIG)
-            arrays.affinity += np.bincount(cells, minlength=arrays.affinity.size).reshape(arrays.affinity.shape
-                                                                                        ).astype(arrays.affinity.dtype)
+            hit = self._hit_masks(ws, we)
+            self._mark(arrays, self._hits(hit, 0), self._hits(hit, 1), self._hits(hit, 4))
             arrays.version += 1
             self._last = (key, arrays)
         return self._last[1].copy()
+
+    def window_arrays(self, start: Time, end: Time) -> ClusterArrays:
+        """What arrays_for_window gives, in one ClusterArrays kept from call to call (the caller must not change
+        it): only the rows of the nodes where a holding entered or left the window since the last call (or was
+        held or released meanwhile) are written again, and only their versions move, so a ScoreCache rescores
+        those nodes alone. A queue plan asks window after window of one pool, and between two of them a couple
+        of its thousand nodes change; arrays_for_window copies and masks every row each time."""
+        ws, we = to_seconds(start), to_seconds(end)
+        if not we > ws:
+            raise ValueError("window must end after it starts")
+        many, few = self._many, self._few
+        many_hit, few_hit = self._hit_masks(ws, we)
+        few_node, few_serial = few[0][few_hit], few[5][few_hit]
+        if self._kept is None or self._kept[1] is not many:
+            # The first call, or the many changed (the few joined them, or a release dropped some): every row.
+            arrays = self._kept[0] if self._kept is not None else self.base_arrays().copy()
+            dirty = np.arange(arrays.n_nodes)
+        else:
+            arrays, _, was_many_hit, was_few_serial, was_few_node = self._kept
+            # The many are the same columns as last time: compare their masks. The few change with every holding
+            # the plan adds: compare the serials they hit (serials only grow, so each set is a mask over them).
+            was, now = np.zeros(self._serials, dtype=bool), np.zeros(self._serials, dtype=bool)
+            was[was_few_serial] = True
+            now[few_serial] = True
+            dirty = np.unique(np.concatenate([many[0][many_hit != was_many_hit], few_node[~was[few_serial]],
+                                              was_few_node[~now[was_few_serial]]]))
+        if dirty.size:
+            base = self.base_arrays()
+            arrays.gpu_free[dirty] = base.gpu_free[dirty]
+            arrays.mig_used[dirty] = base.mig_used[dirty]
+            arrays.affinity[dirty] = base.affinity[dirty]
+            on = np.zeros(arrays.n_nodes, dtype=bool)
+            on[dirty] = True
+            mine = (many_hit & on[many[0]], few_hit & on[few[0]])
+            self._mark(arrays, self._hits(mine, 0), self._hits(mine, 1), self._hits(mine, 4))
+            arrays.version[dirty] += 1
+        self._kept = (arrays, many, many_hit, few_serial, few_node)
+        return arrays

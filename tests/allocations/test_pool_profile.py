@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from allocations import booking, profiles, queue
 from allocations.models import Reservation
+from allocations.placement.api import WindowPlacer
 from allocations.placement.workload import TaskKey
 from tests.allocations.test_gpu_models import A100, H100, mixed  # noqa: F401 - the fixture
 from tests.factories import window
@@ -118,6 +119,14 @@ def test_booking_hands_the_pools_profile_to_the_engine_on_create_and_in_the_queu
         return real_place(state, request, policy, profile=profile, **kwargs)
 
     monkeypatch.setattr(booking, "place", spy)
+    # The queue's board places through a WindowPlacer (place() on kept arrays): it must be handed the profile too.
+    real_window_place = WindowPlacer.place
+
+    def window_spy(self, request, policy, *, profile=None):
+        seen.append(profile)
+        return real_window_place(self, request, policy, profile=profile)
+
+    monkeypatch.setattr(WindowPlacer, "place", window_spy)
     start, end = window(0, 2)
     created = api(world.member).post(URL, {"pool": "mixed", "team": "ml", "gpus": 1, "gpu_models": [H100],
                                            "ends_at": end.isoformat()}, format="json")

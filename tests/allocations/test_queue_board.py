@@ -252,3 +252,70 @@ def test_the_walk_finds_no_start_where_the_earliest_is_after_the_latest():
     gpus = [booking.PoolGpu(id=1, node_id=1, node_name="n1", index=0)]
     assert earliest_fit(gpus=gpus, grants=[], shape=booking.Shape(gpus=1), duration=QUARTER, earliest=T0 + QUARTER,
                         latest=T0, policy="portal") == (None, [], "no_start")
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(-10, 20), st.integers(0, 10), st.integers(1, 4)),
+                max_size=12),
+       st.lists(st.tuples(st.sampled_from(["window", "hold", "release"]), st.integers(-5, 15), st.integers(1, 10),
+                          st.integers(0, 5), st.integers(1, 6)), min_size=1, max_size=12),
+       st.integers(1, 3), st.integers(1, 3), st.sampled_from(["portal", "first_fit", "random"]))
+def test_the_kept_window_arrays_and_the_window_placer_answer_what_a_fresh_window_does(holds, steps, merge_at, count,
+                                                                                      policy):
+    """WholeGpuState.window_arrays rewrites only the rows whose holdings in the window changed since its last call,
+    and WindowPlacer scores through a ScoreCache on them: window after window, with holdings held and released
+    between (across the few's merges into the many), they give arrays_for_window's arrays and place()'s decisions."""
+    from allocations.placement import PlacementRequest, place
+    from allocations.placement.api import WindowPlacer
+
+    gpus = [booking.PoolGpu(id=i, node_id=i // 3, node_name=f"n{i // 3}", index=i % 3) for i in range(9)]
+    nodes = booking.PoolSnapshot(start=T0, end=T0, gpus=tuple(gpus), grants=()).state().nodes
+    minute = timedelta(minutes=1)
+    kept = WholeGpuState(nodes)
+    kept.MERGE_AT = merge_at
+    kept.hold([(gpu, T0 + s * minute, T0 + (s + n) * minute, rid) for gpu, s, n, rid in holds])
+    placer = WindowPlacer(kept)
+    for action, start, length, gpu, rid in steps:
+        if action == "hold":
+            kept.hold([(gpu, T0 + start * minute, T0 + (start + length) * minute, rid)])
+        elif action == "release":
+            kept.release(rid)
+        window = (T0 + start * minute, T0 + (start + length) * minute)
+        fresh = kept.arrays_for_window(*window)
+        request = PlacementRequest(gpus=count, start=window[0].timestamp(), end=window[1].timestamp())
+        expected = place(kept, request, policy)
+        got = placer.place(request, policy)
+        arrays = kept.window_arrays(*window)
+        for field in ("gpu_free", "mig_used", "affinity", "cpu_free", "mem_free", "gpu_mem_free", "mig_media"):
+            assert (getattr(fresh, field) == getattr(arrays, field)).all(), field
+        assert got == expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(-20, 40), st.integers(0, 20)), max_size=14), st.data())
+def test_the_timeline_booked_and_unbooked_has_the_gaps_of_one_built_from_its_windows(busy, data):
+    """book splits a GPU's gap and unbook joins them again, in place where it can: after any of them the gaps are
+    those of a timeline built afresh from the windows held."""
+    node_of = [0, 0, 0, 1, 1, 2]
+    usable = [True, True, False, True, True, True]
+    timeline = FreeTimeline(node_of, usable, [(g, s, s + n) for g, s, n in busy])
+    held: list[tuple[int, int, int]] = []
+
+    def gaps(line):
+        return sorted(zip(line.gap_gpu.tolist(), line.gap_from.tolist(), line.gap_to.tolist(), strict=True))
+
+    for _ in range(data.draw(st.integers(1, 10))):
+        if held and data.draw(st.booleans()):
+            gpu, start, end = held.pop(data.draw(st.integers(0, len(held) - 1)))
+            timeline.unbook(gpu, start, end)
+        else:
+            k = data.draw(st.integers(0, timeline.gap_gpu.size - 1))
+            gpu, lo, hi = int(timeline.gap_gpu[k]), max(int(timeline.gap_from[k]), -30), min(int(timeline.gap_to[k]), 60)
+            if hi <= lo:
+                continue
+            start = data.draw(st.integers(lo, hi - 1))
+            end = data.draw(st.integers(start + 1, hi))
+            timeline.book(gpu, start, end)
+            held.append((gpu, start, end))
+        fresh = FreeTimeline(node_of, usable, [(g, s, s + n) for g, s, n in busy] + held)
+        assert gaps(timeline) == gaps(fresh)
