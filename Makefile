@@ -7,6 +7,10 @@ PORT ?= 8000
 # Tests run against real PostgreSQL and Redis; these defaults match scripts/test-services.
 TEST_DATABASE_URL ?= postgres://gpupool:gpupool@127.0.0.1:5432/gpupool
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/14
+# The suite runs in this many pytest-xdist processes, a test file each at a time (tests/parallel.py gives each
+# its own Redis database; pytest-django its own test database). Most of a test's time is waiting on a server,
+# a browser or a child process, so two share the two cores well. TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
 
 .PHONY: run test venv dev-venv services benchmark-api benchmark-api-cpu benchmark-api-floor benchmark-history benchmark-sharing benchmark-queue benchmark-telemetry-history benchmark-k8s-telemetry benchmark-apply benchmark-page-load benchmark-page-cost benchmark-fleet benchmark-usage benchmark-idle-reclaim clean
 
@@ -36,7 +40,7 @@ benchmarks/results:
 # services first: they install the headers python-ldap (requirements-ldap.txt) compiles against.
 test: services $(VENV)/.dev
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) SECRET_KEY=test-only-secret \
-		$(PY) -m pytest $(PYTEST_ARGS)
+		$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-p tests.parallel -n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 BENCH_DATABASE_URL ?= postgres://gpupool:gpupool@127.0.0.1:5432/gpupool_bench
 
