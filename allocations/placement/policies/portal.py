@@ -40,6 +40,22 @@ able to use ``i`` is tied to it (each task weighted by the share of the cluster'
 cannot use). On a workload where nothing is tied to a model (every task fits every node
 type) ``pinned_i`` is 0 and the term vanishes.
 
+A fifth term keeps whole nodes for the work that only a whole node can take (an 8-GPU
+task fits only 8-GPU nodes, and an 8-GPU task asking 120 cores only the 128-core ones):
+taking a node that is still whole for such a task costs::
+
+    whole_n = 0.25 * sum_k rho_k * gpus_n * 1000     over the whole-node shapes k the node can still take
+    rho_k   = min(1, (k's share of the GPU request) * (the cluster's GPUs) / (GPUs of the node types k fits))
+
+``rho_k`` is the share of those node types' GPUs that shape k's tasks would need if the mix
+filled the cluster (:class:`~allocations.placement.workload.WholeNodeWork`,
+:class:`WholeNodeTable`): large for work that few nodes can take, small for work with
+hundreds of nodes to choose from. Without it the stranding term spreads light work over
+every 96-core server and sends CPU-hungry work to the 128-core ones, and on CPU-hungry
+mixes 8-GPU tasks found no whole node before 90% arrived (README, issue 18). A node that
+is no longer whole is not charged, so the term only decides between breaking a node and
+using one already broken. The weight (0.25 of 0.25/0.5/1/2) was chosen on the training variants.
+
 The constants (weights, levels, the filler cut-off) were chosen by
 ``python -m benchmarks.placement_sweep`` on training variants of the trace and checked on
 held-out ones (README, Measured). A guard (``guard = "auto"``) runs the profile's work on
@@ -97,7 +113,7 @@ import numpy as np
 from ..arrays import ClusterArrays
 from ..requests import Demand, Kind
 from .base import Evaluation, Policy, PolicyContext, mig_pack_scores
-from ..workload import ModelTerms, NodeTypes, WorkloadProfile, node_types, remnant_waste_table
+from ..workload import ModelTerms, NodeTypes, WholeNodeWork, WorkloadProfile, node_types, remnant_waste_table
 from .fgd import FgdPolicy, fragment_deltas, sigmoid
 
 
@@ -122,6 +138,74 @@ def stranded_gpu(
 
 
 _TYPES: dict[int, tuple[np.ndarray, NodeTypes]] = {}
+
+
+class WholeNodeTable:
+    """:class:`WholeNodeWork` laid out per node of one cluster, for the whole-node term.
+
+    ``full[n]`` is node n's usable GPUs in milli when some whole-node work fits its type
+    (-1 otherwise: never whole); ``value[n, k]`` is shape k's share of the work that fits
+    the node's type times ``full[n]``: the milli-GPU of the node's capacity that shape k's
+    tasks would lose if the node stopped being free for them.
+    """
+
+    def __init__(self, arrays: ClusterArrays, whole: WholeNodeWork) -> None:
+        n = arrays.n_nodes
+        self.cpu, self.mem = whole.cpu_milli, whole.memory_mib
+        self.full = np.full(n, -1, dtype=np.int64)
+        self.value = np.zeros((n, len(self.cpu)))
+        usable = arrays.gpu_usable.sum(axis=1)
+        keys = zip(arrays.model_idx.tolist(), arrays.cpu_cap.tolist(), arrays.mem_cap.tolist(), usable.tolist())
+        for i, t in enumerate(keys):
+            row = whole.share.get(t)
+            if row is not None:
+                self.full[i] = 1000 * t[3]
+                self.value[i] = np.array(row) * self.full[i]
+        self.any = bool((self.full > 0).any())
+        # The same as Python objects, for the few-row path.
+        self.full_list: list[int] = self.full.tolist()
+        self.value_list: list[list[float]] = self.value.tolist()
+
+    def values(self, rows: np.ndarray, total: np.ndarray, cpu: np.ndarray, mem: np.ndarray) -> np.ndarray:
+        """Per row: the sum of ``value[row, k]`` over the shapes k that a node in this state
+        (``total`` free milli-GPU, ``cpu`` and ``mem`` free) can take: all its GPUs free and
+        enough CPU and memory; shapes added one by one in order (the few-row path's order)."""
+        whole = total == self.full[rows]
+        out = np.zeros(len(rows))
+        value = self.value[rows]
+        for k, (c, m) in enumerate(zip(self.cpu, self.mem)):
+            out = out + np.where(whole & (cpu >= c) & (mem >= m), value[:, k], 0.0)
+        return out
+
+    def loss(self, row: int, total: int, cpu: int, mem: int, demand: Demand) -> float:
+        """``values(before) - values(after)`` of one row in Python floats (same operations)."""
+        full = self.full_list[row]
+        if total != full:
+            return 0.0  # not whole before, so not after either: 0 - 0
+        value = self.value_list[row]
+        before = 0.0
+        for k, (c, m) in enumerate(zip(self.cpu, self.mem)):
+            before = before + (value[k] if cpu >= c and mem >= m else 0.0)
+        after = 0.0
+        if total - demand.total_milli == full:
+            cpu, mem = cpu - demand.cpu_milli, mem - demand.memory_mib
+            for k, (c, m) in enumerate(zip(self.cpu, self.mem)):
+                after = after + (value[k] if cpu >= c and mem >= m else 0.0)
+        return before - after
+
+
+_WHOLE: dict[tuple[int, int], tuple[np.ndarray, WholeNodeWork, WholeNodeTable]] = {}
+
+
+def whole_node_table(arrays: ClusterArrays, whole: WholeNodeWork) -> WholeNodeTable:
+    """The cluster's :class:`WholeNodeTable` (built once per capacity array and profile's terms)."""
+    key = (id(arrays.cpu_cap), id(whole))
+    hit = _WHOLE.get(key)
+    if hit is None or hit[0] is not arrays.cpu_cap or hit[1] is not whole:
+        if len(_WHOLE) > 64:
+            _WHOLE.clear()
+        hit = _WHOLE[key] = (arrays.cpu_cap, whole, WholeNodeTable(arrays, whole))
+    return hit[2]
 
 
 def cluster_types(arrays: ClusterArrays) -> NodeTypes:
@@ -209,8 +293,13 @@ class _Prepared:
     #: Stands in for "never" in the stranding minimum (a ratio of 0): beyond any node's GPUs.
     NEVER = 1e30
 
-    def __init__(self, profile: WorkloadProfile, cpu_cap: np.ndarray, models: list[str], terms: ModelTerms | None):
+    def __init__(
+        self, profile: WorkloadProfile, cpu_cap: np.ndarray, models: list[str], terms: ModelTerms | None,
+        whole: WholeNodeTable | None = None,
+    ):
         self.profile, self.cpu_cap, self.models, self.terms = profile, cpu_cap, models, terms
+        #: The whole-node term's table, None when it is off or no whole-node work fits any node.
+        self.whole = whole if whole is not None and whole.any else None
         if terms is None:
             return
         cpu, mem = terms.cpu_per_gpu, terms.mem_per_gpu
@@ -317,6 +406,9 @@ class PortalPolicy(Policy):
     score_levels = 100
     balance_weight = 30.0
     filler_min_share = 0.03
+    #: Weight of the whole-node term (:class:`WholeNodeTable`): taking a node that whole-node
+    #: work could still use costs this times that work's share of the node's GPUs.
+    whole_weight = 0.25
     #: Condition every term on the node's GPU model (False: one cluster-wide figure and no
     #: model balance, the policy as it was before issue 18; kept for the ablation).
     per_model = True
@@ -330,7 +422,10 @@ class PortalPolicy(Policy):
     #: (fewer than ~16 rows: cheaper than NumPy's per-call cost; same bits either way).
     python_rows = 16
 
-    _CONSTANTS = ("stranding_weight", "remnant_weight", "score_levels", "balance_weight", "filler_min_share", "per_model")
+    _CONSTANTS = (
+        "stranding_weight", "remnant_weight", "score_levels", "balance_weight", "filler_min_share", "per_model",
+        "whole_weight",
+    )
 
     def __init__(self, **constants: float | str | bool) -> None:
         for key, value in constants.items():
@@ -356,7 +451,8 @@ class PortalPolicy(Policy):
             types = cluster_types(arrays)
             if self.guard != "auto" or terms_help(self, profile, arrays, types):
                 terms = profile.model_terms(arrays.models, types, self.filler_min_share)
-        p = self._prep = _Prepared(profile, arrays.cpu_cap, arrays.models, terms)
+        whole = whole_node_table(arrays, terms.whole) if terms is not None and self.whole_weight else None
+        p = self._prep = _Prepared(profile, arrays.cpu_cap, arrays.models, terms, whole)
         return p
 
     def _terms_on(self, profile: WorkloadProfile, arrays: ClusterArrays) -> ModelTerms | None:
@@ -397,13 +493,17 @@ class PortalPolicy(Policy):
         terms = prep.terms
         delta, frag = fragment_deltas(arrays, demand, nodes, fit, terms.shapes)  # a fresh array: updated in place
         row = frag.model_idx
+        whole = prep.whole
         if len(nodes) <= self.python_rows:
-            strand = prep.stranding_rows(
-                frag.total.tolist(), frag.cpu.tolist(), arrays.mem_free[nodes].tolist(), row.tolist(),
-                demand, self.stranding_weight,
-            )
+            total, cpu, mem = frag.total.tolist(), frag.cpu.tolist(), arrays.mem_free[nodes].tolist()
+            strand = prep.stranding_rows(total, cpu, mem, row.tolist(), demand, self.stranding_weight)
             # One row (the commonest re-scoring): the Python float adds as the (1, 1) array would.
             delta += strand[0] if len(strand) == 1 else np.array(strand)[:, None]
+            if whole is not None:
+                # Rows that are not whole lose nothing (0.0: adding it would change no bit).
+                loss = [whole.loss(n, t, c, m, demand) for n, t, c, m in zip(nodes.tolist(), total, cpu, mem)]
+                if any(loss):
+                    delta += self.whole_weight * np.array(loss)[:, None]
         else:
             # (B, 4): CPU ratio, memory ratio (1 where the ratio is 0), and their offsets (NEVER
             # there, which keeps that side out of the minimum: a ratio of 0 never strands).
@@ -415,6 +515,12 @@ class PortalPolicy(Policy):
             )
             after = np.maximum(0.0, (free_gpu - demand.total_milli) - feeds_after)
             delta += self.stranding_weight * (after - before)[:, None]
+            if whole is not None and (free_gpu == whole.full[nodes]).any():
+                v_before = whole.values(nodes, free_gpu, cpu, mem)
+                v_after = whole.values(
+                    nodes, free_gpu - demand.total_milli, cpu - demand.cpu_milli, mem - demand.memory_mib
+                )
+                delta += self.whole_weight * (v_before - v_after)[:, None]
 
         if kind is Kind.FRACTION:
             # Only GPUs that fit have a finite delta (fragment_deltas leaves the rest at inf,
@@ -457,6 +563,18 @@ class PortalPolicy(Policy):
             free_gpu - demand.total_milli, cpu - demand.cpu_milli, mem - demand.memory_mib, r_cpu, r_mem
         )
         delta = delta + self.stranding_weight * (after - before)[:, None]
+
+        # Whole nodes: what taking this node costs the work only a whole free node can take.
+        if self.per_model and self.whole_weight:
+            whole = whole_node_table(arrays, terms.whole)
+            if whole.any:
+                total = free.sum(axis=1)
+                v_before = whole.values(nodes, total, arrays.cpu_free[nodes], arrays.mem_free[nodes])
+                v_after = whole.values(
+                    nodes, total - demand.total_milli, arrays.cpu_free[nodes] - demand.cpu_milli,
+                    arrays.mem_free[nodes] - demand.memory_mib,
+                )
+                delta = delta + self.whole_weight * (v_before - v_after)[:, None]
 
         # Remnants: only a fractional demand changes a GPU's remnant (whole GPUs go 1000 -> 0, W = 0 both).
         if demand.kind is Kind.FRACTION:
