@@ -89,15 +89,20 @@ class WholeNodeWork:
     many GPUs as it asks: wherever it goes it needs all of a node's GPUs free (an 8-GPU
     task on a cluster whose largest nodes have 8 GPUs). Fractional and CPU-only work never is.
 
-    ``cpu_milli``, ``memory_mib`` and ``num_gpu`` describe the K distinct such shapes;
-    ``share[t][k]`` is shape k's share of the GPU request (milli-GPU) of all the work that
-    fits node type ``t`` (``(model index, cpu, memory, GPUs)``, as in :data:`NodeTypes`),
-    0 where shape k does not fit type t. Types no whole-node work fits are absent.
+    ``cpu_milli``, ``memory_mib`` and ``num_gpu`` describe the K distinct such shapes and
+    ``request_share[k]`` their share of the GPU request (milli-GPU) of all recorded GPU work.
+    ``share[t][k]`` (node type ``t = (model index, cpu, memory, GPUs)``, as in
+    :data:`NodeTypes`) is ``min(1, request share * the cluster's GPUs / GPUs of the types
+    the task fits)`` summed over the tasks of shape k that fit t: the share of those types'
+    GPUs shape k would need if the mix filled the cluster, 0 where k does not fit t. Types
+    no whole-node work fits are absent.
     """
 
     cpu_milli: tuple[int, ...] = ()
     memory_mib: tuple[int, ...] = ()
     num_gpu: tuple[int, ...] = ()
+    #: Shape k's share of the GPU request (milli-GPU) of all the recorded GPU work.
+    request_share: tuple[float, ...] = ()
     share: dict[tuple[int, int, int, int], tuple[float, ...]] = field(default_factory=dict)
 
 
@@ -318,6 +323,7 @@ class WorkloadProfile:
             cpu_milli=tuple(s[0] for s in order),
             memory_mib=tuple(s[1] for s in order),
             num_gpu=tuple(s[2] for s in order),
+            request_share=tuple(sum(n * k.num_gpu * k.milli for k, n in shapes[s]) / all_work for s in order),
             share=share,
         )
 

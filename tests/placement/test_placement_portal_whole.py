@@ -89,16 +89,36 @@ def test_lighter_work_goes_to_a_96_core_node_rather_than_break_the_only_128_core
 
 def test_cpu_only_work_that_would_leave_too_little_cpu_counts_as_taking_the_node() -> None:
     arrays = cluster([("G3", 128, 8)])
-    whole = whole_node_table(arrays, whole_of(WorkloadProfile.from_demands(HISTORY), arrays))
-    k = len(whole.cpu)
-    small, big = Demand(4_000, 0, 0, 0), Demand(16_000, 0, 0, 0)
-    total, cpu, mem = 8000, 128_000, 1 << 20
-    assert whole.loss(0, total, cpu, mem, small) == 0.0  # 124 cores left: still fits 120
-    lost = whole.loss(0, total, cpu, mem, big)  # 112 left: the 120-core shape is lost, 64 not
-    assert 0 < lost < whole.value[0].sum()
-    assert whole.loss(0, total, cpu, mem, gpu(1)) == whole.value[0].sum()  # a GPU taken: all lost
-    assert whole.loss(0, 7000, cpu, mem, gpu(1)) == 0.0  # already broken: nothing left to lose
-    assert k == 2
+    table = whole_node_table(arrays, whole_of(WorkloadProfile.from_demands(HISTORY), arrays))
+    k120 = table.cpu.index(120_000)
+    rows, total, mem = np.array([0]), np.array([8000]), np.array([1 << 20])
+
+    def lost(cpu: int, demand: Demand) -> list[bool]:
+        return table.lost(rows, total - (8000 - total), np.array([cpu]), mem, demand)[0].tolist()
+
+    assert lost(128_000, Demand(4_000, 0, 0, 0)) == [False, False]  # 124 cores left: still fits 120
+    assert lost(128_000, Demand(16_000, 0, 0, 0)) == [k == k120 for k in range(2)]  # 112 left: only 120 lost
+    assert lost(128_000, gpu(1)) == [True, True]  # a GPU taken: nothing whole is left
+    assert table.lost(rows, np.array([7000]), np.array([128_000]), mem, gpu(1))[0].tolist() == [False, False]
+
+
+def test_the_charge_grows_as_whole_nodes_run_out() -> None:
+    # rho = min(1, r * F / W): the 120-core shape's share of the request, times the free GPU,
+    # over the GPU of the nodes still whole for it. Fewer whole G3s, same free GPU: dearer.
+    profile = WorkloadProfile.from_demands(HISTORY)
+    c = PolicyContext(profile=profile)
+    arrays = cluster([("G3", 128, 8)] * 3 + [("G2", 96, 8)] * 4)
+    policy = PortalPolicy(guard="off")
+    nodes = np.arange(3)
+    first = policy.adjust(arrays, gpu(30), nodes, np.zeros(3), c)
+    arrays.apply(1, gpu(30), [0])
+    arrays.apply(2, gpu(30), [0])
+    arrays.apply(3, gpu(4), [0])  # keeps the free GPU nearly as it was
+    second = policy.adjust(arrays, gpu(30), nodes, np.zeros(3), c)
+    assert second[0] < first[0] < 0
+    assert second[1] == second[2] == 0  # broken nodes are not charged
+    plain = PortalPolicy(guard="off", fast=False).adjust(arrays, gpu(30), nodes, np.zeros(3), c)
+    np.testing.assert_array_equal(second, plain)
 
 
 @st.composite
@@ -136,19 +156,23 @@ def test_fast_path_places_exactly_as_the_plain_formulas_with_whole_node_work(arr
 @given(whole_clusters(), st.lists(demands(), min_size=1, max_size=30), st.lists(demands(), min_size=1, max_size=30))
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_the_term_only_ever_charges_whole_nodes(arrays, history, arrivals) -> None:
-    # Scores of nodes that are not whole are those of the policy without the term.
-    profile = WorkloadProfile.from_demands(history)
+    # After any placements (and releases), the charge falls on nodes whole for some shape and
+    # nowhere else, never as a bonus; and the incremental count gives the plain path's charge.
+    profile = WorkloadProfile.from_demands(history + [gpu(120, num=8)])
     c = PolicyContext(profile=profile)
     placer = Placer(arrays, PortalPolicy(guard="off"), c)
-    for d in arrivals:
-        placer.place(d)
-    demand = arrivals[-1]
-    fit = (arrays.gpu_free >= max(demand.milli, 1)) & arrays.gpu_usable if demand.num_gpu else np.ones_like(
-        arrays.gpu_usable)
+    placed = [(d, placer.place(d)) for d in arrivals]
+    for d, choice in placed[::3]:
+        if choice is not None:
+            placer.release(choice, d)
     nodes = np.arange(arrays.n_nodes)
-    on = PortalPolicy(guard="off").evaluate(arrays, demand, nodes, fit, c).scores
-    off = PortalPolicy(guard="off", whole_weight=0).evaluate(arrays, demand, nodes, fit, c).scores
+    demand = arrivals[-1]
+    scores = np.zeros(arrays.n_nodes)
+    on = placer.policy.adjust(arrays, demand, nodes, scores, c)
+    off = PortalPolicy(guard="off", whole_weight=0).adjust(arrays, demand, nodes, scores, c)
+    plain = PortalPolicy(guard="off", fast=False).adjust(arrays, demand, nodes, scores, c)
+    np.testing.assert_array_equal(on, plain)
     table = whole_node_table(arrays, whole_of(profile, arrays))
     broken = arrays.gpu_free.sum(axis=1) != table.full
     np.testing.assert_array_equal(on[broken], off[broken])
-    assert (on <= off).all()  # a charge, never a bonus
+    assert (on <= off).all()
