@@ -80,6 +80,32 @@ def node_types(arrays_model_idx: np.ndarray, cpu_cap: np.ndarray, mem_cap: np.nd
     return tuple((int(m), int(c), int(r), int(g), int(n)) for (m, c, r, g), n in zip(kinds, counts, strict=True))
 
 
+@dataclass(frozen=True)
+class WholeNodeWork:
+    """Work that only a whole free node can take, and how much of each node type's work it is.
+
+    A task is *whole-node work* when every node type it fits on (its ``allowed_models``
+    admit the model, and the type has the CPU, memory and GPUs it asks) has exactly as
+    many GPUs as it asks: wherever it goes it needs all of a node's GPUs free (an 8-GPU
+    task on a cluster whose largest nodes have 8 GPUs). Fractional and CPU-only work never is.
+
+    ``cpu_milli``, ``memory_mib`` and ``num_gpu`` describe the K distinct such shapes and
+    ``request_share[k]`` their share of the GPU request (milli-GPU) of all recorded GPU work.
+    ``share[t][k]`` (node type ``t = (model index, cpu, memory, GPUs)``, as in
+    :data:`NodeTypes`) is ``min(1, request share * the cluster's GPUs / GPUs of the types
+    the task fits)`` summed over the tasks of shape k that fit t: the share of those types'
+    GPUs shape k would need if the mix filled the cluster, 0 where k does not fit t. Types
+    no whole-node work fits are absent.
+    """
+
+    cpu_milli: tuple[int, ...] = ()
+    memory_mib: tuple[int, ...] = ()
+    num_gpu: tuple[int, ...] = ()
+    #: Shape k's share of the GPU request (milli-GPU) of all the recorded GPU work.
+    request_share: tuple[float, ...] = ()
+    share: dict[tuple[int, int, int, int], tuple[float, ...]] = field(default_factory=dict)
+
+
 @dataclass
 class ModelTerms:
     """The profile's terms per GPU model of one cluster.
@@ -102,6 +128,8 @@ class ModelTerms:
     pinned_share: np.ndarray
     #: (M + 1,) usable GPUs of each model in the cluster (GPU-less nodes: 0).
     gpus: np.ndarray
+    #: The work only a whole free node can take, per node type (see :class:`WholeNodeWork`).
+    whole: WholeNodeWork = field(default_factory=WholeNodeWork)
 
 
 @dataclass
@@ -252,6 +280,51 @@ class WorkloadProfile:
             shapes=ShapeTable.per_model(union, p, models),
             pinned_share=pinned,
             gpus=gpus_of,
+            whole=self._whole_node_work(models, types),
+        )
+
+    def _whole_node_work(self, models: Sequence[str], types: NodeTypes) -> WholeNodeWork:
+        """The recorded work that only a whole free node can take (:class:`WholeNodeWork`)."""
+
+        def fits(key: TaskKey, m: int, cpu_cap: int, mem_cap: int, g: int) -> bool:
+            allowed = m >= 0 and (not key.allowed or models[m] in key.allowed)
+            return allowed and cpu_cap >= key.cpu_milli and mem_cap >= key.memory_mib and g >= key.num_gpu
+
+        gpu_keys = [(k, c) for k, c in self.task_counts.items() if k.num_gpu > 0 and k.milli > 0]
+        shapes: dict[tuple[int, int, int], list[tuple[TaskKey, int]]] = {}
+        for key, count in gpu_keys:
+            if key.milli < MILLI_PER_GPU:
+                continue
+            on = [g for m, c, r, g, _ in types if fits(key, m, c, r, g)]
+            if on and all(g == key.num_gpu for g in on):
+                shapes.setdefault((key.cpu_milli, key.memory_mib, key.num_gpu), []).append((key, count))
+        if not shapes:
+            return WholeNodeWork()
+        order = sorted(shapes)
+        all_work = sum(n * k.num_gpu * k.milli for k, n in gpu_keys)
+        all_gpus = sum(g * n for m, _, _, g, n in types if m >= 0)
+        # Per task kind: the GPUs of the node types it fits (the only ones it can ever use).
+        supply = {
+            k: sum(g * n for m, c, r, g, n in types if fits(k, m, c, r, g)) for s in order for k, _ in shapes[s]
+        }
+        share: dict[tuple[int, int, int, int], tuple[float, ...]] = {}
+        for m, c, r, g, _ in types:
+            t = (m, c, r, g)
+            row = tuple(
+                min(1.0, sum(
+                    n * k.num_gpu * k.milli / all_work * all_gpus / supply[k]
+                    for k, n in shapes[s] if fits(k, m, c, r, g)
+                ))
+                for s in order
+            )
+            if any(row):
+                share[t] = row
+        return WholeNodeWork(
+            cpu_milli=tuple(s[0] for s in order),
+            memory_mib=tuple(s[1] for s in order),
+            num_gpu=tuple(s[2] for s in order),
+            request_share=tuple(sum(n * k.num_gpu * k.milli for k, n in shapes[s]) / all_work for s in order),
+            share=share,
         )
 
     @property

@@ -40,6 +40,27 @@ able to use ``i`` is tied to it (each task weighted by the share of the cluster'
 cannot use). On a workload where nothing is tied to a model (every task fits every node
 type) ``pinned_i`` is 0 and the term vanishes.
 
+A fifth term, also in :meth:`PortalPolicy.adjust`, keeps whole nodes for the work that only
+a whole node can take (an 8-GPU task fits only 8-GPU nodes, and an 8-GPU task asking 120
+cores only the 128-core ones; :class:`~allocations.placement.workload.WholeNodeWork`).
+Taking node ``n`` costs::
+
+    whole_n = 0.25 * sum_k rho_k * gpus_n * 1000     over the whole-node shapes k it can take now and not after
+    rho_k   = min(1, r_k * F / W_k)
+
+``r_k`` is shape k's share of the GPU request, ``F`` the cluster's free milli-GPU and ``W_k``
+the milli-GPU of the nodes still whole (all GPUs free, enough CPU and memory) for k: the
+share of those nodes that k's tasks would need if the mix filled what is free. On an empty
+cluster it is k's demand over its supply (large for work few nodes can take, small for work
+with hundreds of nodes to choose from); it grows towards 1 as whole nodes run out faster
+than free capacity, so the last ones are kept. Without it the stranding term spreads light
+work over every 96-core server (each empty one strands a little GPU that the first light
+task "fixes") and sends CPU-hungry work to the 128-core ones, and on CPU-hungry mixes 8-GPU
+tasks found no whole node before 90% arrived (README, issue 18). Nodes that are not whole
+are never charged. The fast path counts whole nodes per shape from the rows that changed
+(:class:`_WholeCount`) and looks only at whole candidates; the same charge bit for bit.
+The weight 0.25 was chosen on the training variants (of 0.25, 0.5, 1).
+
 The constants (weights, levels, the filler cut-off) were chosen by
 ``python -m benchmarks.placement_sweep`` on training variants of the trace and checked on
 held-out ones (README, Measured). A guard (``guard = "auto"``) runs the profile's work on
@@ -97,7 +118,7 @@ import numpy as np
 from ..arrays import ClusterArrays
 from ..requests import Demand, Kind
 from .base import Evaluation, Policy, PolicyContext, mig_pack_scores
-from ..workload import ModelTerms, NodeTypes, WorkloadProfile, node_types, remnant_waste_table
+from ..workload import ModelTerms, NodeTypes, WholeNodeWork, WorkloadProfile, node_types, remnant_waste_table
 from .fgd import FgdPolicy, fragment_deltas, sigmoid
 
 
@@ -122,6 +143,71 @@ def stranded_gpu(
 
 
 _TYPES: dict[int, tuple[np.ndarray, NodeTypes]] = {}
+
+
+class WholeNodeTable:
+    """:class:`WholeNodeWork` laid out per node of one cluster, for the whole-node term.
+
+    ``full[n]`` is node n's usable GPUs in milli when some whole-node work fits its type
+    (-1 otherwise: never whole); ``fits[n, k]``: shape k fits node n's type. (``value[n, k]``
+    is the static start value of the charge, :attr:`WholeNodeWork.share` times ``full[n]``.)
+    """
+
+    def __init__(self, arrays: ClusterArrays, whole: WholeNodeWork) -> None:
+        n = arrays.n_nodes
+        self.cpu, self.mem = whole.cpu_milli, whole.memory_mib
+        self.full = np.full(n, -1, dtype=np.int64)
+        self.value = np.zeros((n, len(self.cpu)))
+        usable = arrays.gpu_usable.sum(axis=1)
+        keys = zip(arrays.model_idx.tolist(), arrays.cpu_cap.tolist(), arrays.mem_cap.tolist(), usable.tolist())
+        for i, t in enumerate(keys):
+            row = whole.share.get(t)
+            if row is not None:
+                self.full[i] = 1000 * t[3]
+                self.value[i] = np.array(row) * self.full[i]
+        self.any = bool((self.full > 0).any())
+        #: (N, K) shape k fits the node's type (its ``allowed_models``, CPU, memory and GPUs).
+        self.fits = self.value > 0
+        #: Of the cluster's work, the share of the GPU request each shape k makes.
+        self.request_share = whole.request_share
+        # The same as Python objects, for the incremental count.
+        self.full_list: list[int] = self.full.tolist()
+        self.fits_list: list[list[bool]] = self.fits.tolist()
+        self.none = (False,) * len(self.cpu)
+
+    def lost(self, rows: np.ndarray, total: np.ndarray, cpu: np.ndarray, mem: np.ndarray, demand: Demand) -> np.ndarray:
+        """(B, K) bool: shape k could use node ``rows[b]`` (free ``total`` milli-GPU, ``cpu`` and
+        ``mem``) before ``demand`` lands on it and not after."""
+        before = self.flags(rows, total, cpu, mem)
+        after = self.flags(rows, total - demand.total_milli, cpu - demand.cpu_milli, mem - demand.memory_mib)
+        return before & ~after
+
+    def flags(self, rows: np.ndarray, total: np.ndarray, cpu: np.ndarray, mem: np.ndarray) -> np.ndarray:
+        """(B, K) bool: the node is whole (all its GPUs free) and has the CPU and memory of shape k,
+        which fits its type."""
+        whole = (total == self.full[rows])[:, None]
+        return whole & (cpu[:, None] >= np.array(self.cpu)) & (mem[:, None] >= np.array(self.mem)) & self.fits[rows]
+
+    def row_flags(self, n: int, total: int, cpu: int, mem: int) -> tuple[bool, ...]:
+        """:meth:`flags` of one row in Python (for the incremental count)."""
+        if total != self.full_list[n]:
+            return self.none
+        fits = self.fits_list[n]
+        return tuple(f and cpu >= c and mem >= m for f, c, m in zip(fits, self.cpu, self.mem))
+
+
+_WHOLE: dict[tuple[int, int], tuple[np.ndarray, WholeNodeWork, WholeNodeTable]] = {}
+
+
+def whole_node_table(arrays: ClusterArrays, whole: WholeNodeWork) -> WholeNodeTable:
+    """The cluster's :class:`WholeNodeTable` (built once per capacity array and profile's terms)."""
+    key = (id(arrays.cpu_cap), id(whole))
+    hit = _WHOLE.get(key)
+    if hit is None or hit[0] is not arrays.cpu_cap or hit[1] is not whole:
+        if len(_WHOLE) > 64:
+            _WHOLE.clear()
+        hit = _WHOLE[key] = (arrays.cpu_cap, whole, WholeNodeTable(arrays, whole))
+    return hit[2]
 
 
 def cluster_types(arrays: ClusterArrays) -> NodeTypes:
@@ -209,8 +295,13 @@ class _Prepared:
     #: Stands in for "never" in the stranding minimum (a ratio of 0): beyond any node's GPUs.
     NEVER = 1e30
 
-    def __init__(self, profile: WorkloadProfile, cpu_cap: np.ndarray, models: list[str], terms: ModelTerms | None):
+    def __init__(
+        self, profile: WorkloadProfile, cpu_cap: np.ndarray, models: list[str], terms: ModelTerms | None,
+        whole: WholeNodeTable | None = None,
+    ):
         self.profile, self.cpu_cap, self.models, self.terms = profile, cpu_cap, models, terms
+        #: The whole-node term's table, None when it is off or no whole-node work fits any node.
+        self.whole = whole if whole is not None and whole.any else None
         if terms is None:
             return
         cpu, mem = terms.cpu_per_gpu, terms.mem_per_gpu
@@ -305,6 +396,77 @@ class _FreeByModel:
         return True
 
 
+class _WholeCount:
+    """Which nodes of one :class:`ClusterArrays` are whole for each whole-node shape, the GPUs
+    of those nodes per shape and the cluster's free milli-GPU, kept from the rows whose
+    ``version`` moved (usually one per decision) instead of found over every node."""
+
+    def __init__(self, arrays: ClusterArrays, table: WholeNodeTable) -> None:
+        self.arrays, self.table = arrays, table
+        total = arrays.gpu_free.sum(axis=1, dtype=np.int64)
+        flags = table.flags(np.arange(arrays.n_nodes), total, arrays.cpu_free, arrays.mem_free)
+        self.row_total: list[int] = total.tolist()
+        self.row_flags: list[tuple[bool, ...]] = [tuple(r) for r in flags.tolist()]
+        self.free = int(total.sum())
+        self.whole_gpus: list[int] = [int(x) for x in (flags * table.full[:, None]).sum(axis=0)]
+        #: Nodes whole for some shape, and per node the index of its (full, flags) pattern in
+        #: ``patterns`` (0: whole for none): a GPU demand's charge depends on nothing else.
+        self.patterns: list[tuple[int, tuple[bool, ...]]] = [(0, table.none)]
+        self._ids: dict[tuple[int, tuple[bool, ...]], int] = {self.patterns[0]: 0}
+        self.pattern = np.zeros(arrays.n_nodes, dtype=np.intp)
+        self._needs: tuple[np.ndarray, np.ndarray] | None = None
+        for n, f in enumerate(self.row_flags):
+            if any(f):
+                self.pattern[n] = self._id(table.full_list[n], f)
+        self.whole_nodes = int((self.pattern > 0).sum())
+        self.seen = arrays.version.copy()
+
+    def needs(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per pattern: the most CPU and memory any of its shapes asks (0 for pattern 0)."""
+        if self._needs is None or len(self._needs[0]) != len(self.patterns):
+            cpu, mem = self.table.cpu, self.table.mem
+            self._needs = (
+                np.array([max((c for f, c in zip(flags, cpu) if f), default=0) for _, flags in self.patterns]),
+                np.array([max((m for f, m in zip(flags, mem) if f), default=0) for _, flags in self.patterns]),
+            )
+        return self._needs
+
+    def _id(self, full: int, flags: tuple[bool, ...]) -> int:
+        key = (full, flags)
+        i = self._ids.get(key)
+        if i is None:
+            i = self._ids[key] = len(self.patterns)
+            self.patterns.append(key)
+        return i
+
+    def update(self) -> None:
+        arrays, table = self.arrays, self.table
+        changed = (arrays.version != self.seen).nonzero()[0].tolist()
+        if not changed:
+            return
+        gpu_free, cpu_free, mem_free, full = arrays.gpu_free, arrays.cpu_free, arrays.mem_free, table.full_list
+        for n in changed:
+            now = sum(gpu_free[n].tolist())
+            self.free += now - self.row_total[n]
+            self.row_total[n] = now
+            flags = table.row_flags(n, now, int(cpu_free[n]), int(mem_free[n]))
+            old = self.row_flags[n]
+            if flags != old:
+                self.whole_gpus = [w + full[n] * (int(f) - int(o)) for w, f, o in zip(self.whole_gpus, flags, old)]
+                self.row_flags[n] = flags
+                self.whole_nodes += any(flags) - any(old)
+                self.pattern[n] = self._id(full[n], flags) if any(flags) else 0
+        self.seen = arrays.version.copy()
+
+
+def whole_rho(table: WholeNodeTable, free: int, whole_gpus: list[int]) -> list[float]:
+    """``rho_k = min(1, r_k * free / whole_k)`` per whole-node shape (1 where no node is whole for it)."""
+    return [
+        min(1.0, r * free / w) if w > 0 else 1.0
+        for r, w in zip(table.request_share, whole_gpus)
+    ]
+
+
 class PortalPolicy(Policy):
     name = "portal"
     needs_profile = True
@@ -317,6 +479,9 @@ class PortalPolicy(Policy):
     score_levels = 100
     balance_weight = 30.0
     filler_min_share = 0.03
+    #: Weight of the whole-node term (:meth:`_whole_plain`): taking a node that whole-node
+    #: work could still use costs this times ``rho_k`` times the node's milli-GPU.
+    whole_weight = 0.25
     #: Condition every term on the node's GPU model (False: one cluster-wide figure and no
     #: model balance, the policy as it was before issue 18; kept for the ablation).
     per_model = True
@@ -330,7 +495,10 @@ class PortalPolicy(Policy):
     #: (fewer than ~16 rows: cheaper than NumPy's per-call cost; same bits either way).
     python_rows = 16
 
-    _CONSTANTS = ("stranding_weight", "remnant_weight", "score_levels", "balance_weight", "filler_min_share", "per_model")
+    _CONSTANTS = (
+        "stranding_weight", "remnant_weight", "score_levels", "balance_weight", "filler_min_share", "per_model",
+        "whole_weight",
+    )
 
     def __init__(self, **constants: float | str | bool) -> None:
         for key, value in constants.items():
@@ -341,6 +509,7 @@ class PortalPolicy(Policy):
         self._prep: _Prepared | None = None
         self._free: _FreeByModel | None = None
         self._used: tuple[_Prepared, list[float]] | None = None  # used share per model, for _free's state
+        self._whole: _WholeCount | None = None
 
     def constants(self) -> dict[str, float | bool]:
         return {k: getattr(self, k) for k in self._CONSTANTS}
@@ -356,7 +525,8 @@ class PortalPolicy(Policy):
             types = cluster_types(arrays)
             if self.guard != "auto" or terms_help(self, profile, arrays, types):
                 terms = profile.model_terms(arrays.models, types, self.filler_min_share)
-        p = self._prep = _Prepared(profile, arrays.cpu_cap, arrays.models, terms)
+        whole = whole_node_table(arrays, terms.whole) if terms is not None and self.whole_weight else None
+        p = self._prep = _Prepared(profile, arrays.cpu_cap, arrays.models, terms, whole)
         return p
 
     def _terms_on(self, profile: WorkloadProfile, arrays: ClusterArrays) -> ModelTerms | None:
@@ -480,10 +650,17 @@ class PortalPolicy(Policy):
         much of the work able to use the model is tied to it (:class:`ModelTerms`). When
         every candidate has the same model the charge changes nothing and is skipped.
         """
-        if not self.per_model or self.balance_weight == 0 or demand.total_milli == 0 or demand.kind is Kind.MIG:
+        if not self.per_model or demand.kind is Kind.MIG:
             return scores
         if not self.fast:
-            return self._adjust_plain(arrays, demand, nodes, scores, ctx)
+            return self._whole_plain(arrays, demand, nodes, self._adjust_plain(arrays, demand, nodes, scores, ctx), ctx)
+        return self._whole_fast(arrays, demand, nodes, self._balance_fast(arrays, demand, nodes, scores, ctx), ctx)
+
+    def _balance_fast(
+        self, arrays: ClusterArrays, demand: Demand, nodes: np.ndarray, scores: np.ndarray, ctx: PolicyContext
+    ) -> np.ndarray:
+        if self.balance_weight == 0 or demand.total_milli == 0:
+            return scores
         prep = self._prepared(ctx.profile, arrays)
         if prep.terms is None or not prep.balance:
             return scores
@@ -519,9 +696,87 @@ class PortalPolicy(Policy):
             self._used = None
         return state.by_model
 
+    def _whole_fast(
+        self, arrays: ClusterArrays, demand: Demand, nodes: np.ndarray, scores: np.ndarray, ctx: PolicyContext
+    ) -> np.ndarray:
+        """:meth:`_whole_plain` from the incremental count: only candidates that are whole for
+        some shape are looked at (usually none or a few), with the same operations."""
+        prep = self._prepared(ctx.profile, arrays)
+        table = prep.whole
+        if table is None:
+            return scores
+        state = self._whole
+        if state is None or state.arrays is not arrays or state.table is not table:
+            state = self._whole = _WholeCount(arrays, table)
+        else:
+            state.update()
+        if not state.whole_nodes:
+            return scores  # no node is whole for anything: nothing to charge
+        rho = whole_rho(table, state.free, state.whole_gpus)
+        scale = self.score_levels / 4000.0
+        if demand.total_milli > 0:
+            # A GPU demand leaves no node whole: it loses every shape the node has, so the
+            # charge is one per pattern; the same adds in the same order as the plain loop.
+            per_pattern = [0.0]
+            for full, flags in state.patterns[1:]:
+                charge = 0.0
+                for f, r in zip(flags, rho):
+                    charge = charge + (r if f else 0.0)
+                per_pattern.append(self.whole_weight * charge * full * scale)
+            return scores - np.array(per_pattern)[state.pattern[nodes]]
+        # CPU-only: a whole node loses shape k only if the CPU or memory left falls below k's;
+        # look at those rows only (the pattern's largest needs say which could).
+        pattern = state.pattern[nodes]
+        need_cpu, need_mem = state.needs()
+        at = (
+            (pattern > 0)
+            & (
+                (arrays.cpu_free[nodes] - demand.cpu_milli < need_cpu[pattern])
+                | (arrays.mem_free[nodes] - demand.memory_mib < need_mem[pattern])
+            )
+        ).nonzero()[0]
+        if not at.size:
+            return scores
+        sub = nodes[at]
+        lost = table.lost(sub, arrays.gpu_free[sub].sum(axis=1), arrays.cpu_free[sub], arrays.mem_free[sub], demand)
+        charge = np.zeros(len(sub))
+        for k, r in enumerate(rho):
+            charge = charge + np.where(lost[:, k], r, 0.0)
+        charge = self.whole_weight * charge * table.full[sub]
+        out = scores.copy()
+        out[at] = scores[at] - charge * scale
+        return out
+
+    def _whole_plain(
+        self, arrays: ClusterArrays, demand: Demand, nodes: np.ndarray, scores: np.ndarray, ctx: PolicyContext
+    ) -> np.ndarray:
+        """Whole nodes: keep nodes whole for the work only a whole node can take, as much as it
+        will need. Taking node n costs ``whole_weight * sum_k rho_k * full_n`` over the shapes k
+        it can take now and not after; ``rho_k = min(1, r_k * F / W_k)``: r_k is shape k's share
+        of the GPU request, F the cluster's free milli-GPU, W_k the milli-GPU of the nodes whole
+        for k: the share of those nodes that k's tasks would need if the mix filled what is free."""
+        terms = self._terms_on(ctx.profile, arrays)
+        if terms is None or not self.whole_weight:
+            return scores
+        table = whole_node_table(arrays, terms.whole)
+        if not table.any:
+            return scores
+        total = arrays.gpu_free.sum(axis=1, dtype=np.int64)
+        flags = table.flags(np.arange(arrays.n_nodes), total, arrays.cpu_free, arrays.mem_free)
+        whole_gpus = [int(x) for x in (flags * table.full[:, None]).sum(axis=0)]
+        rho = whole_rho(table, int(total.sum()), whole_gpus)
+        lost = table.lost(nodes, total[nodes], arrays.cpu_free[nodes], arrays.mem_free[nodes], demand)
+        charge = np.zeros(len(nodes))
+        for k, r in enumerate(rho):
+            charge = charge + np.where(lost[:, k], r, 0.0)
+        charge = self.whole_weight * charge * table.full[nodes]
+        return scores - charge * (self.score_levels / 4000.0)
+
     def _adjust_plain(
         self, arrays: ClusterArrays, demand: Demand, nodes: np.ndarray, scores: np.ndarray, ctx: PolicyContext
     ) -> np.ndarray:
+        if self.balance_weight == 0 or demand.total_milli == 0:
+            return scores
         terms = self._terms_on(ctx.profile, arrays)
         if terms is None or not terms.pinned_share.any():
             return scores
