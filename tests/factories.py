@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from allocations.models import Quota, Reservation
 from inventory.models import Cluster, Gpu, GpuPool, Node
+from monitoring.models import AlertRule
 from teams.models import Membership, Team
 
 PASSWORD = "correct horse battery staple"
@@ -96,6 +97,19 @@ class QuotaFactory(factory.django.DjangoModelFactory):
     team = factory.SubFactory(TeamFactory)
     pool = factory.SubFactory(PoolFactory)
     max_ge = 8
+
+
+class AlertRuleFactory(factory.django.DjangoModelFactory):
+    """A rule of the test's own. The rules the portal ships come from a migration, and a transactional test's
+    flush empties their table for the tests after it on the same process: a test must not count on them."""
+
+    class Meta:
+        model = AlertRule
+
+    name = factory.Sequence(lambda n: f"Host silent {n}")
+    metric = "host_silent"
+    scope = "node"
+    threshold = 60
 
 
 def add_node(pool: GpuPool, name: str, gpus: int, cluster: Cluster | None = None) -> Node:

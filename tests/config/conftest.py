@@ -10,9 +10,10 @@ from accounting.models import Price
 from allocations.models import ApplyJob, PriorityClass, Quota, Reservation
 from inventory import services as inventory_services
 from inventory.models import HostToken, Node
-from monitoring.models import Alert, AlertRule, Silence
+from monitoring.models import Alert, Silence
 from teams.models import GroupMapping
 from teams.services import api_token_create, channel_create
+from tests.factories import AlertRuleFactory
 
 
 @pytest.fixture
@@ -34,7 +35,7 @@ def fleet(world, api) -> dict[str, object]:
     job = ApplyJob.objects.create(reservation=reservation, cluster=node.cluster, action=ApplyJob.Action.APPLY,
                                   backend="agent", target=node.name,
                                   deadline=timezone.now() + timedelta(minutes=10))
-    rule = AlertRule.objects.order_by("pk").first()
+    rule = AlertRuleFactory()
     alert = Alert.objects.create(rule=rule, subject=f"node:{node.pk}", subject_label=node.name, node=node,
                                  pool=world.pool, value=90.0, active_since=timezone.now())
     silence = Silence.objects.create(rule=rule, created_by=None, starts_at=timezone.now(),

@@ -5,12 +5,13 @@ from datetime import timedelta
 
 from django.utils import timezone
 
-from monitoring.models import AlertRule, Silence
+from monitoring.models import Silence
+from tests.factories import AlertRuleFactory
 
 
 def test_staff_silence_a_rule_for_a_while_and_lift_it(world, api):
     staff = api(world.staff)
-    rule = AlertRule.objects.order_by("pk").first()
+    rule = AlertRuleFactory()
     ends = timezone.now() + timedelta(hours=2)
     created = staff.post("/api/v1/silences/", {"rule": rule.pk, "pool": "a100", "comment": "maintenance",
                                                "ends_at": ends.isoformat()}, format="json")
