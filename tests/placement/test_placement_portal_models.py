@@ -205,6 +205,10 @@ def test_model_balance_keeps_the_order_within_a_model(case, milli, cpu) -> None:
     adjusted = policy.adjust(arrays, demand, nodes, scores, c)
     finite = np.isfinite(scores)
     assert np.all(adjusted[finite] <= scores[finite])  # a charge, never a bonus
+    # The model balance alone: the whole-node term charges a node still whole and not one already broken, so it
+    # may well order two nodes of one model (single-GPU nodes hold whole-node work: a full 1-GPU task).
+    balance_only = PortalPolicy(guard="off", whole_weight=0)
+    adjusted = balance_only.adjust(arrays, demand, nodes, balance_only.evaluate(arrays, demand, nodes, fit, c).scores, c)
     for m in set(arrays.model_idx.tolist()):
         same = nodes[(arrays.model_idx == m) & finite]
         if same.size == 0:
