@@ -739,13 +739,18 @@ class PortalPolicy(Policy):
             return scores
         sub = nodes[at]
         lost = table.lost(sub, arrays.gpu_free[sub].sum(axis=1), arrays.cpu_free[sub], arrays.mem_free[sub], demand)
-        charge = np.zeros(len(sub))
-        for k, r in enumerate(rho):
-            charge = charge + np.where(lost[:, k], r, 0.0)
-        charge = self.whole_weight * charge * table.full[sub]
+        charge = self._whole_charge(table, sub, lost, rho)
         out = scores.copy()
         out[at] = scores[at] - charge * scale
         return out
+
+    def _whole_charge(self, table: WholeNodeTable, rows: np.ndarray, lost: np.ndarray, rho: list[float]) -> np.ndarray:
+        """``whole_weight * sum_k rho_k * full_n`` over the shapes each row loses (``lost``, (B, K)): the one sum
+        both forms make, so that they add the same numbers in the same order."""
+        charge = np.zeros(len(rows))
+        for k, r in enumerate(rho):
+            charge = charge + np.where(lost[:, k], r, 0.0)
+        return self.whole_weight * charge * table.full[rows]
 
     def _whole_plain(
         self, arrays: ClusterArrays, demand: Demand, nodes: np.ndarray, scores: np.ndarray, ctx: PolicyContext
@@ -766,10 +771,7 @@ class PortalPolicy(Policy):
         whole_gpus = [int(x) for x in (flags * table.full[:, None]).sum(axis=0)]
         rho = whole_rho(table, int(total.sum()), whole_gpus)
         lost = table.lost(nodes, total[nodes], arrays.cpu_free[nodes], arrays.mem_free[nodes], demand)
-        charge = np.zeros(len(nodes))
-        for k, r in enumerate(rho):
-            charge = charge + np.where(lost[:, k], r, 0.0)
-        charge = self.whole_weight * charge * table.full[nodes]
+        charge = self._whole_charge(table, nodes, lost, rho)
         return scores - charge * (self.score_levels / 4000.0)
 
     def _adjust_plain(
