@@ -38,19 +38,18 @@ benchmarks/results:
 	mkdir -p $@
 
 TEST_ENV = DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) SECRET_KEY=test-only-secret
-# Tests that run after the workers, in one process of their own: in an xdist worker schemathesis (4.32) runs the
-# first operation of test_api_schema's and none of the other 77 (counted). PYTEST_ARGS go to both runs; a run
-# they leave without a test (pytest's exit status 5) is no failure.
-SERIAL_TESTS := tests/config/test_api_schema.py
+# The workers, then the files of tests/parallel.py's SERIAL_TESTS in one process of their own (in an xdist worker
+# schemathesis 4.32 runs the first of test_api_schema's operations and none of the other 77, counted). The plugin
+# leaves those files out of the workers and every other file out of the serial run, so PYTEST_ARGS (paths, -k)
+# go to both runs and no file runs twice; a run they leave without a test (pytest's exit status 5) is no failure.
 
 # services first: they install the headers python-ldap (requirements-ldap.txt) compiles against.
 test: services $(VENV)/.dev
 ifeq ($(TEST_WORKERS),0)
 	$(TEST_ENV) $(PY) -m pytest $(PYTEST_ARGS)
 else
-	$(TEST_ENV) $(PY) -m pytest -p tests.parallel -n $(TEST_WORKERS) --dist loadfile --ignore=$(SERIAL_TESTS) $(PYTEST_ARGS) \
-		|| [ $$? -eq 5 ]
-	$(TEST_ENV) $(PY) -m pytest $(PYTEST_ARGS) $(SERIAL_TESTS) || [ $$? -eq 5 ]
+	$(TEST_ENV) $(PY) -m pytest -p tests.parallel -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(TEST_ENV) $(PY) -m pytest -p tests.parallel --serial-only $(PYTEST_ARGS) || [ $$? -eq 5 ]
 endif
 
 BENCH_DATABASE_URL ?= postgres://gpupool:gpupool@127.0.0.1:5432/gpupool_bench

@@ -22,6 +22,9 @@ REDIS_DATABASES = 16
 BENCHMARK_DATABASES = range(11, 14)
 # The suite's REDIS_URL as given, before a worker's move (tests/config/test_parallel.py checks the move).
 SUITE_REDIS_URL = "GPUPOOL_SUITE_REDIS_URL"
+# Test files that run after the workers, in one process of their own (`make test`'s second run, --serial-only):
+# in an xdist worker schemathesis (4.32) runs the first of test_api_schema's operations and none of the others.
+SERIAL_TESTS = frozenset({"tests/config/test_api_schema.py"})
 
 
 def worker_redis_url(url: str, worker: str) -> str:
@@ -42,3 +45,44 @@ def pytest_load_initial_conftests(early_config, parser, args) -> None:
     if worker and os.environ.get("REDIS_URL"):
         suite = os.environ.setdefault(SUITE_REDIS_URL, os.environ["REDIS_URL"])
         os.environ["REDIS_URL"] = worker_redis_url(suite, worker)
+
+
+def pytest_addoption(parser) -> None:
+    parser.addoption("--serial-only", action="store_true",
+                     help="collect only the test files that must run outside xdist workers (tests.parallel.SERIAL_TESTS)")
+
+
+def left_out(relative: str, *, serial_only: bool, in_worker: bool) -> bool:
+    """Whether the test file at `relative` (to the root, POSIX) is left out of this run: a serial file from an
+    xdist worker, every other file from the serial run. So PYTEST_ARGS that name paths or keywords go to both
+    runs and each runs only its share of them, never a file twice."""
+    serial = relative in SERIAL_TESTS
+    return (serial and in_worker) or (not serial and serial_only)
+
+
+def _relative(path, config) -> str | None:
+    try:
+        return path.relative_to(config.rootpath).as_posix()
+    except ValueError:  # a file outside the project: not ours to sort
+        return None
+
+
+def pytest_ignore_collect(collection_path, config) -> bool | None:
+    """Prunes what a run does not need before it is imported. pytest does not ask this hook about the paths
+    named on the command line, hence pytest_collection_modifyitems too."""
+    if not (collection_path.is_file() and collection_path.name.startswith("test_")):
+        return None  # directories and helper modules: pytest's own rules
+    relative = _relative(collection_path, config)
+    if relative and left_out(relative, serial_only=config.getoption("serial_only"),
+                             in_worker=hasattr(config, "workerinput")):
+        return True
+    return None
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    if not config.getoption("serial_only"):
+        return  # a serial file named in a worker's run fails its own collection (see test_api_schema.py)
+    dropped = [item for item in items if _relative(item.path, config) not in SERIAL_TESTS]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if _relative(item.path, config) in SERIAL_TESTS]

@@ -1,5 +1,6 @@
 """The suite's xdist workers each have a Redis database of their own (tests/parallel.py)."""
 import os
+from pathlib import Path
 
 import pytest
 from django.conf import settings
@@ -25,3 +26,19 @@ def test_this_process_uses_its_workers_database():
     suite = os.environ.get(parallel.SUITE_REDIS_URL, settings.REDIS_URL)
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
     assert settings.REDIS_URL == (parallel.worker_redis_url(suite, worker) if suite else "")
+
+
+def test_each_test_file_runs_in_exactly_one_of_the_two_runs():
+    for relative in ("tests/config/test_api_schema.py", "tests/allocations/test_queue.py"):
+        in_workers = not parallel.left_out(relative, serial_only=False, in_worker=True)
+        in_serial_run = not parallel.left_out(relative, serial_only=True, in_worker=False)
+        assert in_workers != in_serial_run
+    assert parallel.left_out("tests/config/test_api_schema.py", serial_only=False, in_worker=True)
+    # TEST_WORKERS=0: one process, neither a worker nor the serial run, collects everything.
+    assert not parallel.left_out("tests/config/test_api_schema.py", serial_only=False, in_worker=False)
+    assert not parallel.left_out("tests/allocations/test_queue.py", serial_only=False, in_worker=False)
+
+
+def test_every_serial_test_file_exists():
+    root = Path(__file__).resolve().parents[2]
+    assert all((root / relative).is_file() for relative in parallel.SERIAL_TESTS)
