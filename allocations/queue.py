@@ -486,9 +486,14 @@ class WholeGpuBoard:
     def book(self, reservation_id: int, chosen: Sequence[booking.NewGrant], start: datetime, end: datetime) -> None:
         if end <= start:
             return
-        for grant in chosen:
-            self.timeline.book(self.frame.rank[grant.gpu_id], self._t(start), self._t(end))
-        self.state.hold([(grant.gpu_id, start, end, reservation_id) for grant in chosen])
+        ranks = [self.frame.rank[grant.gpu_id] for grant in chosen]
+        for rank in ranks:
+            self.timeline.book(rank, self._t(start), self._t(end))
+        # state.hold's holdings, each GPU's (node, slot) from the frame and the window in seconds as to_seconds
+        # gives them (micro / 1e6 is datetime.timestamp(), exactly).
+        self.state.hold_slots(self.frame.engine_node[ranks], self.frame.engine_slot[ranks],
+                              [micro(start) / 1e6] * len(ranks), [micro(end) / 1e6] * len(ranks),
+                              [reservation_id] * len(ranks))
         opens = micro(end)
         self.end_count[opens] += len(chosen)
         k = bisect.bisect_left(self.ends, opens)
