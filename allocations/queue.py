@@ -141,6 +141,7 @@ class Windows(Sequence):
         self._given = len(columns[0])  # windows given at the start (the rest are `_added`)
         self._rows: list[quotas.Window] | None = rows if rows or not self._given else None  # None: not made yet
         self._columns = (self._given, *columns)
+        self._own = False  # whether the columns are this Windows' own, to append into
         self._added: list[quotas.Window] = []
 
     def __len__(self) -> int:
@@ -168,15 +169,25 @@ class Windows(Sequence):
         return Windows(columns=self.columns()) if self._rows is None else Windows(self._rows, columns=self.columns())
 
     def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The windows' starts and ends (micro) and GE, as int64, int64 and float columns in their order."""
+        """The windows' starts and ends (micro) and GE, as int64, int64 and float columns in their order (views:
+        read them before the next append)."""
         seen, starts, ends, ge = self._columns
         if seen != len(self):
             tail = self._added[seen - self._given:]  # the one or two the plan appended since
-            starts = np.concatenate([starts, np.array([micro(start) for start, _, _ in tail], dtype=np.int64)])
-            ends = np.concatenate([ends, np.array([micro(end) for _, end, _ in tail], dtype=np.int64)])
-            ge = np.concatenate([ge, np.array([float(amount) for _, _, amount in tail], dtype=np.float64)])
+            if seen + len(tail) > len(starts) or not self._own:
+                # Room for as many again: the plan appends a window per request it plans, and copying a team's
+                # thousands of windows for each one cost more than the quota check that reads them. A Windows
+                # writes only into columns it made itself (those it was given may be another's).
+                room = max(2 * (seen + len(tail)), 16)
+                starts, ends, ge = (np.concatenate([column[:seen], np.zeros(room - seen, dtype=column.dtype)])
+                                    for column in (starts, ends, ge))
+                self._own = True
+            starts[seen:seen + len(tail)] = [micro(start) for start, _, _ in tail]
+            ends[seen:seen + len(tail)] = [micro(end) for _, end, _ in tail]
+            ge[seen:seen + len(tail)] = [float(amount) for _, _, amount in tail]
             self._columns = (len(self), starts, ends, ge)
-        return starts, ends, ge
+        n = self._columns[0]
+        return starts[:n], ends[:n], ge[:n]
 
     def overlapping(self, start: datetime, end: datetime) -> np.ndarray:
         """Which windows overlap [start, end) (a mask in their order)."""

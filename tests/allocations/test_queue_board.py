@@ -219,10 +219,16 @@ def test_grants_as_columns_plan_what_the_grants_plan_and_read_back_as_the_grants
         assert [(p.waiting.reservation_id, p.start, p.grants, p.reason) for p in fast] == \
                [(p.waiting.reservation_id, p.start, p.grants, p.reason) for p in plain]
     windows = [(g.starts_at, g.ends_at, float(k)) for k, g in enumerate(grants)]
-    kept = queue.Windows(columns=queue.Windows(windows).columns())
-    kept.append((T0, T0 + QUARTER, 1.0))
-    assert list(kept) == [*windows, (T0, T0 + QUARTER, 1.0)] and len(kept) == len(windows) + 1
+    given = queue.Windows(windows)
+    kept = queue.Windows(columns=given.columns())
+    added = [(T0 + k * QUARTER, T0 + (k + 1) * QUARTER, 1.0) for k in range(data.draw(st.integers(1, 40)))]
+    for k, window in enumerate(added):  # appended one by one, its columns read between (they grow in place)
+        kept.append(window)
+        if k % 3 == 0:
+            kept.columns()
+    assert list(kept) == [*windows, *added] and len(kept) == len(windows) + len(added)
     assert [c.tolist() for c in kept.copy().columns()] == [c.tolist() for c in queue.Windows(list(kept)).columns()]
+    assert [c.tolist() for c in given.columns()] == [c.tolist() for c in queue.Windows(windows).columns()]
 
 
 def promised(result) -> list[Waiting]:
