@@ -783,6 +783,8 @@ def team_window_micros(team_id: int, pool_id: int | None, start: datetime, end: 
     (in the same order). The queue's plan counts a team's windows in NumPy, PostgreSQL reads them as such already,
     and the plan makes the (start, end, GE) of a window only where it reads one."""
     rows = _team_window_rows(team_id, pool_id, start, end, None)
+    if rows and isinstance(rows[0][0], int):  # read as micros already (PostgreSQL: every row, as the first)
+        return [a for a, _, _ in rows], [b for _, b, _ in rows], [float(ge) for _, _, ge in rows]
     return ([sql.instant_micros(a) for a, _, _ in rows], [sql.instant_micros(b) for _, b, _ in rows],
             [float(ge) for _, _, ge in rows])
 
