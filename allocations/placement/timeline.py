@@ -290,9 +290,14 @@ class WholeGpuState(ClusterState):
         # Clustering tags: each reservation's whole cards on a node are one k-card task.
         groups = len(self._groups) + 1
         tasks, cards = np.unique(n * groups + group, return_counts=True)
-        cells = (tasks // groups) * arrays.affinity.shape[1] + np.minimum(cards, AFFINITY_BIG)
-        arrays.affinity += np.bincount(cells, minlength=arrays.affinity.size).reshape(arrays.affinity.shape
-                                                                                    ).astype(arrays.affinity.dtype)
+        if tasks.size * 8 < arrays.n_nodes:
+            # A few tasks (window_arrays' one or two rows): counted into their cells alone, not into a count of
+            # every cell of the table added to it whole.
+            np.add.at(arrays.affinity, (tasks // groups, np.minimum(cards, AFFINITY_BIG)), 1)
+        else:
+            cells = (tasks // groups) * arrays.affinity.shape[1] + np.minimum(cards, AFFINITY_BIG)
+            arrays.affinity += np.bincount(cells, minlength=arrays.affinity.size).reshape(
+                arrays.affinity.shape).astype(arrays.affinity.dtype)
 
     def arrays_for_window(self, start: Time, end: Time) -> ClusterArrays:
         ws, we = to_seconds(start), to_seconds(end)

@@ -167,6 +167,26 @@ def test_the_masked_state_held_bit_by_bit_and_released_gives_the_general_states_
 
 
 @settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 119), st.integers(-10, 20), st.integers(0, 10), st.integers(1, 4)),
+                max_size=8), st.integers(-5, 15), st.integers(1, 10))
+def test_a_few_holdings_among_many_nodes_give_the_general_states_arrays(holds, start, length):
+    """On 40 nodes a handful of holdings are a few clustering tasks, which the masked state counts into their
+    cells one by one (np.add.at) rather than adding a count of the whole table: the same arrays."""
+    gpus = [booking.PoolGpu(id=i, node_id=i // 3, node_name=f"n{i // 3:02d}", index=i % 3) for i in range(120)]
+    nodes = booking.PoolSnapshot(start=T0, end=T0, gpus=tuple(gpus), grants=()).state().nodes
+    minute = timedelta(minutes=1)
+    whole = [(gpu, T0 + s * minute, T0 + (s + n) * minute, rid) for gpu, s, n, rid in holds]
+    general = ClusterState(nodes, [Holding(node_id=gpu // 3, gpu_id=gpu, start=a, end=b, milli=1000, reservation_id=r)
+                                   for gpu, a, b, r in whole if b > a])
+    masked = WholeGpuState(nodes)
+    masked.hold(whole)
+    window = (T0 + start * minute, T0 + (start + length) * minute)
+    a, b = general.arrays_for_window(*window), masked.arrays_for_window(*window)
+    for field in ("gpu_free", "mig_used", "affinity"):
+        assert (getattr(a, field) == getattr(b, field)).all(), field
+
+
+@settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 5), st.integers(-10, 20), st.integers(0, 10), st.integers(1, 4)),
                 max_size=12), st.integers(1, 4), st.integers(1, 4), st.integers(-5, 15), st.integers(1, 10))
 def test_holdings_given_as_slots_and_a_reservation_column_are_those_held_one_by_one(holds, chunk, gone, start, length):
