@@ -189,6 +189,13 @@ class Windows(Sequence):
         n = self._columns[0]
         return starts[:n], ends[:n], ge[:n]
 
+    def picked(self, mask: np.ndarray) -> list[quotas.Window]:
+        """The windows `mask` picks (in their order), made from the columns: reading a few of a team's thousands
+        makes only those."""
+        starts, ends, ge = self.columns()
+        return [(instant_of(start), instant_of(end), amount) for start, end, amount in
+                zip(starts[mask].tolist(), ends[mask].tolist(), ge[mask].tolist(), strict=True)]
+
     def overlapping(self, start: datetime, end: datetime) -> np.ndarray:
         """Which windows overlap [start, end) (a mask in their order)."""
         starts, ends, _ = self.columns()
@@ -564,16 +571,18 @@ class WholeGpuBoard:
         quota = team.quota
         promised = [w for w in team.promised if w[0] < end and w[1] > start]
         held = sum(amount for _, _, amount in promised)
-        in_pool, everywhere = team.in_pool.overlapping(start, end), team.everywhere.overlapping(start, end)
+        in_pool = team.in_pool.overlapping(start, end)
         fine = float(team.in_pool.columns()[2][in_pool].sum()) + held + ge <= quota.max_ge + 1e-9
-        if fine and quota.team_max_ge is not None:
+        # (The windows across pools count only under a team-wide cap.)
+        everywhere = team.everywhere.overlapping(start, end) if quota.team_max_ge is not None else None
+        if fine and everywhere is not None:
             fine = float(team.everywhere.columns()[2][everywhere].sum()) + held + ge <= quota.team_max_ge + 1e-9
         if fine:
             return True
         return quotas.held_error(quota, ge=ge, asked="", field="", start=start, end=end,
-                                 in_pool=[team.in_pool[k] for k in np.flatnonzero(in_pool)] + promised,
-                                 everywhere=[team.everywhere[k] for k in np.flatnonzero(everywhere)] + promised
-                                 ) is None
+                                 in_pool=team.in_pool.picked(in_pool) + promised,
+                                 everywhere=(team.everywhere.picked(everywhere) if everywhere is not None else [])
+                                 + promised) is None
 
     def earliest_fit(self, *, shape: booking.Shape, duration: timedelta, earliest: datetime, latest: datetime,
                      policy: str, team: TeamHolding | None = None

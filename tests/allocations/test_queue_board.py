@@ -247,6 +247,8 @@ def test_grants_as_columns_plan_what_the_grants_plan_and_read_back_as_the_grants
         if k % 3 == 0:
             kept.columns()
     assert list(kept) == [*windows, *added] and len(kept) == len(windows) + len(added)
+    mask = np.array(data.draw(st.lists(st.booleans(), min_size=len(kept), max_size=len(kept))), dtype=bool)
+    assert kept.picked(mask) == [w for w, on in zip(kept, mask.tolist(), strict=True) if on]
     assert [c.tolist() for c in kept.copy().columns()] == [c.tolist() for c in queue.Windows(list(kept)).columns()]
     assert [c.tolist() for c in given.columns()] == [c.tolist() for c in queue.Windows(windows).columns()]
 
