@@ -348,8 +348,10 @@ class PoolFrame:
         self.key = key if key is not None else self.key_of(self.gpus)
         self.rank = {gpu.id: k for k, gpu in enumerate(self.gpus)}
         node_rank: dict[int, int] = {}
-        self.node_of = [node_rank.setdefault(gpu.node_id, len(node_rank)) for gpu in self.gpus]
-        self.usable = [gpu.usable for gpu in self.gpus]
+        # As arrays: each board's timeline takes them as they are.
+        self.node_of = np.array([node_rank.setdefault(gpu.node_id, len(node_rank)) for gpu in self.gpus],
+                                dtype=np.int64)
+        self.usable = np.array([gpu.usable for gpu in self.gpus], dtype=bool)
         self.gpu_ids = np.array([gpu.id for gpu in self.gpus], dtype=object)
         self.most_per_node = booking.most_usable_on_a_node(self.gpus)
         self.weight = {gpu.id: gpu.weight for gpu in self.gpus}
