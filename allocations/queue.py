@@ -1127,9 +1127,10 @@ class Locked:
     def __init__(self, ids: Sequence[int]) -> None:
         self.ids: set[int] = set()
         if ids:
+            among, params = sql.in_list("id", ids)
             self.ids = {pk for (pk,) in sql.fetch_all(
-                f"SELECT id FROM allocations_reservation WHERE id IN ({', '.join(['%s'] * len(ids))}) AND state = %s "
-                f"ORDER BY id{sql.for_update_of('allocations_reservation')}", [*ids, State.PENDING])}
+                f"SELECT id FROM allocations_reservation WHERE {among} AND state = %s "
+                f"ORDER BY id{sql.for_update_of('allocations_reservation')}", [*params, State.PENDING])}
         self._read: dict[int, Reservation] = {}
 
     def __contains__(self, pk: int) -> bool:
