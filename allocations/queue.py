@@ -705,8 +705,8 @@ def plan(*, gpus: Sequence[booking.PoolGpu], grants: Sequence[booking.Grant], wa
     pools on a WholeGpuBoard (the same answers, computed incrementally; False walks every candidate
     start with booking.choose, the reference the tests compare it with); `frame`: the pool's GPUs
     indexed for it, where the caller plans more than once; `grants` may be GrantColumns (the boards read their
-    columns, and the grants are made only where the walk reads them); `profile`: the pool's workload profile (booking.PoolSnapshot's),
-    for the policies that weigh it."""
+    columns, and the grants are made only where the walk reads them); `profile`: the pool's workload profile
+    (booking.PoolSnapshot's), for the policies that weigh it."""
     added: list[booking.Grant] = []  # the plan's holdings, as grants, for the walk (`grants` and these are taken)
     latest_planned = now
     planned: list[Planned] = []
@@ -1090,8 +1090,9 @@ def read(pool_id: int, now: datetime, *, lock: bool = True) -> PoolQueue:
     pool = (pools.select_for_update() if lock else pools).get()
     horizon = now + settings.RESERVATION_MAX_LEAD + settings.RESERVATION_MAX_DURATION
     rows = sql.fetch_all(
-        "SELECT r.id, r.team_id, CAST(q.shape AS TEXT), q.duration, " + ", ".join(sql.instant_column(f"q.{name}") for name in (
-            "queued_at", "not_before", "not_after")) + ", q.priority, q.position, q.reason, " + ", ".join(
+        "SELECT r.id, r.team_id, CAST(q.shape AS TEXT), q.duration, " + ", ".join(
+            sql.instant_column(f"q.{name}") for name in ("queued_at", "not_before", "not_after"))
+        + ", q.priority, q.position, q.reason, " + ", ".join(
             sql.instant_column(f"q.{name}") for name in ("start_by", "likely_start", "first_start_by",
                                                           "first_likely_start")) + ", q.moved_why, q.moved_why_message, "
         "q.planned_gpus "

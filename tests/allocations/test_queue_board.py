@@ -227,8 +227,8 @@ def test_grants_as_columns_plan_what_the_grants_plan_and_read_back_as_the_grants
     columns = queue.GrantColumns(grants)
     assert list(columns) == grants and len(columns) == len(grants)
     moves = data.draw(st.lists(st.integers(0, 8), min_size=len(grants), max_size=len(grants)))
-    ends = np.array([min(queue.micro(g.ends_at), queue.micro(g.starts_at + k * QUARTER)) if k else queue.micro(g.ends_at)
-                     for g, k in zip(grants, moves, strict=True)], dtype=np.int64)
+    ends = np.array([min(queue.micro(g.ends_at), queue.micro(g.starts_at + k * QUARTER)) if k
+                     else queue.micro(g.ends_at) for g, k in zip(grants, moves, strict=True)], dtype=np.int64)
     moved = [g if end == queue.micro(g.ends_at) else g.ending_at(queue.instant_of(end))
              for g, end in zip(grants, ends.tolist(), strict=True)]
     shortened = columns.ending(ends)
