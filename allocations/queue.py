@@ -30,6 +30,7 @@ import functools
 import json
 import logging
 import math
+import operator
 import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -120,36 +121,83 @@ class Waiting:
     promised_gpus: tuple[int, ...] = ()
 
 
-class Windows(list):
-    """A team's windows (start, end, GE) as quotas counts them, with their starts and ends as microseconds since the
-    epoch alongside (`columns`), kept in step as the list grows: the plan only appends to it. The board adds up the
-    windows that overlap each start it tries, and the estimate shortens them all, both in NumPy; the datetimes of a
-    team's thousands of windows were turned into microseconds per board, and the estimate's back into datetimes
-    and into microseconds again."""
+class Windows(Sequence):
+    """A team's windows (start, end, GE) as quotas counts them, kept as columns: starts and ends as microseconds
+    since the epoch and GE (`columns`); the plan only appends to it. The board adds up the windows that overlap each
+    start it tries, and the estimate shortens them all, both in NumPy; the (start, end, GE) tuples are made only
+    where a window is read as one (quotas.held_error, over the few windows that overlap a start where the sum says
+    the team could go over). Reading a team's thousands of windows as datetimes, turning them into microseconds per
+    board and the estimate's back into datetimes cost a fifth of reading a queue."""
 
     def __init__(self, windows: Iterable[quotas.Window] = (), *,
                  columns: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> None:
-        """`columns`: the windows' (starts, ends, GE) columns, where the caller has them."""
-        super().__init__(windows)
-        self._columns = (len(self), *columns) if columns is not None else (
-            0, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0))
+        """`columns`: the windows' (starts, ends, GE) columns, where the caller has them: then `windows` may be left
+        out, and the tuples are made from the columns when read."""
+        rows = list(windows)
+        if columns is None:
+            columns = (np.array([micro(start) for start, _, _ in rows], dtype=np.int64),
+                       np.array([micro(end) for _, end, _ in rows], dtype=np.int64),
+                       np.array([float(amount) for _, _, amount in rows], dtype=np.float64))
+        self._given = len(columns[0])  # windows given at the start (the rest are `_added`)
+        self._rows: list[quotas.Window] | None = rows if rows or not self._given else None  # None: not made yet
+        self._columns = (self._given, *columns)
+        self._own = False  # whether the columns are this Windows' own, to append into
+        self._added: list[quotas.Window] = []
+
+    def __len__(self) -> int:
+        return self._given + len(self._added)
+
+    def _all(self) -> list[quotas.Window]:
+        if self._rows is None:
+            starts, ends, ge = (column[:self._given].tolist() for column in self._columns[1:])
+            self._rows = [(instant_of(start), instant_of(end), amount)
+                          for start, end, amount in zip(starts, ends, ge, strict=True)] + self._added
+        return self._rows
+
+    def __getitem__(self, k):
+        return self._all()[k]
+
+    def __iter__(self):
+        return iter(self._all())
+
+    def append(self, window: quotas.Window) -> None:
+        self._added.append(window)
+        if self._rows is not None:
+            self._rows.append(window)
 
     def copy(self) -> Windows:
-        return Windows(self, columns=self.columns())
+        return Windows(columns=self.columns()) if self._rows is None else Windows(self._rows, columns=self.columns())
 
     def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The windows' starts and ends (micro) and GE, as int64, int64 and float columns in the list's order."""
+        """The windows' starts and ends (micro) and GE, as int64, int64 and float columns in their order (views:
+        read them before the next append)."""
         seen, starts, ends, ge = self._columns
         if seen != len(self):
-            tail = self[seen:]  # all of them the first time; after that the one or two the plan appended
-            starts = np.concatenate([starts, np.array([micro(start) for start, _, _ in tail], dtype=np.int64)])
-            ends = np.concatenate([ends, np.array([micro(end) for _, end, _ in tail], dtype=np.int64)])
-            ge = np.concatenate([ge, np.array([float(amount) for _, _, amount in tail], dtype=np.float64)])
+            tail = self._added[seen - self._given:]  # the one or two the plan appended since
+            if seen + len(tail) > len(starts) or not self._own:
+                # Room for as many again: the plan appends a window per request it plans, and copying a team's
+                # thousands of windows for each one cost more than the quota check that reads them. A Windows
+                # writes only into columns it made itself (those it was given may be another's).
+                room = max(2 * (seen + len(tail)), 16)
+                starts, ends, ge = (np.concatenate([column[:seen], np.zeros(room - seen, dtype=column.dtype)])
+                                    for column in (starts, ends, ge))
+                self._own = True
+            starts[seen:seen + len(tail)] = [micro(start) for start, _, _ in tail]
+            ends[seen:seen + len(tail)] = [micro(end) for _, end, _ in tail]
+            ge[seen:seen + len(tail)] = [float(amount) for _, _, amount in tail]
             self._columns = (len(self), starts, ends, ge)
-        return starts, ends, ge
+        n = self._columns[0]
+        return starts[:n], ends[:n], ge[:n]
+
+    def picked(self, mask: np.ndarray) -> list[quotas.Window]:
+        """The windows `mask` picks (in their order), made from the columns: reading a few of a team's thousands
+        makes only those."""
+        starts, ends, ge = self.columns()
+        return [(instant_of(start), instant_of(end), amount) for start, end, amount in
+                zip(starts[mask].tolist(), ends[mask].tolist(), ge[mask].tolist(), strict=True)]
 
     def overlapping(self, start: datetime, end: datetime) -> np.ndarray:
-        """Which windows overlap [start, end) (a mask in the list's order)."""
+        """Which windows overlap [start, end) (a mask in their order)."""
         starts, ends, _ = self.columns()
         return (starts < micro(end)) & (ends > micro(start))
 
@@ -300,14 +348,38 @@ class PoolFrame:
         self.key = key if key is not None else self.key_of(self.gpus)
         self.rank = {gpu.id: k for k, gpu in enumerate(self.gpus)}
         node_rank: dict[int, int] = {}
-        self.node_of = [node_rank.setdefault(gpu.node_id, len(node_rank)) for gpu in self.gpus]
-        self.usable = [gpu.usable for gpu in self.gpus]
+        # As arrays: each board's timeline takes them as they are.
+        self.node_of = np.array([node_rank.setdefault(gpu.node_id, len(node_rank)) for gpu in self.gpus],
+                                dtype=np.int64)
+        self.usable = np.array([gpu.usable for gpu in self.gpus], dtype=bool)
         self.gpu_ids = np.array([gpu.id for gpu in self.gpus], dtype=object)
         self.most_per_node = booking.most_usable_on_a_node(self.gpus)
         self.weight = {gpu.id: gpu.weight for gpu in self.gpus}
+        self.usable_ids = {gpu.id for gpu in self.gpus if gpu.usable}
         self.state = WholeGpuState(booking.engine_nodes(self.gpus))
         self.state.base_arrays()  # built once; every board's state shares it
+        # Per rank, the GPU's (node, slot) in the engine's state; and the ids sorted, to rank a column of them at once.
+        slots = [self.state.gpu_slot(gpu.id) for gpu in self.gpus]
+        self.engine_node = np.array([n for n, _ in slots], dtype=np.int64)
+        self.engine_slot = np.array([slot for _, slot in slots], dtype=np.int64)
+        ids = np.fromiter((gpu.id for gpu in self.gpus), dtype=np.int64, count=len(self.gpus))
+        self._by_id = np.argsort(ids, kind="stable")
+        self._ids_sorted = ids[self._by_id]
         self._of_models: dict[tuple[str, ...], tuple[np.ndarray, int]] = {}
+
+    def ranks(self, gpu_ids: np.ndarray) -> np.ndarray:
+        """Each GPU id's rank (`rank`'s answer), -1 for a GPU not in the pool, for a column of ids at once."""
+        if not self._ids_sorted.size:
+            return np.full(len(gpu_ids), -1, dtype=np.int64)
+        at = np.minimum(np.searchsorted(self._ids_sorted, gpu_ids), self._ids_sorted.size - 1)
+        return np.where(self._ids_sorted[at] == gpu_ids, self._by_id[at], -1)
+
+    def same_gpus(self, gpus: Sequence[booking.PoolGpu]) -> bool:
+        """Whether `gpus` are this frame's GPUs: the same objects (booking.pool_snapshot hands out the same PoolGpu
+        for a row while it reads the same, and PoolGpu is immutable), else equal keys."""
+        if len(gpus) == len(self.gpus) and all(map(operator.is_, gpus, self.gpus)):
+            return True
+        return self.key == self.key_of(gpus)
 
     def of_models(self, models: Sequence[str]) -> tuple[np.ndarray | None, int]:
         """For a request that accepts only `models`: per GPU (rank), whether it is of one of them, and the most
@@ -332,6 +404,56 @@ class PoolFrame:
 _frames: dict[int, PoolFrame] = {}  # per pool, the last pass's frame
 
 
+class GrantColumns(Sequence):
+    """A pool's grants (a Sequence of them) with each one's GPU, reservation and window as NumPy columns in the same
+    order, built once a pass for both plans' boards: the boards read only the columns, and a pass turned the same
+    6,212 grants into columns four times. The windows are microseconds since the epoch (micros). The estimate's
+    grants are the same grants ending earlier (`ending`): as columns at once; as Grant objects only where something
+    reads them one by one (the plan without a board, a borrow), because making thousands of them cost a tenth of
+    the estimate."""
+
+    def __init__(self, grants: Sequence[booking.Grant], times: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        """`times`: the grants' starts and ends as micros, where the caller has them."""
+        self._grants = tuple(grants)
+        count = len(self._grants)
+        self.gpu_ids = np.fromiter((g.gpu_id for g in self._grants), dtype=np.int64, count=count)
+        self.reservation_ids = np.fromiter((g.reservation_id for g in self._grants), dtype=np.int64, count=count)
+        self.starts, self.ends = times if times is not None else (micros(g.starts_at for g in self._grants),
+                                                                   micros(g.ends_at for g in self._grants))
+        self._booked_ends = self.ends  # the grants' own ends (`ending` moves `ends` only)
+        # Whether every grant holds a whole card (WholeGpuBoard.fits).
+        vgpu = SharingMode.VGPU  # (Grant.is_vgpu, without its call per grant)
+        self.whole = all(g.mode != vgpu and not g.mig_profile and g.milli >= units.MILLI_PER_GPU for g in self._grants)
+
+    def ending(self, ends: np.ndarray) -> GrantColumns:
+        """The same grants, each ending at its entry of `ends` (micros) instead."""
+        twin = object.__new__(GrantColumns)
+        twin.__dict__.update(self.__dict__)
+        twin.ends = ends
+        twin.__dict__.pop("_moved", None)
+        return twin
+
+    @functools.cached_property
+    def _moved(self) -> tuple[booking.Grant, ...]:
+        """The grants as the columns say, those whose end moved made anew (Grant.ending_at)."""
+        if self.ends is self._booked_ends:
+            return self._grants
+        moved = list(self._grants)
+        for k in np.flatnonzero(self.ends != self._booked_ends).tolist():
+            moved[k] = moved[k].ending_at(instant_of(int(self.ends[k])))
+        return tuple(moved)
+
+    def __len__(self) -> int:
+        return len(self._grants)
+
+    def __getitem__(self, k):
+        return self._moved[k]
+
+    def __iter__(self):
+        return iter(self._moved)
+
+
+
 class WholeGpuBoard:
     """The plan's pool when every request asks whole GPUs and every booking holds whole cards (an
     exclusive pool): what is free when, kept up to date as the plan books, so each request's earliest
@@ -339,24 +461,23 @@ class WholeGpuBoard:
     arrays masked from the same bookings (placement.timeline.WholeGpuState), not rebuilt per start.
     It answers exactly what earliest_fit's walk over candidate starts answers (the tests compare them)."""
 
-    def __init__(self, frame: PoolFrame, grants: Sequence[booking.Grant], origin: datetime,
-                 times: tuple[np.ndarray, np.ndarray] | None = None, profile=None) -> None:
-        """`times`: the grants' starts and ends as microseconds since the epoch (micros), where the caller has them;
-        `profile`: the pool's workload profile, for the policies that weigh it."""
+    def __init__(self, frame: PoolFrame, grants: Sequence[booking.Grant] | GrantColumns, origin: datetime,
+                 profile=None) -> None:
+        """`grants`: as GrantColumns where the caller has them (else they are made here); `profile`: the pool's
+        workload profile, for the policies that weigh it."""
         self.frame, self.gpus, self.origin, self.profile = frame, frame.gpus, origin, profile
         self.most_per_node = frame.most_per_node
         # Each window once as microseconds since the epoch: the timeline counts from `origin` in them, the
         # engine in seconds (us / 1e6 is exactly what datetime.timestamp() gives).
-        starts, ends = times if times is not None else (micros(g.starts_at for g in grants),
-                                                          micros(g.ends_at for g in grants))
-        ranks = np.fromiter((frame.rank.get(g.gpu_id, -1) for g in grants), dtype=np.int64, count=len(grants))
+        columns = grants if isinstance(grants, GrantColumns) else GrantColumns(grants)
+        starts, ends, ranks = columns.starts, columns.ends, frame.ranks(columns.gpu_ids)
         mine = np.flatnonzero((ranks >= 0) & (ends > starts))
         starts, ends, ranks = starts[mine], ends[mine], ranks[mine]
         at = micro(origin)
         self.timeline = FreeTimeline(frame.node_of, frame.usable, (ranks, starts - at, ends - at))
         self.state = frame.state.copy()
-        self.state.hold_columns(frame.gpu_ids[ranks], starts / 1e6, ends / 1e6,
-                                [grants[k].reservation_id for k in mine.tolist()])
+        self.state.hold_slots(frame.engine_node[ranks], frame.engine_slot[ranks], starts / 1e6, ends / 1e6,
+                              columns.reservation_ids[mine])
         self.placer = WindowPlacer(self.state)
         # Where a gap opens (the starts earliest_fit tries, as micros), each with how many windows end there.
         opens, count = np.unique(ends, return_counts=True)
@@ -373,10 +494,11 @@ class WholeGpuBoard:
         return twin
 
     @staticmethod
-    def fits(shapes: Sequence[booking.Shape], grants: Sequence[booking.Grant]) -> bool:
+    def fits(shapes: Sequence[booking.Shape], grants: Sequence[booking.Grant] | GrantColumns) -> bool:
         """Whether the board can plan these: whole-GPU requests among bookings of whole cards only."""
         return (all(shape.mode == SharingMode.EXCLUSIVE for shape in shapes)
-                and all(not g.is_vgpu and not g.mig_profile and g.milli >= units.MILLI_PER_GPU for g in grants))
+                and (grants.whole if isinstance(grants, GrantColumns) else all(
+                    not g.is_vgpu and not g.mig_profile and g.milli >= units.MILLI_PER_GPU for g in grants)))
 
     def _t(self, at: datetime) -> int:
         return (at - self.origin) // _MICROSECOND
@@ -384,9 +506,14 @@ class WholeGpuBoard:
     def book(self, reservation_id: int, chosen: Sequence[booking.NewGrant], start: datetime, end: datetime) -> None:
         if end <= start:
             return
-        for grant in chosen:
-            self.timeline.book(self.frame.rank[grant.gpu_id], self._t(start), self._t(end))
-        self.state.hold([(grant.gpu_id, start, end, reservation_id) for grant in chosen])
+        ranks = [self.frame.rank[grant.gpu_id] for grant in chosen]
+        for rank in ranks:
+            self.timeline.book(rank, self._t(start), self._t(end))
+        # state.hold's holdings, each GPU's (node, slot) from the frame and the window in seconds as to_seconds
+        # gives them (micro / 1e6 is datetime.timestamp(), exactly).
+        self.state.hold_slots(self.frame.engine_node[ranks], self.frame.engine_slot[ranks],
+                              [micro(start) / 1e6] * len(ranks), [micro(end) / 1e6] * len(ranks),
+                              [reservation_id] * len(ranks))
         opens = micro(end)
         self.end_count[opens] += len(chosen)
         k = bisect.bisect_left(self.ends, opens)
@@ -446,16 +573,18 @@ class WholeGpuBoard:
         quota = team.quota
         promised = [w for w in team.promised if w[0] < end and w[1] > start]
         held = sum(amount for _, _, amount in promised)
-        in_pool, everywhere = team.in_pool.overlapping(start, end), team.everywhere.overlapping(start, end)
+        in_pool = team.in_pool.overlapping(start, end)
         fine = float(team.in_pool.columns()[2][in_pool].sum()) + held + ge <= quota.max_ge + 1e-9
-        if fine and quota.team_max_ge is not None:
+        # (The windows across pools count only under a team-wide cap.)
+        everywhere = team.everywhere.overlapping(start, end) if quota.team_max_ge is not None else None
+        if fine and everywhere is not None:
             fine = float(team.everywhere.columns()[2][everywhere].sum()) + held + ge <= quota.team_max_ge + 1e-9
         if fine:
             return True
         return quotas.held_error(quota, ge=ge, asked="", field="", start=start, end=end,
-                                 in_pool=[team.in_pool[k] for k in np.flatnonzero(in_pool)] + promised,
-                                 everywhere=[team.everywhere[k] for k in np.flatnonzero(everywhere)] + promised
-                                 ) is None
+                                 in_pool=team.in_pool.picked(in_pool) + promised,
+                                 everywhere=(team.everywhere.picked(everywhere) if everywhere is not None else [])
+                                 + promised) is None
 
     def earliest_fit(self, *, shape: booking.Shape, duration: timedelta, earliest: datetime, latest: datetime,
                      policy: str, team: TeamHolding | None = None
@@ -556,7 +685,7 @@ def plan(*, gpus: Sequence[booking.PoolGpu], grants: Sequence[booking.Grant], wa
          now: datetime, horizon: datetime, policy: str, backfill: bool, teams: dict[int, TeamHolding],
          hold_for: Callable[[Waiting], timedelta] | None = None, depth: int | None = None,
          board: bool = True, frame: PoolFrame | None = None, keep_promises: bool = False,
-         grant_times: tuple[np.ndarray, np.ndarray] | None = None, profile=None) -> list[Planned]:
+         profile=None) -> list[Planned]:
     """Plan `waiting` (in queue order) one after the other, each at its earliest fit among `grants`
     and the plan's holdings of the requests before it. `hold_for` is how long a planned request
     holds what it gets (its duration unless given: the estimate shortens it). `teams` is updated
@@ -575,19 +704,19 @@ def plan(*, gpus: Sequence[booking.PoolGpu], grants: Sequence[booking.Grant], wa
     each cycle: the pass's time stays bounded however long the queue grows. `board`: plan exclusive
     pools on a WholeGpuBoard (the same answers, computed incrementally; False walks every candidate
     start with booking.choose, the reference the tests compare it with); `frame`: the pool's GPUs
-    indexed for it, where the caller plans more than once; `grant_times`: the grants' windows as micros
-    (starts, ends), where the caller has them; `profile`: the pool's workload profile (booking.PoolSnapshot's),
-    for the policies that weigh it."""
-    taken = list(grants)
+    indexed for it, where the caller plans more than once; `grants` may be GrantColumns (the boards read their
+    columns, and the grants are made only where the walk reads them); `profile`: the pool's workload profile
+    (booking.PoolSnapshot's), for the policies that weigh it."""
+    added: list[booking.Grant] = []  # the plan's holdings, as grants, for the walk (`grants` and these are taken)
     latest_planned = now
     planned: list[Planned] = []
     head = list(waiting[:depth] if depth is not None else waiting)
     fast = board and WholeGpuBoard.fits([w.shape for w in waiting], grants)
     frame = (frame or PoolFrame(gpus)) if fast else None
-    open_board = WholeGpuBoard(frame, grants, now, grant_times, profile) if fast else None  # bookings and the plan
+    open_board = WholeGpuBoard(frame, grants, now, profile) if fast else None  # bookings and the plan
     bookings_board = open_board.copy() if open_board is not None else None  # the bookings alone
-    usable = {gpu.id for gpu in gpus if gpu.usable}
-    weight = {gpu.id: gpu.weight for gpu in gpus}
+    usable = frame.usable_ids if frame is not None else {gpu.id for gpu in gpus if gpu.usable}
+    weight = frame.weight if frame is not None else {gpu.id: gpu.weight for gpu in gpus}
     # The promises held, and (where the plan is on boards) a board with them booked too.
     pins: dict[int, _Pin] = {}
     pinned_board = open_board.copy() if open_board is not None and keep_promises else None
@@ -637,12 +766,12 @@ def plan(*, gpus: Sequence[booking.PoolGpu], grants: Sequence[booking.Grant], wa
             start, chosen, reason = room.earliest_fit(shape=item.shape, duration=item.duration, earliest=earliest,
                                                       latest=latest, policy=policy, team=team)
         else:
-            start, chosen, reason = earliest_fit(gpus=gpus, grants=[*taken, *others], shape=item.shape,
+            start, chosen, reason = earliest_fit(gpus=gpus, grants=[*grants, *added, *others], shape=item.shape,
                                                  duration=item.duration, earliest=earliest, latest=latest,
                                                  policy=policy, team=team, profile=profile)
         if own is not None and (start is None or start > own.start) and earliest <= own.start <= latest:
             free = (room.free_on(own.gpu_ids, own.start, own.end) if room is not None
-                    else _free_on([*taken, *others], usable, own.gpu_ids, own.start, own.end))
+                    else _free_on([*grants, *added, *others], usable, own.gpu_ids, own.start, own.end))
             kept = [booking.NewGrant(gpu_id=g, ge=weight[g]) for g in own.gpu_ids]
             if free and (team is None or quotas.held_error(
                     team.quota, ge=sum(g.ge for g in kept), asked="", field="", start=own.start, end=own.end,
@@ -655,7 +784,7 @@ def plan(*, gpus: Sequence[booking.PoolGpu], grants: Sequence[booking.Grant], wa
             reason = reason or "no_start"
         if start is not None:
             end = start + (hold_for(item) if hold_for else item.duration)
-            taken.extend(_as_grants(item.reservation_id, chosen, start, end))
+            added.extend(_as_grants(item.reservation_id, chosen, start, end))
             if not was_promised:
                 # A request new since the last pass, ordered ahead: the promises it takes room from are void.
                 ids = {g.gpu_id for g in chosen}
@@ -673,20 +802,24 @@ def plan(*, gpus: Sequence[booking.PoolGpu], grants: Sequence[booking.Grant], wa
                 team.everywhere.append((start, end, ge))
             latest_planned = max(latest_planned, start)
         planned.append(Planned(waiting=item, start=start, grants=tuple(chosen), reason=reason))
-    return _borrow_idle(planned, taken, gpus=gpus, now=now, policy=policy, teams=teams, hold_for=hold_for,
+    return _borrow_idle(planned, grants, added, gpus=gpus, now=now, policy=policy, teams=teams, hold_for=hold_for,
                         profile=profile)
 
 
-def _borrow_idle(planned: list[Planned], taken: list[booking.Grant], *, gpus, now: datetime, policy: str,
-                 teams: dict[int, TeamHolding], hold_for, profile=None) -> list[Planned]:
+def _borrow_idle(planned: list[Planned], grants: Sequence[booking.Grant], added: list[booking.Grant], *, gpus,
+                 now: datetime, policy: str, teams: dict[int, TeamHolding], hold_for, profile=None) -> list[Planned]:
     """Where the pool lends idle GPUs, a request held back only by its team's quota starts now on what
     nobody's plan holds (borrowing within its team's limit): after everyone is planned without
-    borrowing, so borrowing never takes room a request within its quota was planned on."""
+    borrowing, so borrowing never takes room a request within its quota was planned on. `grants` and `added`
+    (the plan's) are what is taken; listed together only where a request may borrow."""
+    taken: list[booking.Grant] | None = None
     for index, entry in enumerate(planned):
         item, team = entry.waiting, teams.get(entry.waiting.team_id)
         if (team is None or team.quota.borrow <= 0 or entry.starts_now(now) or entry.reason != "over_quota"
                 or (item.not_before and item.not_before > now)):
             continue
+        if taken is None:
+            taken = [*grants, *added]
         others = [g for g in taken if g.reservation_id != item.reservation_id]
         start, chosen, _ = earliest_fit(gpus=gpus, grants=others, shape=item.shape, duration=item.duration,
                                         earliest=now, latest=now, policy=policy, team=team, borrow_at=now,
@@ -820,14 +953,17 @@ class EarlyRelease:
 
 def early_release(pool_id: int, now: datetime) -> EarlyRelease:
     """The pool's last QUEUE_HISTORY ended bookings, each as the share of its booked window it used."""
+    # Read as micros (sql.instant_column: PostgreSQL's timestamptz loader is Python, and these are 1,500 a pass);
+    # the same figures as timedelta gives them: total_seconds() and timedelta / timedelta divide the microseconds.
     rows = sql.fetch_all(
-        "SELECT starts_at, ends_at, ended_at FROM allocations_reservation "
+        f"SELECT {sql.instant_column('starts_at')}, {sql.instant_column('ends_at')}, {sql.instant_column('ended_at')} "
+        "FROM allocations_reservation "
         "WHERE pool_id = %s AND state IN ('released', 'expired') AND ended_at IS NOT NULL AND ended_at > starts_at "
         "AND ends_at > starts_at AND ended_at <= %s ORDER BY ended_at DESC LIMIT %s",
         [pool_id, sql.db_datetime(now), settings.QUEUE_HISTORY])
-    pairs = [((sql.aware(end) - sql.aware(start)).total_seconds(),
-              min(1.0, (sql.aware(ended) - sql.aware(start)) / (sql.aware(end) - sql.aware(start))))
-             for start, end, ended in rows]
+    pairs = [((end - start) / 1_000_000, min(1.0, (ended - start) / (end - start)))
+             for start, end, ended in ((sql.instant_micros(a), sql.instant_micros(b), sql.instant_micros(c))
+                                       for a, b, c in rows)]
     return EarlyRelease(tuple(sorted(used for _, used in pairs)), tuple(pairs))
 
 
@@ -845,39 +981,36 @@ class PoolQueue:
     entries: dict[int, Entry]
     teams: dict[int, TeamHolding]
     _frame: PoolFrame | None = dataclasses.field(default=None, init=False, repr=False)
-    _times: tuple | None = dataclasses.field(default=None, init=False, repr=False)
+    _columns: tuple | None = dataclasses.field(default=None, init=False, repr=False)
 
     def frame(self) -> PoolFrame:
         """The pool's GPUs indexed for the plan's boards: kept from the last pass over the pool while its GPUs
         read the same (building it is a tenth of a pass on a thousand nodes)."""
         if self._frame is None or self._frame.gpus is not self.snapshot.gpus:
-            key = PoolFrame.key_of(self.snapshot.gpus)
             kept = _frames.get(self.pool.pk)
-            self._frame = kept if kept is not None and kept.key == key else PoolFrame(self.snapshot.gpus, key)
+            self._frame = (kept if kept is not None and kept.same_gpus(self.snapshot.gpus)
+                           else PoolFrame(self.snapshot.gpus))
             _frames[self.pool.pk] = self._frame
         return self._frame
 
-    def grant_times(self) -> tuple[np.ndarray, np.ndarray]:
-        """The snapshot's grants' starts and ends as micros (in its order): once per snapshot, for both plans."""
+    def grant_columns(self) -> GrantColumns:
+        """The snapshot's grants as GrantColumns: once per snapshot, for both plans."""
         grants = self.snapshot.grants
-        if self._times is None or self._times[0] is not grants:
-            self._times = (grants, micros(g.starts_at for g in grants), micros(g.ends_at for g in grants))
-        return self._times[1], self._times[2]
+        if self._columns is None or self._columns[0] is not grants:
+            self._columns = (grants, GrantColumns(grants, self.snapshot.grant_micros_of()))
+        return self._columns[1]
 
     def promise(self) -> list[Planned]:
-        return plan(gpus=self.snapshot.gpus, grants=self.snapshot.grants, waiting=self.waiting,
+        return plan(gpus=self.snapshot.gpus, grants=self.grant_columns(), waiting=self.waiting,
                     now=self.now, horizon=self.horizon, policy=self.pool.placement_policy,
                     backfill=self.pool.backfill, teams=self._fresh_teams(), depth=settings.QUEUE_PLAN_DEPTH,
-                    frame=self.frame(), keep_promises=True, grant_times=self.grant_times(),
-                    profile=self.snapshot.profile)
+                    frame=self.frame(), keep_promises=True, profile=self.snapshot.profile)
 
     def estimate(self) -> list[Planned]:
         history = early_release(self.pool.pk, self.now)
         now = micro(self.now)
-        starts, ends = self.grant_times()
-        likely = history.expected_ends(starts, ends, now)
-        grants = [g if end == booked else g.ending_at(instant_of(end))
-                  for g, end, booked in zip(self.snapshot.grants, likely.tolist(), ends.tolist(), strict=True)]
+        columns = self.grant_columns()
+        grants = columns.ending(history.expected_ends(columns.starts, columns.ends, now))
         # The team's own bookings end as early as the pool's do: a request waiting on its team's quota waits
         # for them, and kept to their booked ends its estimate was its promise.
         teams = {team_id: TeamHolding(quota=t.quota, in_pool=_ending_as_usual(history, t.in_pool, now),
@@ -886,7 +1019,7 @@ class PoolQueue:
         return plan(gpus=self.snapshot.gpus, grants=grants, waiting=self.waiting, now=self.now, horizon=self.horizon,
                     policy=self.pool.placement_policy, backfill=self.pool.backfill, teams=teams,
                     hold_for=lambda item: history.expected_duration(item.duration), depth=settings.QUEUE_PLAN_DEPTH,
-                    frame=self.frame(), grant_times=(starts, likely), profile=self.snapshot.profile)
+                    frame=self.frame(), profile=self.snapshot.profile)
 
     def _fresh_teams(self) -> dict[int, TeamHolding]:
         return {team_id: TeamHolding(quota=t.quota, in_pool=t.in_pool.copy(), everywhere=t.everywhere.copy())
@@ -896,12 +1029,7 @@ class PoolQueue:
 def _ending_as_usual(history: EarlyRelease, windows: Windows, now: int) -> Windows:
     """A team's windows (start, end, GE), each ending when history.expected_end says (`now` in micros)."""
     starts, booked, ge = windows.columns()
-    likely = history.expected_ends(starts, booked, now)
-    moved = Windows(windows, columns=(starts, likely, ge))
-    for k in np.flatnonzero(likely != booked).tolist():
-        start, _, amount = moved[k]
-        moved[k] = (start, instant_of(int(likely[k])), amount)
-    return moved
+    return Windows(columns=(starts, history.expected_ends(starts, booked, now), ge))
 
 
 def shape_data(shape: booking.Shape) -> dict:
@@ -915,6 +1043,13 @@ def shape_from(data: dict) -> booking.Shape:
     layout = data.get("mig_layout", ())
     return booking.Shape(**{**data, "mig_layout": layout if isinstance(layout, str) else tuple(layout),
                             "gpu_models": tuple(data.get("gpu_models") or ())})
+
+
+@functools.lru_cache(maxsize=4096)
+def _shape_of_text(text: str) -> booking.Shape:
+    """shape_from of a QueueEntry's shape read as JSON text: a queue's thousand requests ask a few shapes, and
+    decoding each one's JSON and making its Shape (immutable, so shared) was a tenth of reading the queue."""
+    return shape_from(json.loads(text))
 
 
 @dataclass(frozen=True)
@@ -955,8 +1090,9 @@ def read(pool_id: int, now: datetime, *, lock: bool = True) -> PoolQueue:
     pool = (pools.select_for_update() if lock else pools).get()
     horizon = now + settings.RESERVATION_MAX_LEAD + settings.RESERVATION_MAX_DURATION
     rows = sql.fetch_all(
-        "SELECT r.id, r.team_id, q.shape, q.duration, " + ", ".join(sql.instant_column(f"q.{name}") for name in (
-            "queued_at", "not_before", "not_after")) + ", q.priority, q.position, q.reason, " + ", ".join(
+        "SELECT r.id, r.team_id, CAST(q.shape AS TEXT), q.duration, " + ", ".join(
+            sql.instant_column(f"q.{name}") for name in ("queued_at", "not_before", "not_after"))
+        + ", q.priority, q.position, q.reason, " + ", ".join(
             sql.instant_column(f"q.{name}") for name in ("start_by", "likely_start", "first_start_by",
                                                           "first_likely_start")) + ", q.moved_why, q.moved_why_message, "
         "q.planned_gpus "
@@ -972,7 +1108,7 @@ def read(pool_id: int, now: datetime, *, lock: bool = True) -> PoolQueue:
                       first_start_by=sql.instant(first_start_by), first_likely_start=sql.instant(first_likely),
                       moved_why_text=moved_text, moved_why_message=sql.json_value(moved_message))
         entries[pk] = entry
-        waiting.append(Waiting(reservation_id=pk, team_id=team_id, shape=shape_from(sql.json_value(shape)),
+        waiting.append(Waiting(reservation_id=pk, team_id=team_id, shape=_shape_of_text(shape),
                                duration=entry.duration, queued_at=entry.queued_at, not_before=entry.not_before,
                                not_after=entry.not_after, priority=priority, promised_at=entry.start_by,
                                promised_gpus=tuple(sql.json_value(planned_gpus) or ())))
@@ -992,9 +1128,10 @@ class Locked:
     def __init__(self, ids: Sequence[int]) -> None:
         self.ids: set[int] = set()
         if ids:
+            among, params = sql.in_list("id", ids)
             self.ids = {pk for (pk,) in sql.fetch_all(
-                f"SELECT id FROM allocations_reservation WHERE id IN ({', '.join(['%s'] * len(ids))}) AND state = %s "
-                f"ORDER BY id{sql.for_update_of('allocations_reservation')}", [*ids, State.PENDING])}
+                f"SELECT id FROM allocations_reservation WHERE {among} AND state = %s "
+                f"ORDER BY id{sql.for_update_of('allocations_reservation')}", [*params, State.PENDING])}
         self._read: dict[int, Reservation] = {}
 
     def __contains__(self, pk: int) -> bool:
@@ -1023,9 +1160,9 @@ def team_holding(quota: quotas.QuotaLimits, start: datetime, end: datetime) -> T
     """The team's quota with what it holds over [start, end): in the pool, and across pools where a
     team-wide cap makes that count."""
     def windows(pool_id: int | None) -> Windows:
-        held, starts, ends = selectors.team_window_micros(quota.team_id, pool_id, start, end)
-        return Windows(held, columns=(np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64),
-                                      np.array([float(ge) for _, _, ge in held], dtype=np.float64)))
+        starts, ends, ge = selectors.team_window_micros(quota.team_id, pool_id, start, end)
+        return Windows(columns=(np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64),
+                                np.array(ge, dtype=np.float64)))
 
     return TeamHolding(quota=quota, in_pool=windows(quota.pool_id),
                        everywhere=windows(None) if quota.team_max_ge is not None else Windows())

@@ -778,12 +778,15 @@ def team_windows(team_id: int, pool_id: int | None, start: datetime, end: dateti
 
 
 def team_window_micros(team_id: int, pool_id: int | None, start: datetime, end: datetime
-                       ) -> tuple[list[tuple[datetime, datetime, float]], list[int], list[int]]:
-    """team_windows' windows, and each one's start and end as whole microseconds since the epoch (in the same order):
-    the queue's plan counts a team's windows in NumPy, and PostgreSQL reads them as such already."""
+                       ) -> tuple[list[int], list[int], list[float]]:
+    """team_windows' windows as columns: each one's start and end as whole microseconds since the epoch, and its GE
+    (in the same order). The queue's plan counts a team's windows in NumPy, PostgreSQL reads them as such already,
+    and the plan makes the (start, end, GE) of a window only where it reads one."""
     rows = _team_window_rows(team_id, pool_id, start, end, None)
-    return ([(sql.instant(a), sql.instant(b), ge) for a, b, ge in rows], [sql.instant_micros(a) for a, _, _ in rows],
-            [sql.instant_micros(b) for _, b, _ in rows])
+    if rows and isinstance(rows[0][0], int):  # read as micros already (PostgreSQL: every row, as the first)
+        return [a for a, _, _ in rows], [b for _, b, _ in rows], [float(ge) for _, _, ge in rows]
+    return ([sql.instant_micros(a) for a, _, _ in rows], [sql.instant_micros(b) for _, b, _ in rows],
+            [float(ge) for _, _, ge in rows])
 
 
 def _team_window_rows(team_id: int, pool_id: int | None, start: datetime, end: datetime,

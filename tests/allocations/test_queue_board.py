@@ -7,11 +7,12 @@ from __future__ import annotations
 import dataclasses
 from datetime import datetime, timedelta, timezone
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from allocations import booking, quotas
+from allocations import booking, queue, quotas
 from allocations.placement import ClusterState, Holding
 from allocations.placement.timeline import FreeTimeline, WholeGpuState
 from allocations.queue import TeamHolding, Waiting, earliest_fit, plan
@@ -165,6 +166,93 @@ def test_the_masked_state_held_bit_by_bit_and_released_gives_the_general_states_
         assert (getattr(a, field) == getattr(b, field)).all(), field
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 119), st.integers(-10, 20), st.integers(0, 10), st.integers(1, 4)),
+                max_size=8), st.integers(-5, 15), st.integers(1, 10))
+def test_a_few_holdings_among_many_nodes_give_the_general_states_arrays(holds, start, length):
+    """On 40 nodes a handful of holdings are a few clustering tasks, which the masked state counts into their
+    cells one by one (np.add.at) rather than adding a count of the whole table: the same arrays."""
+    gpus = [booking.PoolGpu(id=i, node_id=i // 3, node_name=f"n{i // 3:02d}", index=i % 3) for i in range(120)]
+    nodes = booking.PoolSnapshot(start=T0, end=T0, gpus=tuple(gpus), grants=()).state().nodes
+    minute = timedelta(minutes=1)
+    whole = [(gpu, T0 + s * minute, T0 + (s + n) * minute, rid) for gpu, s, n, rid in holds]
+    general = ClusterState(nodes, [Holding(node_id=gpu // 3, gpu_id=gpu, start=a, end=b, milli=1000, reservation_id=r)
+                                   for gpu, a, b, r in whole if b > a])
+    masked = WholeGpuState(nodes)
+    masked.hold(whole)
+    window = (T0 + start * minute, T0 + (start + length) * minute)
+    a, b = general.arrays_for_window(*window), masked.arrays_for_window(*window)
+    for field in ("gpu_free", "mig_used", "affinity"):
+        assert (getattr(a, field) == getattr(b, field)).all(), field
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(-10, 20), st.integers(0, 10), st.integers(1, 4)),
+                max_size=12), st.integers(1, 4), st.integers(1, 4), st.integers(-5, 15), st.integers(1, 10))
+def test_holdings_given_as_slots_and_a_reservation_column_are_those_held_one_by_one(holds, chunk, gone, start, length):
+    """hold_slots with the reservations as an integer column (a board's bulk of bookings: one group look-up per
+    reservation, not per holding), in chunks that may repeat a reservation, then one more held by hold and one
+    reservation released: the arrays of the same holdings held by hold."""
+    gpus = [booking.PoolGpu(id=i, node_id=i // 3, node_name=f"n{i // 3}", index=i % 3) for i in range(6)]
+    nodes = booking.PoolSnapshot(start=T0, end=T0, gpus=tuple(gpus), grants=()).state().nodes
+    minute = timedelta(minutes=1)
+    whole = [(gpu, T0 + s * minute, T0 + (s + n) * minute, rid) for gpu, s, n, rid in holds]
+    extra = [(0, T0, T0 + 5 * minute, 2)]
+    plain, columns = WholeGpuState(nodes), WholeGpuState(nodes)
+    plain.hold(whole + extra)
+    for k in range(0, len(whole), chunk):
+        part = whole[k:k + chunk]
+        slots = [columns.gpu_slot(gpu) for gpu, _, _, _ in part]
+        columns.hold_slots(np.array([n for n, _ in slots], dtype=np.int64),
+                           np.array([slot for _, slot in slots], dtype=np.int64),
+                           [a.timestamp() for _, a, _, _ in part], [b.timestamp() for _, _, b, _ in part],
+                           np.array([rid for _, _, _, rid in part], dtype=np.int64))
+    columns.hold(extra)
+    for state in (plain, columns):
+        state.release(gone)
+    window = (T0 + start * minute, T0 + (start + length) * minute)
+    a, b = plain.arrays_for_window(*window), columns.arrays_for_window(*window)
+    for field in ("gpu_free", "mig_used", "affinity", "cpu_free", "mem_free"):
+        assert (getattr(a, field) == getattr(b, field)).all(), field
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(schedules(), st.data())
+def test_grants_as_columns_plan_what_the_grants_plan_and_read_back_as_the_grants(schedule, data):
+    """GrantColumns (the pass's grants read once as columns for both plans) plan what the same grants as a list plan;
+    ending some of them earlier (the estimate's grants) reads back as Grant.ending_at of each moved one, and plans
+    what that list of grants plans. Team windows kept as columns read back as the windows they were made from."""
+    gpus, grants, waiting, quota, backfill, policy = schedule
+    args = dict(gpus=gpus, waiting=waiting, now=T0, horizon=T0 + 48 * QUARTER, policy=policy, backfill=backfill)
+    columns = queue.GrantColumns(grants)
+    assert list(columns) == grants and len(columns) == len(grants)
+    moves = data.draw(st.lists(st.integers(0, 8), min_size=len(grants), max_size=len(grants)))
+    ends = np.array([min(queue.micro(g.ends_at), queue.micro(g.starts_at + k * QUARTER)) if k
+                     else queue.micro(g.ends_at) for g, k in zip(grants, moves, strict=True)], dtype=np.int64)
+    moved = [g if end == queue.micro(g.ends_at) else g.ending_at(queue.instant_of(end))
+             for g, end in zip(grants, ends.tolist(), strict=True)]
+    shortened = columns.ending(ends)
+    assert list(shortened) == moved and list(columns) == grants
+    for given, listed in ((columns, grants), (shortened, moved)):
+        fast = plan(**args, grants=given, teams=teams_for(quota))
+        plain = plan(**args, grants=listed, teams=teams_for(quota))
+        assert [(p.waiting.reservation_id, p.start, p.grants, p.reason) for p in fast] == \
+               [(p.waiting.reservation_id, p.start, p.grants, p.reason) for p in plain]
+    windows = [(g.starts_at, g.ends_at, float(k)) for k, g in enumerate(grants)]
+    given = queue.Windows(windows)
+    kept = queue.Windows(columns=given.columns())
+    added = [(T0 + k * QUARTER, T0 + (k + 1) * QUARTER, 1.0) for k in range(data.draw(st.integers(1, 40)))]
+    for k, window in enumerate(added):  # appended one by one, its columns read between (they grow in place)
+        kept.append(window)
+        if k % 3 == 0:
+            kept.columns()
+    assert list(kept) == [*windows, *added] and len(kept) == len(windows) + len(added)
+    mask = np.array(data.draw(st.lists(st.booleans(), min_size=len(kept), max_size=len(kept))), dtype=bool)
+    assert kept.picked(mask) == [w for w, on in zip(kept, mask.tolist(), strict=True) if on]
+    assert [c.tolist() for c in kept.copy().columns()] == [c.tolist() for c in queue.Windows(list(kept)).columns()]
+    assert [c.tolist() for c in given.columns()] == [c.tolist() for c in queue.Windows(windows).columns()]
+
+
 def promised(result) -> list[Waiting]:
     """The requests as the next pass reads them: each with the start and GPUs this plan promised."""
     return [dataclasses.replace(p.waiting, promised_at=p.start, promised_gpus=tuple(g.gpu_id for g in p.grants))
@@ -302,7 +390,8 @@ def test_the_timeline_booked_and_unbooked_has_the_gaps_of_one_built_from_its_win
     held: list[tuple[int, int, int]] = []
 
     def gaps(line):
-        return sorted(zip(line.gap_gpu.tolist(), line.gap_from.tolist(), line.gap_to.tolist(), strict=True))
+        # (A gap a booking fills stays in the columns, emptied: gaps() leaves those out.)
+        return line.gaps()
 
     for _ in range(data.draw(st.integers(1, 10))):
         if held and data.draw(st.booleans()):
