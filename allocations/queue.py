@@ -764,6 +764,10 @@ class EarlyRelease:
     def _alike(self) -> dict[tuple[int, int], tuple[float, ...]]:
         return {}
 
+    @functools.cached_property
+    def _alike_columns(self) -> dict[tuple[int, int], np.ndarray]:
+        return {}
+
     def expected_end(self, start: datetime, end: datetime, now: datetime) -> datetime:
         """When a booking of [start, end) is likely to end, given it runs at `now`: the median of the
         used shares above what it has run so far (the conditional median), never before now."""
@@ -791,7 +795,6 @@ class EarlyRelease:
         ran = np.maximum(0.0, (now - start) / length)
         share = np.full(live.size, np.nan)
         for rows, used in self._alike_groups(seconds):
-            used = np.array(used, dtype=np.float64)
             k = np.searchsorted(used, ran[rows], "right")  # bisect_right: the shares above what it has run
             later = used.size - k
             share[rows] = np.where(later > 0, used[np.minimum(k + (later - 1) // 2, used.size - 1)], np.nan)
@@ -808,7 +811,7 @@ class EarlyRelease:
     #: Points of each running booking's conditional end distribution that likely_ends sums (at the levels
     #: (q + ½) / points), at least ENDING_POINTS: the expected count of ended bookings M is read between them.
     ENDING_POINTS = 4
-    ENDING_POINTS_IN_ALL = 1 << 13  # more points a booking where there are few (up to 256): M read finer, still cheap
+    ENDING_POINTS_IN_ALL = 1 << 12  # more points a booking where there are few (up to 256): M read finer, still cheap
 
     def likely_ends(self, starts: np.ndarray, ends: np.ndarray, now: int, bookings: np.ndarray | None = None,
                     groups: np.ndarray | None = None) -> np.ndarray:
@@ -828,16 +831,23 @@ class EarlyRelease:
 
         `bookings`: rows with the same id and window are one booking (a reservation's grants, one per GPU).
         Bookings not running at `now` (not started, or of no length) keep expected_ends's answer."""
-        medians = self.expected_ends(starts, ends, now)
         if len(self.used) < self.MIN_HISTORY:
-            return medians
-        running = np.flatnonzero((starts <= now) & (ends > now))
+            return ends.copy()
+        running = (starts <= now) & (ends > now)
+        out = ends.copy()
+        if not running.all():
+            out[~running] = self.expected_ends(starts[~running], ends[~running], now)
+        running = np.flatnonzero(running)
         if not running.size:
-            return medians
-        if bookings is not None:
-            key = np.stack([bookings[running], starts[running], ends[running]])
-            _, first, back = np.unique(key, axis=1, return_index=True, return_inverse=True)
-            rows = running[first]
+            return out
+        if bookings is not None:  # one row per booking: the first of each (id, start, end)
+            ids, first_at, last_at = bookings[running], starts[running], ends[running]
+            by = np.lexsort((last_at, first_at, ids))
+            new = np.ones(by.size, dtype=bool)
+            new[1:] = (np.diff(ids[by]) != 0) | (np.diff(first_at[by]) != 0) | (np.diff(last_at[by]) != 0)
+            back = np.empty(by.size, dtype=np.int64)
+            back[by] = np.cumsum(new) - 1
+            rows = running[by[new]]
         else:
             rows, back = running, None
         start, end = starts[rows], ends[rows]
@@ -846,13 +856,15 @@ class EarlyRelease:
         points = int(np.clip(self.ENDING_POINTS_IN_ALL // rows.size, self.ENDING_POINTS, 256))
         levels = (np.arange(points) + 0.5) / points
         at = np.repeat(end[:, None], points, axis=1).astype(np.float64)  # no history above what it ran: its end
+        median = end.astype(np.float64)  # the conditional median, as expected_ends has it: the order they end in
         for alike, used in self._alike_groups(length / 1e6):
-            used = np.asarray(used, dtype=np.float64)
             k = np.searchsorted(used, ran[alike], "right")
             later = used.size - k
             has = later > 0
-            pick = k[has, None] + np.floor(levels[None, :] * later[has, None]).astype(np.int64)
-            at[alike[has]] = start[alike[has], None] + length[alike[has], None] * used[pick]
+            alike, k, later = alike[has], k[has], later[has]
+            pick = k[:, None] + np.floor(levels[None, :] * later[:, None]).astype(np.int64)
+            at[alike] = start[alike, None] + length[alike, None] * used[pick]
+            median[alike] = start[alike] + length[alike] * used[k + (later - 1) // 2]
         at = np.minimum(np.maximum(at, now), end[:, None].astype(np.float64))
         # Each group's points in time order, the groups one after the other: in group g, M(point i of it) =
         # (i + 1/2) / points, each point standing in the middle of its step.
@@ -864,7 +876,7 @@ class EarlyRelease:
         by_time = np.argsort(flat)
         expected = flat[by_time[np.argsort(np.repeat(group, points)[by_time], kind="stable")]] if groups is not None \
             else flat[by_time]
-        order = np.lexsort((medians[rows], group))  # by group, then by conditional median
+        order = np.lexsort((median, group))  # by group, then by conditional median
         n = size[group[order]].astype(np.float64)
         j = np.arange(rows.size) - offset[group[order]] + 1.0
         first_point = offset[group[order]] * points
@@ -875,20 +887,30 @@ class EarlyRelease:
         likely = np.empty(rows.size, dtype=np.int64)
         likely[order] = np.rint(low + (where - below) * (high - low)).astype(np.int64)
         likely = np.minimum(np.maximum(likely, now), end)
-        out = medians.copy()
-        out[running] = likely[back.ravel()] if back is not None else likely
+        out[running] = likely[back] if back is not None else likely
         return out
 
     def _alike_groups(self, seconds: np.ndarray):
         """(rows, used shares) for bookings of booked lengths `seconds`, as shares() groups them: the bookings
         booked half to twice as long, where there are MIN_HISTORY of them, else all."""
-        lengths = np.array(self._lengths, dtype=np.float64)
+        lengths = self._length_column
         first = np.searchsorted(lengths, seconds / 2, "left")
         last = np.searchsorted(lengths, seconds * 2, "right")
         alike = last - first >= self.MIN_HISTORY
         first, last = np.where(alike, first, -1), np.where(alike, last, -1)  # -1: all of them
         for f, l in set(zip(first.tolist(), last.tolist(), strict=True)):
-            yield np.flatnonzero((first == f) & (last == l)), (self.used if f < 0 else self._between(f, l))
+            yield np.flatnonzero((first == f) & (last == l)), self._used_column(f, l)
+
+    @functools.cached_property
+    def _length_column(self) -> np.ndarray:
+        return np.array(self._lengths, dtype=np.float64)
+
+    def _used_column(self, first: int, last: int) -> np.ndarray:
+        """The used shares of the bookings `first` to `last` by booked length (all where first < 0), as an array."""
+        if (first, last) not in self._alike_columns:
+            self._alike_columns[first, last] = np.array(self.used if first < 0 else self._between(first, last),
+                                                        dtype=np.float64)
+        return self._alike_columns[first, last]
 
     def expected_duration(self, duration: timedelta) -> timedelta:
         if len(self.used) < self.MIN_HISTORY:
@@ -965,9 +987,10 @@ class PoolQueue:
         # The team's own bookings end as early as the pool's do: a request waiting on its team's quota waits
         # for them, and kept to their booked ends its estimate was its promise. They end together apart from the
         # pool's: a request over its team's quota waits for the k-th end among its team's bookings.
-        teams = {team_id: TeamHolding(quota=t.quota, in_pool=_ending_as_usual(history, t.in_pool, now),
-                                      everywhere=_ending_as_usual(history, t.everywhere, now))
-                 for team_id, t in self.teams.items()}
+        held = list(self.teams.items())
+        moved = _ending_as_usual(history, [w for _, t in held for w in (t.in_pool, t.everywhere)], now)
+        teams = {team_id: TeamHolding(quota=t.quota, in_pool=moved[2 * k], everywhere=moved[2 * k + 1])
+                 for k, (team_id, t) in enumerate(held)}
         return plan(gpus=self.snapshot.gpus, grants=grants, waiting=self.waiting, now=self.now, horizon=self.horizon,
                     policy=self.pool.placement_policy, backfill=self.pool.backfill, teams=teams,
                     hold_for=lambda item: history.expected_duration(item.duration), depth=settings.QUEUE_PLAN_DEPTH,
@@ -978,15 +1001,25 @@ class PoolQueue:
                 for team_id, t in self.teams.items()}
 
 
-def _ending_as_usual(history: EarlyRelease, windows: Windows, now: int) -> Windows:
-    """A team's windows (start, end, GE), ending when history.likely_ends says, taken together (`now` in micros)."""
-    starts, booked, ge = windows.columns()
-    likely = history.likely_ends(starts, booked, now)
-    moved = Windows(windows, columns=(starts, likely, ge))
-    for k in np.flatnonzero(likely != booked).tolist():
-        start, _, amount = moved[k]
-        moved[k] = (start, instant_of(int(likely[k])), amount)
-    return moved
+def _ending_as_usual(history: EarlyRelease, sets: list[Windows], now: int) -> list[Windows]:
+    """Teams' sets of windows (start, end, GE), ending when history.likely_ends says, each set taken together apart
+    from the others (`now` in micros). One call for all of them: a call's cost is mostly NumPy's per call."""
+    columns = [windows.columns() for windows in sets]
+    if not columns:
+        return []
+    sizes = [len(starts) for starts, _, _ in columns]
+    starts, booked = (np.concatenate([c[k] for c in columns]) for k in (0, 1))
+    likely = history.likely_ends(starts, booked, now, groups=np.repeat(np.arange(len(sets)), sizes))
+    out, offset = [], 0
+    for windows, (first, ends, ge), size in zip(sets, columns, sizes, strict=True):
+        mine = likely[offset:offset + size]
+        offset += size
+        moved = Windows(windows, columns=(first, mine, ge))
+        for k in np.flatnonzero(mine != ends).tolist():
+            start, _, amount = moved[k]
+            moved[k] = (start, instant_of(int(mine[k])), amount)
+        out.append(moved)
+    return out
 
 
 def shape_data(shape: booking.Shape) -> dict:
