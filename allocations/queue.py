@@ -1003,21 +1003,27 @@ class PoolQueue:
 
 def _ending_as_usual(history: EarlyRelease, sets: list[Windows], now: int) -> list[Windows]:
     """Teams' sets of windows (start, end, GE), ending when history.likely_ends says, each set taken together apart
-    from the others (`now` in micros). One call for all of them: a call's cost is mostly NumPy's per call."""
+    from the others (`now` in micros). One call for all of them (a call's cost is mostly NumPy's per call), and a
+    set the same as one before it (a team's windows in the pool are all it holds anywhere) is not counted twice."""
     columns = [windows.columns() for windows in sets]
-    if not columns:
+    same_as = list(range(len(sets)))
+    for k, (starts, ends, _) in enumerate(columns):
+        same_as[k] = next((j for j in range(k) if same_as[j] == j and np.array_equal(columns[j][0], starts)
+                           and np.array_equal(columns[j][1], ends)), k)
+    distinct = [k for k in range(len(sets)) if same_as[k] == k]
+    if not distinct:
         return []
-    sizes = [len(starts) for starts, _, _ in columns]
-    starts, booked = (np.concatenate([c[k] for c in columns]) for k in (0, 1))
-    likely = history.likely_ends(starts, booked, now, groups=np.repeat(np.arange(len(sets)), sizes))
-    out, offset = [], 0
-    for windows, (first, ends, ge), size in zip(sets, columns, sizes, strict=True):
-        mine = likely[offset:offset + size]
-        offset += size
+    sizes = [len(columns[k][0]) for k in distinct]
+    starts, booked = (np.concatenate([columns[k][c] for k in distinct]) for c in (0, 1))
+    likely = history.likely_ends(starts, booked, now, groups=np.repeat(np.arange(len(distinct)), sizes))
+    ends_of = dict(zip(distinct, np.split(likely, np.cumsum(sizes)[:-1]), strict=True))
+    out = []
+    for k, (windows, (first, ends, ge)) in enumerate(zip(sets, columns, strict=True)):
+        mine = ends_of[same_as[k]]
         moved = Windows(windows, columns=(first, mine, ge))
-        for k in np.flatnonzero(mine != ends).tolist():
-            start, _, amount = moved[k]
-            moved[k] = (start, instant_of(int(mine[k])), amount)
+        for row in np.flatnonzero(mine != ends).tolist():
+            start, _, amount = moved[row]
+            moved[row] = (start, instant_of(int(mine[row])), amount)
         out.append(moved)
     return out
 

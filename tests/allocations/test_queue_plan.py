@@ -252,3 +252,19 @@ def test_likely_ends_stay_in_the_window_and_keep_the_order_of_the_medians(used, 
     by_median = rows[np.argsort(medians[rows], kind="stable")]
     unclipped = likely[by_median] < ends[by_median]
     assert (np.diff(likely[by_median][unclipped]) >= 0).all()
+
+
+def test_teams_windows_end_together_within_each_set_and_a_repeated_set_alike():
+    """_ending_as_usual takes every team's windows in one call: each set as if alone, and the same set twice (a team's
+    windows in the pool and everywhere, where it holds nothing elsewhere) the same answers."""
+    now = queue.micro(T0)
+    four = [(T0, T0 + timedelta(minutes=30), 1.0)] * 4
+    one = [(T0 - timedelta(minutes=10), T0 + timedelta(minutes=20), 2.0)]
+    sets = [queue.Windows(four), queue.Windows(four), queue.Windows(one), queue.Windows([])]
+    moved = queue._ending_as_usual(UNIFORM, sets, now)
+    assert [len(m) for m in moved] == [4, 4, 1, 0]
+    alone = UNIFORM.likely_ends(*sets[0].columns()[:2], now)
+    assert moved[0].columns()[1].tolist() == moved[1].columns()[1].tolist() == alone.tolist()
+    assert [queue.micro(end) for _, end, _ in moved[0]] == alone.tolist()
+    assert moved[2].columns()[1].tolist() == UNIFORM.likely_ends(*sets[2].columns()[:2], now).tolist()
+    assert [ge for _, _, ge in moved[2]] == [2.0]
