@@ -811,7 +811,7 @@ class EarlyRelease:
     #: Points of each running booking's conditional end distribution that likely_ends sums (at the levels
     #: (q + ½) / points), at least ENDING_POINTS: the expected count of ended bookings M is read between them.
     ENDING_POINTS = 4
-    ENDING_POINTS_IN_ALL = 1 << 12  # more points a booking where there are few (up to 256): M read finer, still cheap
+    ENDING_POINTS_A_GROUP = 1024  # more points a booking where a group has few (up to 256): M read finer, still cheap
 
     def likely_ends(self, starts: np.ndarray, ends: np.ndarray, now: int, bookings: np.ndarray | None = None,
                     groups: np.ndarray | None = None) -> np.ndarray:
@@ -853,37 +853,42 @@ class EarlyRelease:
         start, end = starts[rows], ends[rows]
         length = end - start
         ran = (now - start) / length
-        points = int(np.clip(self.ENDING_POINTS_IN_ALL // rows.size, self.ENDING_POINTS, 256))
-        levels = (np.arange(points) + 0.5) / points
-        at = np.repeat(end[:, None], points, axis=1).astype(np.float64)  # no history above what it ran: its end
-        median = end.astype(np.float64)  # the conditional median, as expected_ends has it: the order they end in
-        for alike, used in self._alike_groups(length / 1e6):
-            k = np.searchsorted(used, ran[alike], "right")
-            later = used.size - k
-            has = later > 0
-            alike, k, later = alike[has], k[has], later[has]
-            pick = k[:, None] + np.floor(levels[None, :] * later[:, None]).astype(np.int64)
-            at[alike] = start[alike, None] + length[alike, None] * used[pick]
-            median[alike] = start[alike] + length[alike] * used[k + (later - 1) // 2]
-        at = np.minimum(np.maximum(at, now), end[:, None].astype(np.float64))
-        # Each group's points in time order, the groups one after the other: in group g, M(point i of it) =
-        # (i + 1/2) / points, each point standing in the middle of its step.
         group = (np.unique(groups[rows], return_inverse=True)[1].ravel() if groups is not None
                  else np.zeros(rows.size, dtype=np.int64))
         size = np.bincount(group)
-        offset = np.cumsum(size) - size
-        flat = at.ravel()
-        by_time = np.argsort(flat)
-        expected = flat[by_time[np.argsort(np.repeat(group, points)[by_time], kind="stable")]] if groups is not None \
-            else flat[by_time]
+        # Points a booking, by group: more where the group is small, so that M is read finely where one end matters.
+        per = np.clip(self.ENDING_POINTS_A_GROUP // size, self.ENDING_POINTS, 256)
+        points = per[group]
+        owner = np.repeat(np.arange(rows.size), points)  # each point's booking
+        level = (np.arange(owner.size) - np.repeat(np.cumsum(points) - points, points) + 0.5) / points[owner]
+        # Each booking's used shares above what it has run: from `first` in `shares` (every alike set's, one after
+        # the other), `later` of them (none: it runs to its end).
+        first, later = np.zeros(rows.size, dtype=np.int64), np.zeros(rows.size, dtype=np.int64)
+        columns, base = [], 0
+        for alike, used in self._alike_groups(length / 1e6):
+            k = np.searchsorted(used, ran[alike], "right")
+            first[alike], later[alike] = base + k, used.size - k
+            columns.append(used)
+            base += used.size
+        shares = np.concatenate([*columns, [1.0]])
+        has = later > 0
+        median = np.where(has, start + length * shares[first + np.maximum(later - 1, 0) // 2], end)
+        pick = first[owner] + np.floor(level * later[owner]).astype(np.int64)
+        at = np.where(has[owner], start[owner] + length[owner] * shares[pick], end[owner])
+        at = np.minimum(np.maximum(at, now), end[owner])
+        # Each group's points in time order, the groups one after the other: in group g, M(its i-th point) =
+        # (i + 1/2) / per[g], each point standing in the middle of its step.
+        by_time = np.argsort(at)
+        expected = at[by_time[np.argsort(group[owner][by_time], kind="stable")]] if groups is not None else at[by_time]
+        first_point = np.cumsum(size * per) - size * per
         order = np.lexsort((median, group))  # by group, then by conditional median
-        n = size[group[order]].astype(np.float64)
-        j = np.arange(rows.size) - offset[group[order]] + 1.0
-        first_point = offset[group[order]] * points
-        where = np.clip(n * (j - 1 / 3) / (n + 1 / 3) * points - 0.5, 0, n * points - 1)
+        mine = group[order]
+        n, each = size[mine].astype(np.float64), per[mine]
+        j = np.arange(rows.size) - (np.cumsum(size) - size)[mine] + 1.0
+        where = np.clip(n * (j - 1 / 3) / (n + 1 / 3) * each - 0.5, 0, n * each - 1)
         below = np.floor(where).astype(np.int64)
-        above = np.minimum(below + 1, (n * points - 1).astype(np.int64))
-        low, high = expected[first_point + below], expected[first_point + above]
+        above = np.minimum(below + 1, (n * each - 1).astype(np.int64))
+        low, high = expected[first_point[mine] + below], expected[first_point[mine] + above]
         likely = np.empty(rows.size, dtype=np.int64)
         likely[order] = np.rint(low + (where - below) * (high - low)).astype(np.int64)
         likely = np.minimum(np.maximum(likely, now), end)
