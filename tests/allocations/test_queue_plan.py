@@ -268,3 +268,16 @@ def test_teams_windows_end_together_within_each_set_and_a_repeated_set_alike():
     assert [queue.micro(end) for _, end, _ in moved[0]] == alone.tolist()
     assert moved[2].columns()[1].tolist() == UNIFORM.likely_ends(*sets[2].columns()[:2], now).tolist()
     assert [ge for _, _, ge in moved[2]] == [2.0]
+
+
+def test_a_small_group_reads_the_same_beside_a_large_one():
+    """Points a booking are chosen per group: a team of four windows ends as it would alone, however many windows the
+    other teams in the same call hold."""
+    now = queue.micro(T0)
+    small_starts, small_ends = np.full(4, now), np.full(4, now + 30 * MINUTE)
+    rng = np.random.default_rng(3)
+    big_starts = now - rng.integers(0, 29 * MINUTE, 3000)
+    starts, ends = np.concatenate([small_starts, big_starts]), np.concatenate([small_ends, big_starts + 30 * MINUTE])
+    together = UNIFORM.likely_ends(starts, ends, now, groups=np.repeat([1, 2], [4, 3000]))
+    assert together[:4].tolist() == UNIFORM.likely_ends(small_starts, small_ends, now).tolist()
+    assert abs(np.sort(together[:4])[0] - now - min_of_uniforms_median(4) * MINUTE) < 0.3 * MINUTE
