@@ -662,12 +662,16 @@ def main(argv: list[str] | None = None) -> dict:
     span = tasks[-1].arrival - tasks[0].arrival
     offered = sum(t.gpus * min(t.runtime, span) for t in tasks) / max(span, 1e-9)
     booked_used = statistics.median(t.runtime / t.booked.total_seconds() for t in tasks)
+    # What the estimate learns from: where the history's share differs from the replayed tasks', it is off.
+    history_used = statistics.median(t.runtime / t.booked.total_seconds() for t in past) if past else None
     print(f"{len(tasks)} whole-GPU tasks of {args.trace.name} from #{args.skip}, arrivals /{args.speedup:g} over "
           f"{span / 3600:.1f} h; pool of {len(nodes)} nodes, {pool_gpus} GPUs; offered load {offered:.0f} GPUs "
-          f"(runtimes capped at {args.max_hours:g} h); median share of the booking used {100 * booked_used:.0f}%\n")
+          f"(runtimes capped at {args.max_hours:g} h); median share of the booking used {100 * booked_used:.0f}% "
+          f"(the {len(past)} tasks of the pool's history: "
+          f"{'-' if history_used is None else f'{100 * history_used:.0f}%'})\n")
     result: dict = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                     "pool_gpus": pool_gpus, "offered_gpus": offered, "span_h": span / 3600,
-                    "median_booking_used": booked_used, "configs": {}}
+                    "median_booking_used": booked_used, "history_median_booking_used": history_used, "configs": {}}
     for ordering in args.orderings.split(","):
         for backfill in (True, False):
             name = f"{ordering}/{'backfill' if backfill else 'strict'}"
