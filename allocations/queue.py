@@ -870,7 +870,7 @@ class EarlyRelease:
             first[alike], later[alike] = base + k, used.size - k
             columns.append(used)
             base += used.size
-        shares = np.concatenate([*columns, [1.0]])
+        shares = np.concatenate([*columns, [1.0]])  # the 1.0 after: a booking with none later indexes in range
         has = later > 0
         median = np.where(has, start + length * shares[first + np.maximum(later - 1, 0) // 2], end)
         pick = first[owner] + np.floor(level * later[owner]).astype(np.int64)
