@@ -170,6 +170,8 @@ class Outcome:
     first_start_by: float | None = None
     first_likely_start: float | None = None
     refused: str = ""
+    first_reason: str = ""  # why the create's own pass said it waits (QueueEntry.reason then)
+    last_likely_start: float | None = None  # the last pass's estimate before it started
 
 
 def summarize(outcomes: list[Outcome], *, pool_ge: float, quotas: dict[int, float], window: tuple[float, float],
@@ -371,7 +373,9 @@ def replay(tasks: list[Task], nodes: list[tuple[str, str, int]], *, ordering: st
                 if made.state == "pending":
                     outcomes[k].waited = True
                     pending[made.pk] = k
-                    QueueEntry.objects.filter(pk=made.pk).update(priority=PRIORITY.get(task.qos, 0))
+                    entry = QueueEntry.objects.filter(pk=made.pk)
+                    outcomes[k].first_reason = entry.values_list("reason", flat=True).get()
+                    entry.update(priority=PRIORITY.get(task.qos, 0))
                 else:
                     started(k, t)
             else:
@@ -385,13 +389,14 @@ def replay(tasks: list[Task], nodes: list[tuple[str, str, int]], *, ordering: st
                 queue.queue_pass(pool_id=pool_id, now=at(t))
                 timings.passes.append(time.perf_counter() - began)
             settle(t)
-    entries = {pk: (first_start_by, first_likely) for pk, first_start_by, first_likely in QueueEntry.objects.filter(
-        reservation__pool=pool).values_list("pk", "first_start_by", "first_likely_start")}
+    entries = {pk: rest for pk, *rest in QueueEntry.objects.filter(reservation__pool=pool).values_list(
+        "pk", "first_start_by", "first_likely_start", "likely_start")}
     for k, pk in reservation_of.items():
         if pk in entries:
-            first_start_by, first_likely = entries[pk]
+            first_start_by, first_likely, last_likely = entries[pk]
             outcomes[k].first_start_by = seconds(first_start_by) if first_start_by else None
             outcomes[k].first_likely_start = seconds(first_likely) if first_likely else None
+            outcomes[k].last_likely_start = seconds(last_likely) if last_likely else None
     # The passes' own record of a promise moved later (allocations.queue._write_entry), with the reason it gave.
     moved = list(ReservationEvent.objects.filter(reservation__pool=pool, reason__startswith="Promised start moved")
                  .values_list("reservation_id", "reason"))
@@ -404,10 +409,20 @@ def replay(tasks: list[Task], nodes: list[tuple[str, str, int]], *, ordering: st
                                                               for _, reason in moved})}
     result["refused_rules"] = sorted({o.refused for o in outcomes if o.refused})
     # Each request that waited, in simulated seconds from the replay's start: to look into the figures.
+    # `first_reason`: why the create's pass said it waits; `ended_pool` / `ended_team`: the bookings (of the pool,
+    # of its team) that ended while it waited, what it waited for.
     result["waited_requests"] = [
         {"pod": o.task.name, "gpus": o.task.gpus, "team": o.task.team, "arrival": o.task.arrival, "start": o.start,
-         "first_start_by": o.first_start_by, "first_likely_start": o.first_likely_start}
+         "first_start_by": o.first_start_by, "first_likely_start": o.first_likely_start,
+         "last_likely_start": o.last_likely_start, "first_reason": o.first_reason,
+         "ended_pool": sum(1 for _, _, end, _ in held if o.start is not None and o.task.arrival < end <= o.start),
+         "ended_team": sum(1 for team, _, end, _ in held
+                           if team == o.task.team and o.start is not None and o.task.arrival < end <= o.start)}
         for o in outcomes if o.waited]
+    # Every booking as it ran (simulated seconds): to replay what a request waited for offline.
+    result["bookings"] = [{"team": o.task.team, "gpus": o.task.gpus, "arrival": o.task.arrival, "start": o.start,
+                           "booked_end": o.start + o.task.booked.total_seconds(), "end": o.start + o.task.runtime}
+                          for o in outcomes if o.start is not None]
     result["wall_ms"] = {name: {"n": len(values), "mean": 1000 * statistics.fmean(values) if values else None,
                                 "p95": 1000 * percentile(values, 95) if values else None}
                          for name, values in (("create", timings.creates), ("release", timings.releases),
@@ -647,12 +662,16 @@ def main(argv: list[str] | None = None) -> dict:
     span = tasks[-1].arrival - tasks[0].arrival
     offered = sum(t.gpus * min(t.runtime, span) for t in tasks) / max(span, 1e-9)
     booked_used = statistics.median(t.runtime / t.booked.total_seconds() for t in tasks)
+    # What the estimate learns from: where the history's share differs from the replayed tasks', it is off.
+    history_used = statistics.median(t.runtime / t.booked.total_seconds() for t in past) if past else None
     print(f"{len(tasks)} whole-GPU tasks of {args.trace.name} from #{args.skip}, arrivals /{args.speedup:g} over "
           f"{span / 3600:.1f} h; pool of {len(nodes)} nodes, {pool_gpus} GPUs; offered load {offered:.0f} GPUs "
-          f"(runtimes capped at {args.max_hours:g} h); median share of the booking used {100 * booked_used:.0f}%\n")
+          f"(runtimes capped at {args.max_hours:g} h); median share of the booking used {100 * booked_used:.0f}% "
+          f"(the {len(past)} tasks of the pool's history: "
+          f"{'-' if history_used is None else f'{100 * history_used:.0f}%'})\n")
     result: dict = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                     "pool_gpus": pool_gpus, "offered_gpus": offered, "span_h": span / 3600,
-                    "median_booking_used": booked_used, "configs": {}}
+                    "median_booking_used": booked_used, "history_median_booking_used": history_used, "configs": {}}
     for ordering in args.orderings.split(","):
         for backfill in (True, False):
             name = f"{ordering}/{'backfill' if backfill else 'strict'}"

@@ -1,5 +1,6 @@
 """What a queue pass decides, to compare two commits: `python -m benchmarks.queue_decisions --json FILE` (DATABASE_URL
-must name PostgreSQL), then the same on the other commit and `python -m benchmarks.queue_decisions --compare A B`.
+must name PostgreSQL), then the same on the other commit and `python -m benchmarks.queue_decisions --compare A B`
+(with `--except-likely`, likely_start left out: where only the estimate changed).
 
 Builds the queue benchmark's pass pool (benchmarks.queue.pass_setup: `--nodes` nodes of the trace's node list, every
 GPU held by a trace task at a random point of its booking, `--seed`), queues `--queue` whole-GPU requests of the
@@ -54,9 +55,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queue", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--later-hours", type=float, default=3.0)
+    parser.add_argument("--except-likely", action="store_true",
+                        help="with --compare: leave likely_start out (a change to the estimate alone moves it)")
     args = parser.parse_args(argv)
     if args.compare:
         a, b = (json.loads(path.read_text()) for path in args.compare)
+        if args.except_likely:  # each request's row: state, position, reason, start_by, likely_start, GPUs
+            a, b = ([{**p, "requests": [r[:4] + r[5:] for r in p["requests"]]} for p in run] for run in (a, b))
         differ = [(k, i) for k, (x, y) in enumerate(zip(a, b, strict=True))
                   for i, (r, s) in enumerate(zip(x["requests"], y["requests"], strict=True)) if r != s]
         same = not differ and [x["counts"] for x in a] == [y["counts"] for y in b]

@@ -169,3 +169,115 @@ def test_expected_ends_round_a_half_microsecond_as_timedelta_does():
         got = history.expected_ends(np.array([start]), np.array([start + length]), queue.micro(T0))
         assert got.tolist() == [queue.micro(history.expected_end(queue.instant_of(start),
                                                                  queue.instant_of(start + length), T0))]
+
+
+# --- likely_ends: the bookings' ends taken together (the median of the k-th end, not the k-th median) ------------
+
+MINUTE = 60 * 10**6  # micros
+UNIFORM = EarlyRelease(tuple((k + 0.5) / 200 for k in range(200)),
+                       tuple((1800.0, (k + 0.5) / 200) for k in range(200)))  # 30-min bookings use U(0, 1) of it
+
+
+def min_of_uniforms_median(n: int, minutes: float = 30.0) -> float:
+    """The median of the first of n ends each uniform over `minutes`: 1 - (1 - F)^n = 1/2."""
+    return minutes * (1 - 0.5 ** (1 / n))
+
+
+def test_a_request_waiting_for_any_one_of_four_gpus_is_estimated_at_the_median_of_the_first_end():
+    """Four GPUs, each booked alone for 30 min from now by a booking that ends uniformly within its window (the
+    history says so): a 1-GPU request starts at the first of the four ends, whose median is 30 (1 - 2^-1/4) =
+    4.8 min. Each booking at its own median (15 min) would say 15."""
+    gpus = node(1, 4, 1)
+    grants = [g for k in range(4) for g in busy([1 + k], T0 + 30 * timedelta(minutes=1), 900 + k, since=T0)]
+    now = queue.micro(T0)
+    starts = np.array([queue.micro(g.starts_at) for g in grants])
+    ends = np.array([queue.micro(g.ends_at) for g in grants])
+    assert np.allclose((UNIFORM.expected_ends(starts, ends, now) - now) / MINUTE, 15, atol=0.1)
+    likely = UNIFORM.likely_ends(starts, ends, now, bookings=np.array([g.reservation_id for g in grants]))
+    shortened = [booking.Grant(gpu_id=g.gpu_id, reservation_id=g.reservation_id, starts_at=g.starts_at,
+                               ends_at=queue.instant_of(int(end))) for g, end in zip(grants, likely.tolist())]
+    start = planned(gpus, shortened, [wait(1, 1, 0.5)])[1].start
+    assert abs((start - T0) / timedelta(minutes=1) - min_of_uniforms_median(4)) < 0.3
+    # The four are taken to end one after the other at the medians of the 1st to 4th of four uniform ends
+    # (Beta(j, 5 - j) medians: 0.16, 0.39, 0.61, 0.84 of the window), each within a few seconds of a minute.
+    order_medians = [0.1591, 0.3857, 0.6143, 0.8409]
+    assert np.allclose(np.sort(likely - now) / MINUTE, [30 * m for m in order_medians], atol=0.35)
+
+
+def test_a_lone_booking_ends_at_its_own_conditional_median():
+    now = queue.micro(T0)
+    starts, ends = np.array([now - 10 * MINUTE]), np.array([now + 20 * MINUTE])
+    # Ran a third of its window: the shares above 1/3 are uniform on (1/3, 1), median 2/3: 20 min from its start.
+    assert abs(UNIFORM.likely_ends(starts, ends, now)[0] - UNIFORM.expected_ends(starts, ends, now)[0]) < MINUTE / 10
+    assert abs(UNIFORM.likely_ends(starts, ends, now)[0] - (now + 10 * MINUTE)) < MINUTE / 10
+
+
+def test_a_reservations_grants_end_together_and_groups_are_taken_apart():
+    now = queue.micro(T0)
+    starts = np.full(8, now)
+    ends = starts + 30 * MINUTE
+    together = UNIFORM.likely_ends(starts, ends, now, bookings=np.array([1, 1, 2, 2, 3, 3, 4, 4]))
+    assert together[0] == together[1] and together[2] == together[3] and together[6] == together[7]
+    # Two groups of four (the GPUs of two nodes, the windows of two teams): each as if it were alone.
+    alone = UNIFORM.likely_ends(starts[:4], ends[:4], now)
+    apart = UNIFORM.likely_ends(starts, ends, now, groups=np.array([7, 7, 7, 7, 9, 9, 9, 9]))
+    assert sorted(apart[:4].tolist()) == sorted(alone.tolist()) == sorted(apart[4:].tolist())
+
+
+def test_likely_ends_with_too_little_history_are_the_booked_ends():
+    now = queue.micro(T0)
+    starts, ends = np.array([now - MINUTE, now]), np.array([now + 9 * MINUTE, now + 30 * MINUTE])
+    assert EarlyRelease((0.5,) * 3).likely_ends(starts, ends, now).tolist() == ends.tolist()
+
+
+@hypothesis.settings(max_examples=100, deadline=None)
+@hypothesis.given(
+    used=st.lists(st.tuples(st.sampled_from([1800.0, 3600.0, 86400.0]), st.floats(0.001, 1.0)), min_size=10,
+                  max_size=60),
+    windows=st.lists(st.tuples(st.integers(-3 * 86400 * 10**6, 3600 * 10**6), st.integers(1, 3 * 86400 * 10**6)),
+                     min_size=1, max_size=40))
+def test_likely_ends_stay_in_the_window_and_keep_the_order_of_the_medians(used, windows):
+    """Every likely end is within [now, booked end]; bookings not running keep expected_ends's answer; and the
+    bookings that end in the order of their conditional medians (ties aside) also do in likely_ends, wherever
+    the booked end does not hold one back."""
+    history = EarlyRelease(tuple(sorted(share for _, share in used)), tuple(used))
+    now = queue.micro(T0)
+    starts = np.array([now + offset for offset, _ in windows], dtype=np.int64)
+    ends = starts + np.array([length for _, length in windows], dtype=np.int64)
+    medians, likely = history.expected_ends(starts, ends, now), history.likely_ends(starts, ends, now)
+    running = (starts <= now) & (ends > now)
+    assert (likely[~running] == medians[~running]).all()
+    assert ((likely[running] >= now) & (likely[running] <= ends[running])).all()
+    rows = np.flatnonzero(running)
+    by_median = rows[np.argsort(medians[rows], kind="stable")]
+    unclipped = likely[by_median] < ends[by_median]
+    assert (np.diff(likely[by_median][unclipped]) >= 0).all()
+
+
+def test_teams_windows_end_together_within_each_set_and_a_repeated_set_alike():
+    """_ending_as_usual takes every team's windows in one call: each set as if alone, and the same set twice (a team's
+    windows in the pool and everywhere, where it holds nothing elsewhere) the same answers."""
+    now = queue.micro(T0)
+    four = [(T0, T0 + timedelta(minutes=30), 1.0)] * 4
+    one = [(T0 - timedelta(minutes=10), T0 + timedelta(minutes=20), 2.0)]
+    sets = [queue.Windows(four), queue.Windows(four), queue.Windows(one), queue.Windows([])]
+    moved = queue._ending_as_usual(UNIFORM, sets, now)
+    assert [len(m) for m in moved] == [4, 4, 1, 0]
+    alone = UNIFORM.likely_ends(*sets[0].columns()[:2], now)
+    assert moved[0].columns()[1].tolist() == moved[1].columns()[1].tolist() == alone.tolist()
+    assert [queue.micro(end) for _, end, _ in moved[0]] == alone.tolist()
+    assert moved[2].columns()[1].tolist() == UNIFORM.likely_ends(*sets[2].columns()[:2], now).tolist()
+    assert [ge for _, _, ge in moved[2]] == [2.0]
+
+
+def test_a_small_group_reads_the_same_beside_a_large_one():
+    """Points a booking are chosen per group: a team of four windows ends as it would alone, however many windows the
+    other teams in the same call hold."""
+    now = queue.micro(T0)
+    small_starts, small_ends = np.full(4, now), np.full(4, now + 30 * MINUTE)
+    rng = np.random.default_rng(3)
+    big_starts = now - rng.integers(0, 29 * MINUTE, 3000)
+    starts, ends = np.concatenate([small_starts, big_starts]), np.concatenate([small_ends, big_starts + 30 * MINUTE])
+    together = UNIFORM.likely_ends(starts, ends, now, groups=np.repeat([1, 2], [4, 3000]))
+    assert together[:4].tolist() == UNIFORM.likely_ends(small_starts, small_ends, now).tolist()
+    assert abs(np.sort(together[:4])[0] - now - min_of_uniforms_median(4) * MINUTE) < 0.3 * MINUTE

@@ -8,6 +8,7 @@ from datetime import timedelta
 import pytest
 
 from benchmarks.queue import Outcome, Task, booking_length, jain, main, percentile, summarize
+from benchmarks.queue_estimate import breakdown
 
 
 def test_bookings_are_the_next_usual_length_strictly_above_the_runtime():
@@ -49,6 +50,23 @@ def test_summary_of_hand_made_outcomes():
     assert result["preemptions"] == 0
 
 
+def test_the_estimate_errors_broken_down():
+    def waited(arrival, start, first, last, reason):
+        return {"arrival": arrival, "start": start, "first_likely_start": first, "last_likely_start": last,
+                "first_reason": reason}
+
+    b = breakdown([waited(0, 100, 150, 100, "over_quota"),  # +50 % (late), a short wait; last one right
+                   waited(0, 1000, 900, 990, "behind"),  # -10 % (early), a long wait
+                   waited(0, 2000, 2000, 2000, "behind"),  # right
+                   waited(0, 0, 0, 0, "behind")])  # did not really wait: left out, as summarize does
+    assert b["all"] == {"n": 3, "p50": 0.1, "p90": 0.5}
+    assert b["signed_median"] == 0.0 and b["late_share"] == pytest.approx(1 / 3)
+    assert b["wait_under_10_min"] == {"n": 1, "p50": 0.5, "p90": 0.5}
+    assert b["wait_10_min_or_more"]["n"] == 2 and b["wait_10_min_or_more"]["p90"] == pytest.approx(0.1)
+    assert b["by_first_reason"]["behind"]["n"] == 2 and b["by_first_reason"]["over_quota"]["p50"] == 0.5
+    assert b["last_estimate"] == {"n": 3, "p50": 0.0, "p90": 0.01}
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_tiny_replay_and_pass_run_end_to_end(tmp_path):
     from django.db import connection
@@ -71,6 +89,9 @@ def test_a_tiny_replay_and_pass_run_end_to_end(tmp_path):
     strict = result["configs"]["fcfs/strict"]
     assert strict["waited"] > 0 and strict["wait_mean_s"] > 0  # the stretch does contend
     assert 0 <= strict["promise_kept"] <= 1 and strict["estimate_error_p50"] is not None
+    # Each request that waited says why the create's pass said it waits, and what ended while it waited.
+    assert all(w["first_reason"] and w["ended_pool"] >= w["ended_team"] >= 0 for w in strict["waited_requests"])
+    assert len(strict["bookings"]) == strict["placed"]
     passes = result["pass"]["passes"]
     assert set(passes) == {"5", "20"} and passes["20"]["counts"]["waiting"] == 20
     assert result["pass"]["create_ms_median"] > 0 and result["pass"]["create_cpu_ms_median"] > 0
