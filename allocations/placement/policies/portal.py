@@ -45,7 +45,7 @@ a whole node can take (an 8-GPU task fits only 8-GPU nodes, and an 8-GPU task as
 cores only the 128-core ones; :class:`~allocations.placement.workload.WholeNodeWork`).
 Taking node ``n`` costs::
 
-    whole_n = 0.25 * sum_k rho_k * gpus_n * 1000     over the whole-node shapes k it can take now and not after
+    whole_n = 0.25 * sum_k rho_k ** 2 * gpus_n * 1000     over the whole-node shapes k it can take now and not after
     rho_k   = min(1, r_k * F / W_k)
 
 ``r_k`` is shape k's share of the GPU request, ``F`` the cluster's free milli-GPU and ``W_k``
@@ -53,13 +53,17 @@ the milli-GPU of the nodes still whole (all GPUs free, enough CPU and memory) fo
 share of those nodes that k's tasks would need if the mix filled what is free. On an empty
 cluster it is k's demand over its supply (large for work few nodes can take, small for work
 with hundreds of nodes to choose from); it grows towards 1 as whole nodes run out faster
-than free capacity, so the last ones are kept. Without it the stranding term spreads light
+than free capacity, so the last ones are kept. The square charges a mix with little
+whole-node work (the default trace: a few 8-GPU tasks, hundreds of 8-GPU servers) much less
+while whole nodes are plentiful, and about the same once they run short. Without it the stranding term spreads light
 work over every 96-core server (each empty one strands a little GPU that the first light
 task "fixes") and sends CPU-hungry work to the 128-core ones, and on CPU-hungry mixes 8-GPU
 tasks found no whole node before 90% arrived (README, issue 18). Nodes that are not whole
 are never charged. The fast path counts whole nodes per shape from the rows that changed
 (:class:`_WholeCount`) and looks only at whole candidates; the same charge bit for bit.
-The weight 0.25 was chosen on the training variants (of 0.25, 0.5, 1).
+The weight 0.25 and the power 2 were chosen on the training variants (weights 0.25, 0.5 and
+1 at first; then 0.1, 0.15, 0.2, 0.25 with the plain rho and 0.25, 0.5 with its square:
+docs/measured/issue18-whole-term-candidates.json).
 
 The constants (weights, levels, the filler cut-off) were chosen by
 ``python -m benchmarks.placement_sweep`` on training variants of the trace and checked on
@@ -489,7 +493,7 @@ class PortalPolicy(Policy):
     balance_weight = 30.0
     filler_min_share = 0.03
     #: Weight of the whole-node term (:meth:`_whole_plain`): taking a node that whole-node
-    #: work could still use costs this times ``rho_k`` times the node's milli-GPU.
+    #: work could still use costs this times ``rho_k ** whole_power`` times the node's milli-GPU.
     whole_weight = 0.25
     #: ``rho_k`` is raised to this power: 2 charges a mix with little whole-node work (the
     #: default trace) less while whole nodes are plentiful, and the same as they run out
@@ -768,8 +772,9 @@ class PortalPolicy(Policy):
         return out
 
     def _whole_charge(self, table: WholeNodeTable, rows: np.ndarray, lost: np.ndarray, rho: list[float]) -> np.ndarray:
-        """``whole_weight * sum_k rho_k * full_n`` over the shapes each row loses (``lost``, (B, K)): the one sum
-        both forms make, so that they add the same numbers in the same order."""
+        """``whole_weight * sum_k rho_k * full_n`` over the shapes each row loses (``lost``, (B, K)); ``rho``
+        already raised to ``whole_power`` (:func:`whole_rho`). The one sum both forms make, so that
+        they add the same numbers in the same order."""
         charge = np.zeros(len(rows))
         for k, r in enumerate(rho):
             charge = charge + np.where(lost[:, k], r, 0.0)
@@ -779,8 +784,8 @@ class PortalPolicy(Policy):
         self, arrays: ClusterArrays, demand: Demand, nodes: np.ndarray, scores: np.ndarray, ctx: PolicyContext
     ) -> np.ndarray:
         """Whole nodes: keep nodes whole for the work only a whole node can take, as much as it
-        will need. Taking node n costs ``whole_weight * sum_k rho_k * full_n`` over the shapes k
-        it can take now and not after; ``rho_k = min(1, r_k * F / W_k)``: r_k is shape k's share
+        will need. Taking node n costs ``whole_weight * sum_k rho_k ** whole_power * full_n`` over the
+        shapes k it can take now and not after; ``rho_k = min(1, r_k * F / W_k)``: r_k is shape k's share
         of the GPU request, F the cluster's free milli-GPU, W_k the milli-GPU of the nodes whole
         for k: the share of those nodes that k's tasks would need if the mix filled what is free."""
         terms = self._terms_on(ctx.profile, arrays)
