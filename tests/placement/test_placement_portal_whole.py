@@ -80,23 +80,26 @@ def test_cpu_hungry_work_leaves_a_whole_128_core_node_to_the_task_that_needs_it(
 
 
 def test_lighter_work_goes_to_a_96_core_node_rather_than_break_the_only_128_core_one() -> None:
-    # 120-core 8-GPU tasks ask for more of the GPU than the one G3 holds (rho = 1): keep it whole.
     arrays = cluster([("G3", 128, 8), ("G2", 96, 8), ("G2", 96, 8)])
-    c = PolicyContext(profile=WorkloadProfile.from_demands(HISTORY + [gpu(120, num=8)] * 7))
+    c = PolicyContext(profile=WorkloadProfile.from_demands(HISTORY))
     assert decide(arrays, gpu(20), PortalPolicy(guard="off", whole_weight=0), c).node == 0
     assert decide(arrays, gpu(20), PortalPolicy(guard="off"), c).node == 1
     assert decide(arrays, gpu(20), PortalPolicy(guard="off", fast=False), c).node == 1
+    # 120-core 8-GPU tasks asking for more GPU than the one G3 holds (rho = 1): kept whole at power 2 too.
+    more = PolicyContext(profile=WorkloadProfile.from_demands(HISTORY + [gpu(120, num=8)] * 7))
+    for fast in (True, False):
+        assert decide(arrays, gpu(20), PortalPolicy(guard="off", whole_power=2.0, fast=fast), more).node == 1
 
 
 def test_with_little_whole_node_work_the_square_lets_light_work_have_the_128_core_node() -> None:
-    # With HISTORY the 120-core tasks would need about half the G3 (rho = 0.52): power 1 still
-    # keeps it whole, power 2 (the default, chosen on the training variants) charges a quarter
-    # and lets the stranding term give it to the light task, as on a mix with few 8-GPU tasks.
+    # With HISTORY the 120-core tasks would need about half the G3 (rho = 0.52): power 1 (the
+    # default) keeps it whole; power 2 (tried, not adopted) charges a quarter and lets the
+    # stranding term give it to the light task.
     arrays = cluster([("G3", 128, 8), ("G2", 96, 8), ("G2", 96, 8)])
     c = PolicyContext(profile=WorkloadProfile.from_demands(HISTORY))
-    assert decide(arrays, gpu(20), PortalPolicy(guard="off", whole_power=1.0), c).node == 1
-    assert decide(arrays, gpu(20), PortalPolicy(guard="off"), c).node == 0
-    assert decide(arrays, gpu(20), PortalPolicy(guard="off", fast=False), c).node == 0
+    assert decide(arrays, gpu(20), PortalPolicy(guard="off"), c).node == 1
+    assert decide(arrays, gpu(20), PortalPolicy(guard="off", whole_power=2.0), c).node == 0
+    assert decide(arrays, gpu(20), PortalPolicy(guard="off", whole_power=2.0, fast=False), c).node == 0
 
 
 def test_cpu_only_work_that_would_leave_too_little_cpu_counts_as_taking_the_node() -> None:
@@ -158,9 +161,12 @@ def demands(draw) -> Demand:
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_fast_path_places_exactly_as_the_plain_formulas_with_whole_node_work(arrays, history, arrivals) -> None:
     profile = WorkloadProfile.from_demands(history + [gpu(120, num=8)])  # always some whole-node work
-    for python_rows in (0, PortalPolicy.python_rows):
-        fast = Placer(arrays.copy(), PortalPolicy(guard="off", python_rows=python_rows), PolicyContext(profile=profile))
-        plain = Placer(arrays.copy(), PortalPolicy(guard="off", fast=False), PolicyContext(profile=profile))
+    for python_rows, power in ((0, 1.0), (PortalPolicy.python_rows, 1.0), (PortalPolicy.python_rows, 2.0)):
+        fast = Placer(
+            arrays.copy(), PortalPolicy(guard="off", python_rows=python_rows, whole_power=power),
+            PolicyContext(profile=profile),
+        )
+        plain = Placer(arrays.copy(), PortalPolicy(guard="off", fast=False, whole_power=power), PolicyContext(profile=profile))
         for demand in arrivals:
             assert fast.place(demand) == plain.place(demand)  # node, GPUs and score, bit for bit
 
