@@ -765,11 +765,8 @@ class PortalPolicy(Policy):
         if not at.size:
             return scores
         sub = nodes[at]
-        if len(at) <= self.python_rows:  # usually one or two rows: Python floats, the same bits
-            charge = np.array(self._whole_charge_rows(table, sub.tolist(), arrays, demand, rho))
-        else:
-            lost = table.lost(sub, arrays.gpu_free[sub].sum(axis=1), arrays.cpu_free[sub], arrays.mem_free[sub], demand)
-            charge = self._whole_charge(table, sub, lost, rho)
+        lost = table.lost(sub, arrays.gpu_free[sub].sum(axis=1), arrays.cpu_free[sub], arrays.mem_free[sub], demand)
+        charge = self._whole_charge(table, sub, lost, rho)
         out = scores.copy()
         out[at] = scores[at] - charge * scale
         return out
@@ -782,26 +779,6 @@ class PortalPolicy(Policy):
         for k, r in enumerate(rho):
             charge = charge + np.where(lost[:, k], r, 0.0)
         return self.whole_weight * charge * table.full[rows]
-
-    def _whole_charge_rows(
-        self, table: WholeNodeTable, rows: list[int], arrays: ClusterArrays, demand: Demand, rho: list[float]
-    ) -> list[float]:
-        """:meth:`_whole_charge` of :meth:`WholeNodeTable.lost` for a few rows, in Python: the same
-        booleans (:meth:`WholeNodeTable.row_flags` is ``flags`` for one row), and the same adds
-        (adding 0.0 for a shape kept, as the array loop does) and products in the same order, so
-        the same bits; for one or two rows a dozen NumPy calls fewer."""
-        out = []
-        for n in rows:
-            total, cpu, mem = sum(arrays.gpu_free[n].tolist()), int(arrays.cpu_free[n]), int(arrays.mem_free[n])
-            before = table.row_flags(n, total, cpu, mem)
-            after = table.row_flags(
-                n, total - demand.total_milli, cpu - demand.cpu_milli, mem - demand.memory_mib
-            )
-            charge = 0.0
-            for had, has, r in zip(before, after, rho):
-                charge = charge + (r if had and not has else 0.0)
-            out.append(self.whole_weight * charge * table.full_list[n])
-        return out
 
     def _whole_plain(
         self, arrays: ClusterArrays, demand: Demand, nodes: np.ndarray, scores: np.ndarray, ctx: PolicyContext
