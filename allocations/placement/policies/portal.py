@@ -360,8 +360,9 @@ class _Prepared:
 class _RowWatch:
     """The rows of one :class:`ClusterArrays` whose ``version`` moved since the last
     :meth:`poll`, with their free milli-GPU now. One scan of the versions per decision feeds
-    both incremental counts (:class:`_FreeByModel`, :class:`_WholeCount`): each scan and each
-    row's sum are several NumPy calls, and a decision's whole cost is a few hundred µs."""
+    both incremental counts (:class:`_FreeByModel`, :class:`_WholeCount`), so the scan and the
+    row sums live in one place (it was one scan each; the saving did not show beyond the noise
+    in ``python -m benchmarks.placement_adjust_cost``)."""
 
     def __init__(self, arrays: ClusterArrays) -> None:
         self.arrays = arrays
