@@ -1,6 +1,7 @@
 """Choose the ``portal`` policy's constants on the training variants; report on the held-out ones.
 
     python -m benchmarks.placement_sweep [--seeds 42-43] [--report-seeds 42-51] [--passes 1] [--json OUT]
+    python -m benchmarks.placement_sweep --candidates '{"whole_weight": 0.2}' '{...}' [--seeds 42] [--json OUT]
 
 Coordinate search: starting from the policy's current constants, each constant in turn is
 tried at every value of its grid (the others held), and the best value is kept before
@@ -14,6 +15,10 @@ run, by
 (lower is better; ratio = portal / fgd unallocated GPU %). Every candidate's figures are
 in the JSON. The chosen constants are then run on the *held-out* variants, which played
 no part in choosing them, with more seeds. The search never sees the held-out variants.
+
+``--candidates`` skips the search: it runs each given set of changes to the policy's
+current constants (JSON objects; ``{}`` for the constants as they are) on the same training traces, judged the same way,
+prints and records every one, and runs no held-out report (that is a separate, later step).
 """
 
 from __future__ import annotations
@@ -73,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--report-seeds", default="42-51", help="seeds for the held-out report")
     p.add_argument("--passes", type=int, default=1, help="coordinate-search passes over the constants")
     p.add_argument("--json", default="/tmp/placement-sweep.json")
+    p.add_argument(
+        "--candidates", nargs="+", metavar="JSON",
+        help="only run these changes to the current constants on the training traces (no search, no held-out report)",
+    )
     args = p.parse_args(argv)
     seeds, report_seeds = parse_seeds(args.seeds), parse_seeds(args.report_seeds)
     nodes = load_nodes(DEFAULT_NODES)
@@ -106,6 +115,15 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         return score
+
+    if args.candidates:
+        current = PortalPolicy().constants()
+        for text in args.candidates:
+            evaluate(current | json.loads(text))
+        out = {"search_seeds": seeds, "tried": tried, "wall_s": time.perf_counter() - started}
+        Path(args.json).write_text(json.dumps(out, indent=2))
+        print(f"wrote {args.json}", file=sys.stderr)
+        return 0
 
     best = {k: getattr(PortalPolicy, k) for k in GRID}
     best_score = evaluate(best)

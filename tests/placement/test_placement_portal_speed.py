@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from allocations.placement.arrays import ClusterArrays
 from allocations.placement.engine import Placer
 from allocations.placement.policies.base import PolicyContext
-from allocations.placement.policies.portal import PortalPolicy
+from allocations.placement.policies.portal import PortalPolicy, _FreeByModel, _RowWatch
 from allocations.placement.requests import Demand
 from allocations.placement.workload import WorkloadProfile
 
@@ -114,8 +114,8 @@ def test_free_per_model_follows_placements_and_releases() -> None:
         memory_mib=[1 << 20] * 4,
         gpu_models=[["A"] * 2, ["A"] * 4, ["B"] * 8, []],
     )
-    policy = PortalPolicy(guard="off")
-    assert policy._model_free(arrays) == [6000, 8000, 0]  # A, B, GPU-less
+    counted = _free_counter(arrays)
+    assert counted() == [6000, 8000, 0]  # A, B, GPU-less
     steps = [
         (1, Demand(4_000, 0, 2, 1000), [0, 1]),
         (2, Demand(4_000, 0, 1, 250), [3]),
@@ -125,14 +125,35 @@ def test_free_per_model_follows_placements_and_releases() -> None:
     expected = [[4000.0, 8000.0, 0.0], [4000.0, 7750.0, 0.0], [4000.0, 7750.0, 0.0], [3530.0, 7750.0, 0.0]]
     for (node, demand, slots), want in zip(steps, expected, strict=True):
         arrays.apply(node, demand, slots)
-        assert policy._model_free(arrays) == want
+        assert counted() == want
     arrays.release(2, Demand(4_000, 0, 1, 250), [3])
-    assert policy._model_free(arrays) == [3530, 8000, 0]
-    # A copy is another cluster state: counted afresh, not from the original's history.
+    assert counted() == [3530, 8000, 0]
+    # A copy is another cluster state: the policy counts it afresh, not from the original's history.
+    pinned = [Demand(4_000, 0, 1, 1000, allowed_models=frozenset({"A"}))] * 5 + [Demand(4_000, 0, 1, 500)] * 5
+    policy = PortalPolicy(guard="off")
+    prep = policy._prepared(WorkloadProfile.from_demands(pinned), arrays)
+    assert prep.balance
+    policy._count_changes(arrays, prep)
+    assert policy._free.by_model == [3530, 8000, 0]
     other = arrays.copy()
     other.gpu_free[:] = 0
-    assert policy._model_free(other) == [0, 0, 0]
-    assert policy._model_free(arrays) == [3530, 8000, 0]
+    policy._count_changes(other, prep)
+    assert policy._free.by_model == [0, 0, 0]
+    assert counted() == [3530, 8000, 0]
+
+
+def _free_counter(arrays: ClusterArrays):
+    """Free milli-GPU per model of ``arrays`` as the policy keeps it: one watch of the changed
+    rows feeding the count."""
+    watch, count = _RowWatch(arrays), _FreeByModel(arrays)
+
+    def counted() -> list[int]:
+        changed, totals = watch.poll()
+        if changed:
+            count.update(changed, totals)
+        return count.by_model
+
+    return counted
 
 
 def test_the_guard_check_runs_in_prepare_not_in_the_first_decision(monkeypatch) -> None:
@@ -161,15 +182,15 @@ def test_free_per_model_recounts_after_many_changes() -> None:
         memory_mib=[1 << 20] * n,
         gpu_models=[["A"] * 4 if i % 3 else ["B"] * 2 for i in range(n)],
     )
-    policy = PortalPolicy(guard="off")
+    counted = _free_counter(arrays)
 
     def fresh() -> list[int]:
         free = arrays.gpu_free.sum(axis=1)
         return [int(free[arrays.model_idx == m].sum()) for m in (0, 1)] + [0]
 
-    assert policy._model_free(arrays) == fresh()
+    assert counted() == fresh()
     for node in range(_FreeByModel.RECOUNT_ROWS + 5):
         arrays.apply(node, Demand(1_000, 0, 1, 300), [0])
-    assert policy._model_free(arrays) == fresh()
+    assert counted() == fresh()
     arrays.apply(n - 1, Demand(1_000, 0, 1, 700), [1])
-    assert policy._model_free(arrays) == fresh()
+    assert counted() == fresh()

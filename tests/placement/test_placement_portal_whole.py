@@ -85,6 +85,21 @@ def test_lighter_work_goes_to_a_96_core_node_rather_than_break_the_only_128_core
     assert decide(arrays, gpu(20), PortalPolicy(guard="off", whole_weight=0), c).node == 0
     assert decide(arrays, gpu(20), PortalPolicy(guard="off"), c).node == 1
     assert decide(arrays, gpu(20), PortalPolicy(guard="off", fast=False), c).node == 1
+    # 120-core 8-GPU tasks asking for more GPU than the one G3 holds (rho = 1): kept whole at power 2 too.
+    more = PolicyContext(profile=WorkloadProfile.from_demands(HISTORY + [gpu(120, num=8)] * 7))
+    for fast in (True, False):
+        assert decide(arrays, gpu(20), PortalPolicy(guard="off", whole_power=2.0, fast=fast), more).node == 1
+
+
+def test_with_little_whole_node_work_the_square_lets_light_work_have_the_128_core_node() -> None:
+    # With HISTORY the 120-core tasks would need about half the G3 (rho = 0.52): power 1 (the
+    # default) keeps it whole; power 2 (tried, not adopted) charges a quarter and lets the
+    # stranding term give it to the light task.
+    arrays = cluster([("G3", 128, 8), ("G2", 96, 8), ("G2", 96, 8)])
+    c = PolicyContext(profile=WorkloadProfile.from_demands(HISTORY))
+    assert decide(arrays, gpu(20), PortalPolicy(guard="off"), c).node == 1
+    assert decide(arrays, gpu(20), PortalPolicy(guard="off", whole_power=2.0), c).node == 0
+    assert decide(arrays, gpu(20), PortalPolicy(guard="off", whole_power=2.0, fast=False), c).node == 0
 
 
 def test_cpu_only_work_that_would_leave_too_little_cpu_counts_as_taking_the_node() -> None:
@@ -146,9 +161,12 @@ def demands(draw) -> Demand:
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_fast_path_places_exactly_as_the_plain_formulas_with_whole_node_work(arrays, history, arrivals) -> None:
     profile = WorkloadProfile.from_demands(history + [gpu(120, num=8)])  # always some whole-node work
-    for python_rows in (0, PortalPolicy.python_rows):
-        fast = Placer(arrays.copy(), PortalPolicy(guard="off", python_rows=python_rows), PolicyContext(profile=profile))
-        plain = Placer(arrays.copy(), PortalPolicy(guard="off", fast=False), PolicyContext(profile=profile))
+    for python_rows, power in ((0, 1.0), (PortalPolicy.python_rows, 1.0), (PortalPolicy.python_rows, 2.0)):
+        fast = Placer(
+            arrays.copy(), PortalPolicy(guard="off", python_rows=python_rows, whole_power=power),
+            PolicyContext(profile=profile),
+        )
+        plain = Placer(arrays.copy(), PortalPolicy(guard="off", fast=False, whole_power=power), PolicyContext(profile=profile))
         for demand in arrivals:
             assert fast.place(demand) == plain.place(demand)  # node, GPUs and score, bit for bit
 
@@ -176,3 +194,31 @@ def test_the_term_only_ever_charges_whole_nodes(arrays, history, arrivals) -> No
     broken = arrays.gpu_free.sum(axis=1) != table.full
     np.testing.assert_array_equal(on[broken], off[broken])
     assert (on <= off).all()
+
+
+def test_the_charge_is_rho_to_the_power_so_it_stays_small_while_whole_nodes_are_plentiful() -> None:
+    # whole_power p: the charge is whole_weight * rho**p * the node's milli-GPU. Many whole G3s
+    # for a small share of 8-GPU work (rho well under 1): p = 2 charges rho times what p = 1
+    # does; with the last whole G3 (rho = 1) both charge the same. Fast = plain for both.
+    history = [gpu(30)] * 30 + [gpu(4)] * 60 + [gpu(120, num=8)] * 3
+    c = PolicyContext(profile=WorkloadProfile.from_demands(history))
+    arrays = cluster([("G3", 128, 8)] * 6 + [("G2", 96, 8)] * 2)
+    nodes = np.arange(arrays.n_nodes)
+
+    def charges(power: float) -> np.ndarray:
+        fast = PortalPolicy(guard="off", balance_weight=0, whole_power=power).adjust(arrays, gpu(4), nodes, np.zeros(8), c)
+        plain = PortalPolicy(guard="off", balance_weight=0, whole_power=power, fast=False).adjust(
+            arrays, gpu(4), nodes, np.zeros(8), c
+        )
+        np.testing.assert_array_equal(fast, plain)
+        return -fast
+
+    one, two = charges(1.0), charges(2.0)
+    rho = one[0] / (PortalPolicy.whole_weight * 8000 * PortalPolicy.score_levels / 4000.0)
+    assert 0 < rho < 0.5
+    np.testing.assert_allclose(two[:6], one[:6] * rho)
+    assert (one[6:] == 0).all() and (two[6:] == 0).all()  # no 8-GPU, 120-core task fits a G2
+    for n in range(5):  # break all G3s but the last
+        arrays.apply(n, gpu(4), [0])
+    one, two = charges(1.0), charges(2.0)
+    assert one[5] == two[5] > 0 and (one[:5] == 0).all()
