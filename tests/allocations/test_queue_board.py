@@ -123,12 +123,16 @@ def test_the_timeline_finds_the_first_start_a_walk_over_gap_openings_finds(busy,
     assert timeline.earliest(count, duration, earliest, 60, together=together) == expected
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 5), st.integers(-10, 20), st.integers(0, 10), st.integers(1, 4)),
-                max_size=12), st.integers(-5, 15), st.integers(1, 10))
-def test_the_masked_state_gives_the_arrays_the_general_state_gives(holds, start, length):
-    gpus = [booking.PoolGpu(id=i, node_id=i // 3, node_name=f"n{i // 3}", index=i % 3) for i in range(6)]
-    nodes = booking.PoolSnapshot(start=T0, end=T0, gpus=tuple(gpus), grants=()).state().nodes
+def _nodes(gpu_count: int):
+    """Nodes of three GPUs each, `gpu_count` GPUs in all (GPU i on node i // 3)."""
+    gpus = [booking.PoolGpu(id=i, node_id=i // 3, node_name=f"n{i // 3:02d}", index=i % 3) for i in range(gpu_count)]
+    return booking.PoolSnapshot(start=T0, end=T0, gpus=tuple(gpus), grants=()).state().nodes
+
+
+def _assert_masked_gives_the_general_arrays(gpu_count: int, holds, start: int, length: int, fields) -> None:
+    """The holdings `holds` (gpu, start minute, minutes, reservation) held by the masked state at once give the
+    general state's arrays over the window [start, start + length) minutes."""
+    nodes = _nodes(gpu_count)
     minute = timedelta(minutes=1)
     whole = [(gpu, T0 + s * minute, T0 + (s + n) * minute, rid) for gpu, s, n, rid in holds]
     general = ClusterState(nodes, [Holding(node_id=gpu // 3, gpu_id=gpu, start=a, end=b, milli=1000, reservation_id=r)
@@ -137,8 +141,16 @@ def test_the_masked_state_gives_the_arrays_the_general_state_gives(holds, start,
     masked.hold(whole)
     window = (T0 + start * minute, T0 + (start + length) * minute)
     a, b = general.arrays_for_window(*window), masked.arrays_for_window(*window)
-    for field in ("gpu_free", "mig_used", "affinity", "cpu_free", "mem_free", "version"):
+    for field in fields:
         assert (getattr(a, field) == getattr(b, field)).all(), field
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(-10, 20), st.integers(0, 10), st.integers(1, 4)),
+                max_size=12), st.integers(-5, 15), st.integers(1, 10))
+def test_the_masked_state_gives_the_arrays_the_general_state_gives(holds, start, length):
+    _assert_masked_gives_the_general_arrays(6, holds, start, length,
+                                            ("gpu_free", "mig_used", "affinity", "cpu_free", "mem_free", "version"))
 
 
 @settings(max_examples=60, deadline=None)
@@ -149,8 +161,7 @@ def test_the_masked_state_held_bit_by_bit_and_released_gives_the_general_states_
     """The masked state keeps the many holdings booked first apart from the few added since (so a plan's one more
     copies only the few), merging them at MERGE_AT: held in chunks across a merge, with one reservation released,
     its arrays are those of the general state holding the rest."""
-    gpus = [booking.PoolGpu(id=i, node_id=i // 3, node_name=f"n{i // 3}", index=i % 3) for i in range(6)]
-    nodes = booking.PoolSnapshot(start=T0, end=T0, gpus=tuple(gpus), grants=()).state().nodes
+    nodes = _nodes(6)
     minute = timedelta(minutes=1)
     whole = [(gpu, T0 + s * minute, T0 + (s + n) * minute, rid) for gpu, s, n, rid in holds]
     masked = WholeGpuState(nodes)
@@ -172,18 +183,7 @@ def test_the_masked_state_held_bit_by_bit_and_released_gives_the_general_states_
 def test_a_few_holdings_among_many_nodes_give_the_general_states_arrays(holds, start, length):
     """On 40 nodes a handful of holdings are a few clustering tasks, which the masked state counts into their
     cells one by one (np.add.at) rather than adding a count of the whole table: the same arrays."""
-    gpus = [booking.PoolGpu(id=i, node_id=i // 3, node_name=f"n{i // 3:02d}", index=i % 3) for i in range(120)]
-    nodes = booking.PoolSnapshot(start=T0, end=T0, gpus=tuple(gpus), grants=()).state().nodes
-    minute = timedelta(minutes=1)
-    whole = [(gpu, T0 + s * minute, T0 + (s + n) * minute, rid) for gpu, s, n, rid in holds]
-    general = ClusterState(nodes, [Holding(node_id=gpu // 3, gpu_id=gpu, start=a, end=b, milli=1000, reservation_id=r)
-                                   for gpu, a, b, r in whole if b > a])
-    masked = WholeGpuState(nodes)
-    masked.hold(whole)
-    window = (T0 + start * minute, T0 + (start + length) * minute)
-    a, b = general.arrays_for_window(*window), masked.arrays_for_window(*window)
-    for field in ("gpu_free", "mig_used", "affinity"):
-        assert (getattr(a, field) == getattr(b, field)).all(), field
+    _assert_masked_gives_the_general_arrays(120, holds, start, length, ("gpu_free", "mig_used", "affinity"))
 
 
 @settings(max_examples=60, deadline=None)
@@ -193,8 +193,7 @@ def test_holdings_given_as_slots_and_a_reservation_column_are_those_held_one_by_
     """hold_slots with the reservations as an integer column (a board's bulk of bookings: one group look-up per
     reservation, not per holding), in chunks that may repeat a reservation, then one more held by hold and one
     reservation released: the arrays of the same holdings held by hold."""
-    gpus = [booking.PoolGpu(id=i, node_id=i // 3, node_name=f"n{i // 3}", index=i % 3) for i in range(6)]
-    nodes = booking.PoolSnapshot(start=T0, end=T0, gpus=tuple(gpus), grants=()).state().nodes
+    nodes = _nodes(6)
     minute = timedelta(minutes=1)
     whole = [(gpu, T0 + s * minute, T0 + (s + n) * minute, rid) for gpu, s, n, rid in holds]
     extra = [(0, T0, T0 + 5 * minute, 2)]
