@@ -30,6 +30,10 @@ def gpu(cores: int, num: int = 1, milli: int = 1000) -> Demand:
     return Demand(cpu_milli=cores * 1000, memory_mib=0, num_gpu=num, milli=milli)
 
 
+# The whole-node term as first built (linear in rho, weight 0.25), beside the default (squared, 0.5).
+LINEAR = {"whole_weight": 0.25, "whole_power": 1.0}
+
+
 def whole_of(profile: WorkloadProfile, arrays: ClusterArrays) -> WholeNodeWork:
     return profile.model_terms(arrays.models, cluster_types(arrays)).whole
 
@@ -83,23 +87,26 @@ def test_lighter_work_goes_to_a_96_core_node_rather_than_break_the_only_128_core
     arrays = cluster([("G3", 128, 8), ("G2", 96, 8), ("G2", 96, 8)])
     c = PolicyContext(profile=WorkloadProfile.from_demands(HISTORY))
     assert decide(arrays, gpu(20), PortalPolicy(guard="off", whole_weight=0), c).node == 0
-    assert decide(arrays, gpu(20), PortalPolicy(guard="off"), c).node == 1
-    assert decide(arrays, gpu(20), PortalPolicy(guard="off", fast=False), c).node == 1
+    for fast in (True, False):
+        assert decide(arrays, gpu(20), PortalPolicy(guard="off", fast=fast, **LINEAR), c).node == 1
+        assert decide(arrays, gpu(20), PortalPolicy(guard="off", fast=fast), c).node == 1
     # 120-core 8-GPU tasks asking for more GPU than the one G3 holds (rho = 1): kept whole at power 2 too.
     more = PolicyContext(profile=WorkloadProfile.from_demands(HISTORY + [gpu(120, num=8)] * 7))
     for fast in (True, False):
-        assert decide(arrays, gpu(20), PortalPolicy(guard="off", whole_power=2.0, fast=fast), more).node == 1
+        assert decide(arrays, gpu(20), PortalPolicy(guard="off", whole_power=2.0, whole_weight=0.25, fast=fast),
+                      more).node == 1
 
 
 def test_with_little_whole_node_work_the_square_lets_light_work_have_the_128_core_node() -> None:
-    # With HISTORY the 120-core tasks would need about half the G3 (rho = 0.52): power 1 (the
-    # default) keeps it whole; power 2 (tried, not adopted) charges a quarter and lets the
+    # With HISTORY the 120-core tasks would need about half the G3 (rho = 0.52): at weight 0.25
+    # power 1 (the term as first built) keeps it whole; power 2 charges a quarter and lets the
     # stranding term give it to the light task.
     arrays = cluster([("G3", 128, 8), ("G2", 96, 8), ("G2", 96, 8)])
     c = PolicyContext(profile=WorkloadProfile.from_demands(HISTORY))
-    assert decide(arrays, gpu(20), PortalPolicy(guard="off"), c).node == 1
-    assert decide(arrays, gpu(20), PortalPolicy(guard="off", whole_power=2.0), c).node == 0
-    assert decide(arrays, gpu(20), PortalPolicy(guard="off", whole_power=2.0, fast=False), c).node == 0
+    assert decide(arrays, gpu(20), PortalPolicy(guard="off", **LINEAR), c).node == 1
+    for fast in (True, False):
+        assert decide(arrays, gpu(20), PortalPolicy(guard="off", whole_power=2.0, whole_weight=0.25, fast=fast),
+                      c).node == 0
 
 
 def test_cpu_only_work_that_would_leave_too_little_cpu_counts_as_taking_the_node() -> None:
@@ -214,7 +221,7 @@ def test_the_charge_is_rho_to_the_power_so_it_stays_small_while_whole_nodes_are_
         return -fast
 
     one, two = charges(1.0), charges(2.0)
-    rho = one[0] / (PortalPolicy.whole_weight * 8000 * PortalPolicy.score_levels / 4000.0)
+    rho = one[0] / (PortalPolicy.whole_weight * 8000 * PortalPolicy.score_levels / 4000.0)  # one weight for both
     assert 0 < rho < 0.5
     np.testing.assert_allclose(two[:6], one[:6] * rho)
     assert (one[6:] == 0).all() and (two[6:] == 0).all()  # no 8-GPU, 120-core task fits a G2
