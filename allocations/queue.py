@@ -405,6 +405,12 @@ class PoolFrame:
 _frames: dict[int, PoolFrame] = {}  # per pool, the last pass's frame
 
 
+def _whole_cards(grants: Iterable[booking.Grant]) -> bool:
+    """Whether every grant holds a whole card: no vGPU, no MIG slice, a whole card's milli."""
+    vgpu = SharingMode.VGPU  # (Grant.is_vgpu, without its call per grant: a pass reads thousands)
+    return all(g.mode != vgpu and not g.mig_profile and g.milli >= units.MILLI_PER_GPU for g in grants)
+
+
 class GrantColumns(Sequence):
     """A pool's grants (a Sequence of them) with each one's GPU, reservation and window as NumPy columns in the same
     order, built once a pass for both plans' boards: the boards read only the columns, and a pass turned the same
@@ -422,9 +428,7 @@ class GrantColumns(Sequence):
         self.starts, self.ends = times if times is not None else (micros(g.starts_at for g in self._grants),
                                                                    micros(g.ends_at for g in self._grants))
         self._booked_ends = self.ends  # the grants' own ends (`ending` moves `ends` only)
-        # Whether every grant holds a whole card (WholeGpuBoard.fits).
-        vgpu = SharingMode.VGPU  # (Grant.is_vgpu, without its call per grant)
-        self.whole = all(g.mode != vgpu and not g.mig_profile and g.milli >= units.MILLI_PER_GPU for g in self._grants)
+        self.whole = _whole_cards(self._grants)  # for WholeGpuBoard.fits, once for both plans
 
     def ending(self, ends: np.ndarray) -> GrantColumns:
         """The same grants, each ending at its entry of `ends` (micros) instead."""
@@ -452,7 +456,6 @@ class GrantColumns(Sequence):
 
     def __iter__(self):
         return iter(self._moved)
-
 
 
 class WholeGpuBoard:
@@ -498,8 +501,7 @@ class WholeGpuBoard:
     def fits(shapes: Sequence[booking.Shape], grants: Sequence[booking.Grant] | GrantColumns) -> bool:
         """Whether the board can plan these: whole-GPU requests among bookings of whole cards only."""
         return (all(shape.mode == SharingMode.EXCLUSIVE for shape in shapes)
-                and (grants.whole if isinstance(grants, GrantColumns) else all(
-                    not g.is_vgpu and not g.mig_profile and g.milli >= units.MILLI_PER_GPU for g in grants)))
+                and (grants.whole if isinstance(grants, GrantColumns) else _whole_cards(grants)))
 
     def _t(self, at: datetime) -> int:
         return (at - self.origin) // _MICROSECOND
