@@ -146,6 +146,11 @@ def sample_nodes(count: int, seed: int) -> list[tuple[str, str, int]]:
     return [rows[i] for i in sorted(set(picks))]
 
 
+def estimate_error(likely_start: float, start: float, arrival: float) -> float:
+    """The issue's estimate error of one request that waited: |likely_start - real start| as a share of its wait."""
+    return abs(likely_start - start) / (start - arrival)
+
+
 def percentile(values: list[float], q: float) -> float | None:
     """Nearest-rank percentile (None for no values)."""
     if not values:
@@ -189,7 +194,7 @@ def summarize(outcomes: list[Outcome], *, pool_ge: float, quotas: dict[int, floa
         used[team] = used.get(team, 0.0) + ge * overlap
     kept = [o for o in waited if o.first_start_by is not None and o.start <= o.first_start_by
             + PROMISE_TOLERANCE.total_seconds()]
-    errors = [abs(o.first_likely_start - o.start) / (o.start - o.task.arrival) for o in waited
+    errors = [estimate_error(o.first_likely_start, o.start, o.task.arrival) for o in waited
               if o.first_likely_start is not None and o.start > o.task.arrival]
     return {
         "requests": len(outcomes), "placed": len(placed), "refused": len(outcomes) - len(placed),

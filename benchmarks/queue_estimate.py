@@ -12,7 +12,7 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.queue import percentile
+from benchmarks.queue import estimate_error, percentile
 
 
 def breakdown(waited: list[dict]) -> dict:
@@ -20,7 +20,7 @@ def breakdown(waited: list[dict]) -> dict:
             and w["start"] > w["arrival"]]
 
     def errors(subset, key="first_likely_start"):
-        return [abs(w[key] - w["start"]) / (w["start"] - w["arrival"]) for w in subset if w.get(key) is not None]
+        return [estimate_error(w[key], w["start"], w["arrival"]) for w in subset if w.get(key) is not None]
 
     def p50_p90(subset, key="first_likely_start"):
         values = errors(subset, key)
