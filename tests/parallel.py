@@ -82,7 +82,10 @@ def pytest_ignore_collect(collection_path, config) -> bool | None:
 def pytest_collection_modifyitems(config, items) -> None:
     if not config.getoption("serial_only"):
         return  # a serial file named in a worker's run fails its own collection (see test_api_schema.py)
-    dropped = [item for item in items if _relative(item.path, config) not in SERIAL_TESTS]
+    kept: list = []
+    dropped: list = []
+    for item in items:
+        (kept if _relative(item.path, config) in SERIAL_TESTS else dropped).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
-        items[:] = [item for item in items if _relative(item.path, config) in SERIAL_TESTS]
+        items[:] = kept
