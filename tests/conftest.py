@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from django.core.cache import cache
 from django.db import connections
+from django.utils import translation
 from rest_framework.test import APIClient
 
 from common import agent_threads
@@ -46,6 +47,17 @@ def _fresh_cache():
     cache.clear()
     profiles.forget()
     yield
+
+
+@pytest.fixture(autouse=True)
+def _default_language():
+    """Every test starts in the default language. Django's LocaleMiddleware and our PreferenceMiddleware activate
+    a request's language for the thread and never put it back, so a test-client request by someone who reads
+    Chinese left the next test of the same process reading Chinese (a test asserting English words failed
+    in CI only when such a file had run before it on the same worker)."""
+    translation.deactivate()
+    yield
+    translation.deactivate()
 
 
 def _let_connection_go(barrier: threading.Barrier) -> None:
