@@ -249,6 +249,7 @@ def test_whole_node_classes_follow_placements_and_releases(steps, data) -> None:
     arrays = cluster(SPECS)
     table = whole_node_table(arrays, whole_of(WorkloadProfile.from_demands(HISTORY), arrays))
     watch, kept = _RowWatch(arrays), _WholeCount(arrays, table)
+    kept.MAX_CLASSES = data.draw(st.sampled_from([2, 4, _WholeCount.MAX_CLASSES]))  # forgetting empty classes too
     held: list[tuple[int, Demand, list[int]]] = []
     for node, num, cores in steps:
         free = np.flatnonzero(arrays.gpu_free[node] == 1000)[:num].tolist()
@@ -268,3 +269,4 @@ def test_whole_node_classes_follow_placements_and_releases(steps, data) -> None:
         assert [key(kept, n) for n in range(arrays.n_nodes)] == [key(fresh, n) for n in range(arrays.n_nodes)]
         counts = np.bincount(kept.klass, minlength=len(kept.classes)).tolist()
         assert kept.members[1:] == counts[1:]
+        assert len(kept.classes) <= max(kept.MAX_CLASSES, 1 + sum(m > 0 for m in kept.members))

@@ -482,6 +482,19 @@ class _WholeCount:
             self.members[k] += 1 if k else 0
             self.klass[n] = k
 
+    #: Drop the classes no node is in once there are this many (the charge loops over them all).
+    MAX_CLASSES = 64
+
+    def _compact(self) -> None:
+        """Number the live classes afresh, forgetting the empty ones."""
+        live = [k for k, m in enumerate(self.members) if m]
+        renumber = np.zeros(len(self.classes), dtype=np.intp)
+        renumber[live] = np.arange(1, len(live) + 1)
+        self.klass = renumber[self.klass]
+        self.classes = [self.classes[0]] + [self.classes[k] for k in live]
+        self.members = [0] + [self.members[k] for k in live]
+        self._class_ids = {key: i for i, key in enumerate(self.classes) if i}
+
     def _id(self, full: int, flags: tuple[bool, ...]) -> int:
         key = (full, flags)
         i = self._ids.get(key)
@@ -507,6 +520,8 @@ class _WholeCount:
                 self.pattern[n] = self._id(full[n], flags) if any(flags) else 0
             if flags != old or any(flags):
                 self._join(n, int(self.pattern[n]), cpu, mem)
+        if len(self.classes) > self.MAX_CLASSES:
+            self._compact()
 
 
 def whole_rho(table: WholeNodeTable, free: int, whole_gpus: list[int], power: float = 1.0) -> list[float]:
