@@ -235,3 +235,23 @@ def test_one_row_per_class_places_as_scoring_each(arrays, history, arrivals) -> 
     each = Placer(twice.copy(), PortalPolicy(guard="off", class_rows=0), ctx)
     for demand in arrivals:
         assert by_class.place(demand) == each.place(demand)
+
+
+@given(clusters(), st.lists(demands(), max_size=15), st.data())
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_row_classes_group_exactly_the_equal_rows(arrays, placed, data) -> None:
+    from allocations.placement.policies.portal import row_classes
+
+    ctx = PolicyContext(profile=WorkloadProfile.from_demands(placed or [Demand(1_000, 0, 1, 500)]))
+    for d in placed:
+        Placer(arrays, PortalPolicy(guard="off"), ctx).place(d)
+    nodes = np.array(data.draw(st.lists(st.integers(0, arrays.n_nodes - 1), min_size=1, max_size=30)))
+    fit = np.array(data.draw(st.lists(st.lists(st.booleans(), min_size=arrays.max_gpus, max_size=arrays.max_gpus),
+                                       min_size=len(nodes), max_size=len(nodes))))
+    first, inverse = row_classes(arrays, nodes, fit)
+    rows = [
+        (int(arrays.model_idx[n]), int(arrays.cpu_free[n]), int(arrays.mem_free[n]), tuple(arrays.gpu_free[n].tolist()), tuple(f.tolist()))
+        for n, f in zip(nodes.tolist(), fit)
+    ]
+    assert len(first) == len(set(rows))  # one class per distinct row
+    assert [rows[first[c]] for c in inverse] == rows  # every row is its class's representative

@@ -152,7 +152,7 @@ _TYPES: dict[int, tuple[np.ndarray, NodeTypes]] = {}
 
 def row_classes(arrays: ClusterArrays, nodes: np.ndarray, fit: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Rows of ``nodes`` in the same state: ``(first, inverse)`` with ``nodes[first]`` one node
-    per class (its first row) and ``inverse`` each row's class, so ``x[first][inverse]`` spreads
+    per class and ``inverse`` each row's class, so ``x[first][inverse]`` spreads
     a per-class result over the rows.
 
     A class is a GPU model, free CPU, free memory, free milli per GPU slot and GPU fit: all a
@@ -162,10 +162,16 @@ def row_classes(arrays: ClusterArrays, nodes: np.ndarray, fit: np.ndarray) -> tu
     key = np.column_stack(
         (arrays.model_idx[nodes], arrays.cpu_free[nodes], arrays.mem_free[nodes], arrays.gpu_free[nodes], fit)
     ).astype(np.int64)
-    # One bytes value per row: np.unique over them is ~10 times faster than over axis=0.
-    rows = key.view(np.dtype((np.void, key.dtype.itemsize * key.shape[1]))).ravel()
-    _, first, inverse = np.unique(rows, return_index=True, return_inverse=True)
-    return first, inverse.ravel()
+    # Sorting the rows as bytes puts equal rows side by side; a class starts where a row differs
+    # from the one before. (np.unique does the same but compares the bytes values one by one
+    # afterwards, ~3 times slower over a thousand rows; over axis=0, ~20 times.)
+    order = np.argsort(key.view(np.dtype((np.void, key.dtype.itemsize * key.shape[1]))).ravel())
+    ordered = key[order]
+    starts = np.ones(len(order), dtype=bool)
+    starts[1:] = (ordered[1:] != ordered[:-1]).any(axis=1)
+    inverse = np.empty(len(order), dtype=np.intp)
+    inverse[order] = np.cumsum(starts) - 1
+    return order[starts], inverse
 
 
 class WholeNodeTable:
