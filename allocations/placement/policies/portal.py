@@ -81,10 +81,15 @@ cluster and the profile (the terms, the guard's verdict, the ratios) is found on
 policy instance (:meth:`PortalPolicy.prepare`, or lazily in the first decision); the
 stranding term of up to ``python_rows`` rows is Python float arithmetic, the remnant term
 one look-up in a table per demand size, and the model balance counts free GPU per model
-from the rows that changed, in Python ints. ``fast = False`` keeps the plain formulas
-above; the two give the same scores bit for bit (tested). What is left of the gap to
-``fgd`` is mostly where ``portal`` places (more rows to re-score per decision), not its
-arithmetic (README: the placement benchmark's decision speed).
+from the rows that changed, in Python ints. A call with ``class_rows`` rows or more (a new
+demand shape scores every feasible node) scores one row per class of identical rows
+(:func:`row_classes`). A CPU-only demand's whole-node charge is worked out once per class of
+whole node (pattern, free CPU, free memory; :class:`_WholeCount`) rather than per row.
+``fast = False`` keeps the plain formulas above; the two give the same scores bit for bit
+(tested). What is left of the gap to ``fgd`` is mostly :meth:`PortalPolicy.adjust` (~14% of
+the decision time: a scan of the row versions and a few gathers over every candidate, each
+decision) and the per-model fragment terms' extra gathers (README: the placement
+benchmark's decision speed).
 
 Why it works
 ------------
