@@ -194,3 +194,64 @@ def test_free_per_model_recounts_after_many_changes() -> None:
     assert counted() == fresh()
     arrays.apply(n - 1, Demand(1_000, 0, 1, 700), [1])
     assert counted() == fresh()
+
+
+@given(clusters(), st.lists(demands(), min_size=1, max_size=25), st.data())
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_one_row_per_class_scores_every_row_as_scoring_each(arrays, history, data) -> None:
+    # class_rows=1: every evaluation scores one row per class of identical rows and spreads the
+    # result; class_rows=0 scores each row. Same scores and slots for every candidate, and so
+    # the same decisions (with the engine's tie-break by node order among a class's nodes).
+    ctx = PolicyContext(profile=WorkloadProfile.from_demands(history))
+    for d in data.draw(st.lists(demands(), max_size=15)):
+        Placer(arrays, PortalPolicy(guard="off"), ctx).place(d)
+    demand = data.draw(demands())
+    if demand.num_gpu == 0:
+        fit = np.ones((arrays.n_nodes, arrays.gpu_free.shape[1]), dtype=bool)
+    else:
+        fit = (arrays.gpu_free >= demand.milli) & arrays.gpu_usable
+    nodes = np.arange(arrays.n_nodes)
+    by_class = PortalPolicy(guard="off", class_rows=1).evaluate(arrays, demand, nodes, fit, ctx)
+    each = PortalPolicy(guard="off", class_rows=0).evaluate(arrays, demand, nodes, fit, ctx)
+    np.testing.assert_array_equal(by_class.scores, each.scores)
+    if each.slots is not None:
+        np.testing.assert_array_equal(by_class.slots, each.slots)
+
+
+@given(clusters(), st.lists(demands(), min_size=1, max_size=25), st.lists(demands(), min_size=1, max_size=40))
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_one_row_per_class_places_as_scoring_each(arrays, history, arrivals) -> None:
+    # Copies of each node make classes of several nodes: the tie-break among them is the node order.
+    n = arrays.n_nodes
+    twice = ClusterArrays.build(
+        node_ids=[f"n{i}" for i in range(2 * n)],
+        cpu_milli=np.tile(arrays.cpu_cap, 2),
+        memory_mib=np.tile(arrays.mem_cap, 2),
+        gpu_models=[[arrays.models[m] for m in row if m >= 0] for row in arrays.gpu_model.tolist()] * 2,
+        tie_rank=np.random.default_rng(n).permutation(2 * n),
+    )
+    ctx = PolicyContext(profile=WorkloadProfile.from_demands(history))
+    by_class = Placer(twice.copy(), PortalPolicy(guard="off", class_rows=1), ctx)
+    each = Placer(twice.copy(), PortalPolicy(guard="off", class_rows=0), ctx)
+    for demand in arrivals:
+        assert by_class.place(demand) == each.place(demand)
+
+
+@given(clusters(), st.lists(demands(), max_size=15), st.data())
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_row_classes_group_exactly_the_equal_rows(arrays, placed, data) -> None:
+    from allocations.placement.policies.portal import row_classes
+
+    ctx = PolicyContext(profile=WorkloadProfile.from_demands(placed or [Demand(1_000, 0, 1, 500)]))
+    for d in placed:
+        Placer(arrays, PortalPolicy(guard="off"), ctx).place(d)
+    nodes = np.array(data.draw(st.lists(st.integers(0, arrays.n_nodes - 1), min_size=1, max_size=30)))
+    fit = np.array(data.draw(st.lists(st.lists(st.booleans(), min_size=arrays.max_gpus, max_size=arrays.max_gpus),
+                                       min_size=len(nodes), max_size=len(nodes))))
+    first, inverse = row_classes(arrays, nodes, fit)
+    rows = [
+        (int(arrays.model_idx[n]), int(arrays.cpu_free[n]), int(arrays.mem_free[n]), tuple(arrays.gpu_free[n].tolist()), tuple(f.tolist()))
+        for n, f in zip(nodes.tolist(), fit)
+    ]
+    assert len(first) == len(set(rows))  # one class per distinct row
+    assert [rows[first[c]] for c in inverse] == rows  # every row is its class's representative

@@ -229,3 +229,44 @@ def test_the_charge_is_rho_to_the_power_so_it_stays_small_while_whole_nodes_are_
         arrays.apply(n, gpu(4), [0])
     one, two = charges(1.0), charges(2.0)
     assert one[5] == two[5] > 0 and (one[:5] == 0).all()
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, len(SPECS) - 1), st.sampled_from([0, 1, 8]), st.sampled_from([0, 4, 30, 64])),
+        min_size=1,
+        max_size=30,
+    ),
+    st.data(),
+)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_whole_node_classes_follow_placements_and_releases(steps, data) -> None:
+    # The CPU-only charge reads a whole node's class (pattern, free CPU, free memory): kept from
+    # the changed rows, it must name the same class for every node as a fresh count, and count
+    # each class's nodes, after every placement and release.
+    from allocations.placement.policies.portal import _RowWatch, _WholeCount
+
+    arrays = cluster(SPECS)
+    table = whole_node_table(arrays, whole_of(WorkloadProfile.from_demands(HISTORY), arrays))
+    watch, kept = _RowWatch(arrays), _WholeCount(arrays, table)
+    kept.MAX_CLASSES = data.draw(st.sampled_from([2, 4, _WholeCount.MAX_CLASSES]))  # forgetting empty classes too
+    held: list[tuple[int, Demand, list[int]]] = []
+    for node, num, cores in steps:
+        free = np.flatnonzero(arrays.gpu_free[node] == 1000)[:num].tolist()
+        demand = gpu(cores, num=len(free)) if num else Demand(cores * 1000, 0, 0, 0)
+        if held and data.draw(st.booleans()):
+            arrays.release(*held.pop(data.draw(st.integers(0, len(held) - 1))))
+        elif arrays.cpu_free[node] >= demand.cpu_milli:
+            arrays.apply(node, demand, free)
+            held.append((node, demand, free))
+        kept.update(*watch.poll())
+        fresh = _WholeCount(arrays, table)
+
+        def key(state: _WholeCount, n: int) -> tuple:
+            p, cpu, mem = state.classes[int(state.klass[n])]
+            return (state.patterns[p], cpu, mem) if p else None
+
+        assert [key(kept, n) for n in range(arrays.n_nodes)] == [key(fresh, n) for n in range(arrays.n_nodes)]
+        counts = np.bincount(kept.klass, minlength=len(kept.classes)).tolist()
+        assert kept.members[1:] == counts[1:]
+        assert len(kept.classes) <= max(kept.MAX_CLASSES, 1 + sum(m > 0 for m in kept.members))

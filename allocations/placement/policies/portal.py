@@ -81,10 +81,15 @@ cluster and the profile (the terms, the guard's verdict, the ratios) is found on
 policy instance (:meth:`PortalPolicy.prepare`, or lazily in the first decision); the
 stranding term of up to ``python_rows`` rows is Python float arithmetic, the remnant term
 one look-up in a table per demand size, and the model balance counts free GPU per model
-from the rows that changed, in Python ints. ``fast = False`` keeps the plain formulas
-above; the two give the same scores bit for bit (tested). What is left of the gap to
-``fgd`` is mostly where ``portal`` places (more rows to re-score per decision), not its
-arithmetic (README: the placement benchmark's decision speed).
+from the rows that changed, in Python ints. A call with ``class_rows`` rows or more (a new
+demand shape scores every feasible node) scores one row per class of identical rows
+(:func:`row_classes`). A CPU-only demand's whole-node charge is worked out once per class of
+whole node (pattern, free CPU, free memory; :class:`_WholeCount`) rather than per row.
+``fast = False`` keeps the plain formulas above; the two give the same scores bit for bit
+(tested). What is left of the gap to ``fgd`` is mostly :meth:`PortalPolicy.adjust` (~14% of
+the decision time: a scan of the row versions and a few gathers over every candidate, each
+decision) and the per-model fragment terms' extra gathers (README: the placement
+benchmark's decision speed).
 
 Why it works
 ------------
@@ -148,6 +153,30 @@ def stranded_gpu(
 
 
 _TYPES: dict[int, tuple[np.ndarray, NodeTypes]] = {}
+
+
+def row_classes(arrays: ClusterArrays, nodes: np.ndarray, fit: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of ``nodes`` in the same state: ``(first, inverse)`` with ``nodes[first]`` one node
+    per class and ``inverse`` each row's class, so ``x[first][inverse]`` spreads
+    a per-class result over the rows.
+
+    A class is a GPU model, free CPU, free memory, free milli per GPU slot and GPU fit: all a
+    non-MIG ``portal`` score reads of a node (its fragment, stranding and remnant terms), so
+    every node of a class gets the same score and GPU slot, and the engine's tie-break by node
+    order still picks among them as it did when each was scored."""
+    key = np.column_stack(
+        (arrays.model_idx[nodes], arrays.cpu_free[nodes], arrays.mem_free[nodes], arrays.gpu_free[nodes], fit)
+    ).astype(np.int64)
+    # Sorting the rows as bytes puts equal rows side by side; a class starts where a row differs
+    # from the one before. (np.unique does the same but compares the bytes values one by one
+    # afterwards, ~3 times slower over a thousand rows; over axis=0, ~20 times.)
+    order = np.argsort(key.view(np.dtype((np.void, key.dtype.itemsize * key.shape[1]))).ravel())
+    ordered = key[order]
+    starts = np.ones(len(order), dtype=bool)
+    starts[1:] = (ordered[1:] != ordered[:-1]).any(axis=1)
+    inverse = np.empty(len(order), dtype=np.intp)
+    inverse[order] = np.cumsum(starts) - 1
+    return order[starts], inverse
 
 
 class WholeNodeTable:
@@ -436,21 +465,46 @@ class _WholeCount:
         self.patterns: list[tuple[int, tuple[bool, ...]]] = [(0, table.none)]
         self._ids: dict[tuple[int, tuple[bool, ...]], int] = {self.patterns[0]: 0}
         self.pattern = np.zeros(arrays.n_nodes, dtype=np.intp)
-        self._needs: tuple[np.ndarray, np.ndarray] | None = None
+        #: Whole nodes by (pattern, free CPU, free memory), all a CPU-only demand's charge reads
+        #: of a node: per node its class (0: not whole), per class its key and its node count.
+        #: A handful of classes live at a time (at most 8 on the default trace and cpuheavy50).
+        self.klass = np.zeros(arrays.n_nodes, dtype=np.intp)
+        self.classes: list[tuple[int, int, int]] = [(0, 0, 0)]
+        self.members: list[int] = [0]
+        self._class_ids: dict[tuple[int, int, int], int] = {}
+        cpu_free, mem_free = arrays.cpu_free.tolist(), arrays.mem_free.tolist()
         for n, f in enumerate(self.row_flags):
             if any(f):
-                self.pattern[n] = self._id(table.full_list[n], f)
+                self.pattern[n] = p = self._id(table.full_list[n], f)
+                self._join(n, p, cpu_free[n], mem_free[n])
         self.whole_nodes = int((self.pattern > 0).sum())
 
-    def needs(self) -> tuple[np.ndarray, np.ndarray]:
-        """Per pattern: the most CPU and memory any of its shapes asks (0 for pattern 0)."""
-        if self._needs is None or len(self._needs[0]) != len(self.patterns):
-            cpu, mem = self.table.cpu, self.table.mem
-            self._needs = (
-                np.array([max((c for f, c in zip(flags, cpu) if f), default=0) for _, flags in self.patterns]),
-                np.array([max((m for f, m in zip(flags, mem) if f), default=0) for _, flags in self.patterns]),
-            )
-        return self._needs
+    def _join(self, n: int, pattern: int, cpu: int, mem: int) -> None:
+        """Move node ``n`` to the class of (``pattern``, ``cpu``, ``mem``) (0 when the pattern is 0)."""
+        key = (pattern, cpu, mem)
+        k = 0 if not pattern else self._class_ids.get(key)
+        if k is None:
+            k = self._class_ids[key] = len(self.classes)
+            self.classes.append(key)
+            self.members.append(0)
+        old = int(self.klass[n])
+        if k != old:
+            self.members[old] -= 1 if old else 0
+            self.members[k] += 1 if k else 0
+            self.klass[n] = k
+
+    #: Drop the classes no node is in once there are this many (the charge loops over them all).
+    MAX_CLASSES = 64
+
+    def _compact(self) -> None:
+        """Number the live classes afresh, forgetting the empty ones."""
+        live = [k for k, m in enumerate(self.members) if m]
+        renumber = np.zeros(len(self.classes), dtype=np.intp)
+        renumber[live] = np.arange(1, len(live) + 1)
+        self.klass = renumber[self.klass]
+        self.classes = [self.classes[0]] + [self.classes[k] for k in live]
+        self.members = [0] + [self.members[k] for k in live]
+        self._class_ids = {key: i for i, key in enumerate(self.classes) if i}
 
     def _id(self, full: int, flags: tuple[bool, ...]) -> int:
         key = (full, flags)
@@ -467,13 +521,18 @@ class _WholeCount:
         for n, now in zip(changed, totals):
             self.free += now - self.row_total[n]
             self.row_total[n] = now
-            flags = table.row_flags(n, now, int(cpu_free[n]), int(mem_free[n]))
+            cpu, mem = int(cpu_free[n]), int(mem_free[n])
+            flags = table.row_flags(n, now, cpu, mem)
             old = self.row_flags[n]
             if flags != old:
                 self.whole_gpus = [w + full[n] * (int(f) - int(o)) for w, f, o in zip(self.whole_gpus, flags, old)]
                 self.row_flags[n] = flags
                 self.whole_nodes += any(flags) - any(old)
                 self.pattern[n] = self._id(full[n], flags) if any(flags) else 0
+            if flags != old or any(flags):
+                self._join(n, int(self.pattern[n]), cpu, mem)
+        if len(self.classes) > self.MAX_CLASSES:
+            self._compact()
 
 
 def whole_rho(table: WholeNodeTable, free: int, whole_gpus: list[int], power: float = 1.0) -> list[float]:
@@ -514,6 +573,10 @@ class PortalPolicy(Policy):
     #: Up to this many rows the fast path computes the stranding term in Python floats
     #: (fewer than ~16 rows: cheaper than NumPy's per-call cost; same bits either way).
     python_rows = 16
+    #: From this many rows on, ``evaluate`` scores one row per class of identical rows
+    #: (:func:`row_classes`) and gives every row its class's score (0: never). A new demand
+    #: shape scores every feasible node, most of them empty nodes of a few types.
+    class_rows = 256
 
     _CONSTANTS = (
         "stranding_weight", "remnant_weight", "score_levels", "balance_weight", "filler_min_share", "per_model",
@@ -522,7 +585,7 @@ class PortalPolicy(Policy):
 
     def __init__(self, **constants: float | str | bool) -> None:
         for key, value in constants.items():
-            if key not in self._CONSTANTS and key not in ("guard", "fast", "python_rows"):
+            if key not in self._CONSTANTS and key not in ("guard", "fast", "python_rows", "class_rows"):
                 raise TypeError(f"PortalPolicy has no constant {key!r}")
             setattr(self, key, value)
         self._fgd = FgdPolicy()
@@ -569,6 +632,11 @@ class PortalPolicy(Policy):
             return self._fgd.evaluate(arrays, demand, nodes, fit, ctx)
         if not self.fast or not self.per_model:
             return self._evaluate_plain(arrays, demand, nodes, fit, ctx, prep.terms)
+        if self.class_rows and len(nodes) >= self.class_rows:
+            first, inverse = row_classes(arrays, nodes, fit)
+            if len(first) < len(nodes):
+                ev = self._evaluate_fast(arrays, demand, kind, nodes[first], fit[first], prep)
+                return Evaluation(ev.scores[inverse], ev.slots[inverse] if ev.slots is not None else None)
         return self._evaluate_fast(arrays, demand, kind, nodes, fit, prep)
 
     def _evaluate_fast(
@@ -751,27 +819,22 @@ class PortalPolicy(Policy):
                     charge = charge + (r if f else 0.0)
                 per_pattern.append(self.whole_weight * charge * full * scale)
             return scores - np.array(per_pattern)[state.pattern[nodes]]
-        # CPU-only: a whole node loses shape k only if the CPU or memory left falls below k's;
-        # look at the whole candidates only, and of them at those rows only (the pattern's
-        # largest needs say which could).
-        pattern = state.pattern[nodes]
-        at = pattern.nonzero()[0]
-        if not at.size:
-            return scores
-        sub, pattern = nodes[at], pattern[at]
-        need_cpu, need_mem = state.needs()
-        at = at[
-            (arrays.cpu_free[sub] - demand.cpu_milli < need_cpu[pattern])
-            | (arrays.mem_free[sub] - demand.memory_mib < need_mem[pattern])
-        ]
-        if not at.size:
-            return scores
-        sub = nodes[at]
-        lost = table.lost(sub, arrays.gpu_free[sub].sum(axis=1), arrays.cpu_free[sub], arrays.mem_free[sub], demand)
-        charge = self._whole_charge(table, sub, lost, rho)
-        out = scores.copy()
-        out[at] = scores[at] - charge * scale
-        return out
+        # CPU-only: a whole node loses shape k only if the CPU or memory left falls below k's,
+        # so the charge depends on the node's class (pattern, free CPU, free memory) alone:
+        # one charge per live class in Python, then one gather. The same operations as
+        # table.lost and _whole_charge, in the same order: (weight * sum) * full * scale, the sum
+        # adding rho_k or 0.0 shape by shape from 0.0; nodes that lose nothing get 0.0.
+        dc, dm = demand.cpu_milli, demand.memory_mib
+        charges = [0.0] * len(state.classes)
+        for k, (p, cpu, mem) in enumerate(state.classes):
+            if not state.members[k]:
+                continue
+            full, flags = state.patterns[p]
+            charge = 0.0
+            for f, r, c, m in zip(flags, rho, table.cpu, table.mem):
+                charge = charge + (r if f and (cpu - dc < c or mem - dm < m) else 0.0)
+            charges[k] = self.whole_weight * charge * full * scale
+        return scores - np.array(charges)[state.klass[nodes]]
 
     def _whole_charge(self, table: WholeNodeTable, rows: np.ndarray, lost: np.ndarray, rho: list[float]) -> np.ndarray:
         """``whole_weight * sum_k rho_k * full_n`` over the shapes each row loses (``lost``, (B, K)); ``rho``
