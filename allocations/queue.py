@@ -870,16 +870,23 @@ class EarlyRelease:
 
     MIN_HISTORY = 10
 
+    #: Booked lengths within this factor of each other are the same length (the usual lengths, 30 min, 1 h, 2 h, ...,
+    #: are at least 1.5 apart).
+    SAME_LENGTH = 1.05
+
     def shares(self, length: timedelta) -> tuple[float, ...]:
-        """The used shares of bookings booked about as long as `length` (half to twice), where there are
-        MIN_HISTORY of them, else of all: a booking of 30 minutes and one of 30 days are not let go alike.
-        (Runtime predictors for batch queues condition on the requested time the same way.)"""
+        """The used shares of bookings booked as long as `length` (within SAME_LENGTH), where there are
+        MIN_HISTORY of them, else of those booked about as long (half to twice), else of all: a booking of 30
+        minutes and one of 30 days are not let go alike, nor one of 1 hour and one of 2. (Runtime predictors for
+        batch queues condition on the requested time the same way; and a booking that rounds its runtime up to
+        the next usual length uses more than half of it, where one of the length below may use any share.)"""
         seconds = length.total_seconds()
         lengths = self._lengths
-        first, last = bisect.bisect_left(lengths, seconds / 2), bisect.bisect_right(lengths, seconds * 2)
-        if last - first < self.MIN_HISTORY:
-            return self.used
-        return self._between(first, last)
+        for ratio in (self.SAME_LENGTH, 2.0):
+            first, last = bisect.bisect_left(lengths, seconds / ratio), bisect.bisect_right(lengths, seconds * ratio)
+            if last - first >= self.MIN_HISTORY:
+                return self._between(first, last)
+        return self.used
 
     def _between(self, first: int, last: int) -> tuple[float, ...]:
         """The used shares of the bookings `first` to `last` (excluded) by booked length, ascending."""
@@ -1032,12 +1039,14 @@ class EarlyRelease:
 
     def _alike_groups(self, seconds: np.ndarray):
         """(rows, used shares) for bookings of booked lengths `seconds`, as shares() groups them: the bookings
-        booked half to twice as long, where there are MIN_HISTORY of them, else all."""
+        booked as long, where there are MIN_HISTORY of them, else those booked half to twice as long, else all."""
         lengths = self._length_column
-        first = np.searchsorted(lengths, seconds / 2, "left")
-        last = np.searchsorted(lengths, seconds * 2, "right")
-        alike = last - first >= self.MIN_HISTORY
-        first, last = np.where(alike, first, -1), np.where(alike, last, -1)  # -1: all of them
+        first, last = np.full(seconds.size, -1), np.full(seconds.size, -1)  # -1: all of them
+        for ratio in (2.0, self.SAME_LENGTH):  # the narrower set where it has MIN_HISTORY
+            low = np.searchsorted(lengths, seconds / ratio, "left")
+            high = np.searchsorted(lengths, seconds * ratio, "right")
+            enough = high - low >= self.MIN_HISTORY
+            first, last = np.where(enough, low, first), np.where(enough, high, last)
         for f, l in set(zip(first.tolist(), last.tolist(), strict=True)):
             yield np.flatnonzero((first == f) & (last == l)), self._used_column(f, l)
 

@@ -143,9 +143,27 @@ def test_the_estimate_learns_from_bookings_of_about_the_same_length():
     assert history.expected_end(T0, T0 + 10 * H, T0) == T0 + H
 
 
+def test_the_estimate_learns_from_bookings_of_the_same_length_first():
+    # 1-hour bookings (runtimes rounded up to the next usual length) used 60-90 % of it; 2-hour ones a tenth.
+    history = EarlyRelease(tuple(sorted([0.6] * 5 + [0.9] * 5 + [0.1] * 10)),
+                           tuple([(3600.0, 0.6)] * 5 + [(3600.0, 0.9)] * 5 + [(7200.0, 0.1)] * 10))
+    # Each length learns from its own (half to twice as long, both would read 0.1: 6 and 12 minutes).
+    assert history.expected_end(T0, T0 + H, T0) == T0 + timedelta(minutes=36)
+    assert history.expected_duration(H) == timedelta(minutes=36)
+    assert history.expected_end(T0, T0 + 2 * H, T0) == T0 + timedelta(minutes=12)
+    # A length nobody booked: those booked half to twice as long, all twenty (median 0.1).
+    assert history.expected_end(T0, T0 + 1.5 * H, T0) == T0 + timedelta(minutes=9)
+    # Fewer than MIN_HISTORY of its own length: those half to twice as long (five 1-hour, ten 2-hour: median 0.1).
+    fewer = EarlyRelease(tuple(sorted([0.6] * 5 + [0.1] * 10)), tuple([(3600.0, 0.6)] * 5 + [(7200.0, 0.1)] * 10))
+    assert fewer.expected_end(T0, T0 + H, T0) == T0 + timedelta(minutes=6)
+    starts = np.array([queue.micro(T0)] * 3, dtype=np.int64)
+    ends = starts + np.array([3600, 7200, 5400], dtype=np.int64) * 10**6
+    assert ((history.expected_ends(starts, ends, queue.micro(T0)) - starts) // 60_000_000).tolist() == [36, 12, 9]
+
+
 @hypothesis.settings(max_examples=200, deadline=None)
 @hypothesis.given(
-    used=st.lists(st.tuples(st.sampled_from([600.0, 1800.0, 3600.0, 7200.0, 86400.0, 7 * 86400.0]),
+    used=st.lists(st.tuples(st.sampled_from([600.0, 1800.0, 2700.0, 3600.0, 7200.0, 86400.0, 7 * 86400.0]),
                             st.floats(0.001, 1.0)), max_size=40),
     windows=st.lists(st.tuples(st.integers(-10**11, 10**11), st.integers(-10**6, 40 * 86400 * 10**6)),
                      min_size=1, max_size=30))
