@@ -419,3 +419,29 @@ def test_a_create_leaves_the_quota_its_teams_promises_need(world, api):
     now = ask(world, api, gpus=3, duration="2h").json()
     assert now["state"] == "pending"
     assert QueueEntry.objects.get(pk=promised["id"]).start_by == start_by
+
+
+def test_the_windows_of_every_team_read_at_once_are_each_teams_own(world, api):
+    """teams_window_micros (one query for a pass's teams) reads for each team what team_windows reads for it alone,
+    in the pool and across pools, sorted by start; a team holding nothing gets empty columns."""
+    from allocations import selectors
+    from teams.models import Team
+
+    fill(world, api, gpus=3, hours=2)  # infra, in a100
+    fill(world, api, gpus=1, hours=1)
+    api(world.staff).post(URL, {"pool": "l4", "team": "infra", "gpus": 1, "ends_at": window(0, 3)[1].isoformat()},
+                          format="json")  # infra elsewhere
+    ask(world, api, gpus=2, duration="90m")  # ml, starts now
+    idle = Team.objects.create(slug="idle", name="Idle")
+    start, end = timezone.now() - timedelta(hours=1), timezone.now() + timedelta(days=2)
+    teams = [world.team.pk, world.other_team.pk, idle.pk]
+    for pool_id in (world.pool.pk, None):
+        together = selectors.teams_window_micros(teams, pool_id, start, end)
+        assert set(together) == set(teams)
+        for team_id in teams:
+            alone = sorted((queue.micro(a), queue.micro(b), ge) for a, b, ge in
+                           selectors.team_windows(team_id, pool_id, start, end))
+            assert list(zip(*together[team_id], strict=True)) == alone
+        assert together[idle.pk] == ([], [], [])
+    assert len(together[world.other_team.pk][0]) == 3 and len(together[world.team.pk][0]) == 1
+    assert selectors.teams_window_micros([], None, start, end) == {}
