@@ -1481,7 +1481,8 @@ def _start_and_plan(state: PoolQueue, *, quiet: Sequence[int], now: datetime) ->
         entry_row, reservation_row = _entry_rows(entry, locked, planned, likely.get(planned.waiting.reservation_id),
                                                  position=position, now=now)
         entry_rows.append(entry_row)
-        reservation_rows.append(reservation_row)
+        if reservation_row is not None:
+            reservation_rows.append(reservation_row)
     _write_entries(entry_rows, reservation_rows)
     return counts
 
@@ -1537,9 +1538,9 @@ def _reason_stored(code: str) -> tuple[str, dict | None]:
 
 
 def _entry_rows(entry: Entry, locked: Locked, planned: Planned, likely: datetime | None, *,
-                position: int, now: datetime) -> tuple[list, list]:
-    """What the pass writes for a waiting request (its entry's row, its reservation's), after recording a
-    promise that moved later."""
+                position: int, now: datetime) -> tuple[list, list | None]:
+    """What the pass writes for a waiting request (its entry's row, its reservation's: None where it reads so
+    already), after recording a promise that moved later."""
     start_by = planned.start
     if likely is not None and start_by is not None:
         likely = min(max(likely, now), start_by)
@@ -1563,7 +1564,11 @@ def _entry_rows(entry: Entry, locked: Locked, planned: Planned, likely: datetime
         entry.start_by, entry.likely_start, start_by, likely, entry.first_start_by or start_by,
         entry.first_likely_start or likely)), moved_text, json_param(moved_message), sql.db_datetime(now),
         json.dumps([g.gpu_id for g in planned.grants]) if start_by is not None else None, entry.pk]
-    # The reservation's window follows the plan, so lists sorted by start show it where it would run.
+    # The reservation's window follows the plan, so lists sorted by start show it where it would run. A promise and
+    # reason the same as the last pass's leave it as that pass wrote it (only a pass writes them while it waits, and
+    # with its entry's): nothing to write.
+    if start_by is not None and start_by == entry.start_by and planned.reason == entry.reason:
+        return entry_row, None
     start = start_by or now
     reservation_row = [sql.db_datetime(start), sql.db_datetime(start + entry.duration), why_text,
                        json_param(why_message), entry.pk]
