@@ -178,6 +178,9 @@ class Reservation(models.Model):
             models.Index(fields=["team", "-ended_at", "-id"], name="reservation_team_ended"),
             # A pool's newest (allocations.profiles: the mix of its last few hundred), without sorting its history.
             models.Index(fields=["pool", "-id"], name="reservation_pool_newest"),
+            # A pool's reservations under a reclaim notice (few, often none), which every queue pass reads twice
+            # (queue._cut_at_notice, reclaim.has_notices): without it each read scanned the pool's reservations.
+            models.Index(fields=["pool"], condition=Q(preempt_at__isnull=False), name="reservation_pool_notice"),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(ends_at__gt=F("starts_at")), name="reservation_ends_after_start"),

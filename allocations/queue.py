@@ -1295,13 +1295,26 @@ def _cut_at_notice(snapshot: booking.PoolSnapshot, pool_id: int) -> booking.Pool
 def team_holding(quota: quotas.QuotaLimits, start: datetime, end: datetime) -> TeamHolding:
     """The team's quota with what it holds over [start, end): in the pool, and across pools where a
     team-wide cap makes that count."""
-    def windows(pool_id: int | None) -> Windows:
-        starts, ends, ge = selectors.team_window_micros(quota.team_id, pool_id, start, end)
+    return team_holdings([quota], start, end)[quota.team_id]
+
+
+def team_holdings(limits: Sequence[quotas.QuotaLimits], start: datetime, end: datetime) -> dict[int, TeamHolding]:
+    """team_holding of each team's quota in one pool (by team), reading the windows of them all at once."""
+    if not limits:
+        return {}
+    in_pool = selectors.teams_window_micros([q.team_id for q in limits], limits[0].pool_id, start, end)
+    capped = [q.team_id for q in limits if q.team_max_ge is not None]
+    everywhere = selectors.teams_window_micros(capped, None, start, end) if capped else {}
+
+    def windows(columns: tuple[list[int], list[int], list[float]] | None) -> Windows:
+        if columns is None:
+            return Windows()
+        starts, ends, ge = columns
         return Windows(columns=(np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64),
                                 np.array(ge, dtype=np.float64)))
 
-    return TeamHolding(quota=quota, in_pool=windows(quota.pool_id),
-                       everywhere=windows(None) if quota.team_max_ge is not None else Windows())
+    return {q.team_id: TeamHolding(quota=q, in_pool=windows(in_pool[q.team_id]),
+                                   everywhere=windows(everywhere.get(q.team_id))) for q in limits}
 
 
 def with_promised(snapshot: booking.PoolSnapshot, promised: Sequence[booking.Grant]) -> booking.PoolSnapshot:
@@ -1312,18 +1325,16 @@ def with_promised(snapshot: booking.PoolSnapshot, promised: Sequence[booking.Gra
 
 def _team_holdings(pool: GpuPool, teams, now: datetime, horizon: datetime) -> dict[int, TeamHolding]:
     quotas_by_team = {q.team_id: q for q in Quota.objects.filter(pool=pool, team__in=teams)}
-    held = {}
+    limits = []
     for team in teams:
         quota = quotas_by_team.get(team.pk)
         if quota is None:
             continue  # its quota was removed while it waited: the pass fails it
-        limits = quotas.QuotaLimits.of(team_id=team.pk, team_slug=team.slug, pool_id=pool.pk, pool_slug=pool.slug,
-                                       team_name=team.name, pool_name=pool.name,
-                                       max_ge=quota.max_ge, ge_hours_per_month=quota.ge_hours_per_month,
-                                       team_max_ge=team.max_ge, borrowing=pool.borrowing,
-                                       max_borrow_ge=quota.max_borrow_ge)
-        held[team.pk] = team_holding(limits, now, horizon)
-    return held
+        limits.append(quotas.QuotaLimits.of(
+            team_id=team.pk, team_slug=team.slug, pool_id=pool.pk, pool_slug=pool.slug, team_name=team.name,
+            pool_name=pool.name, max_ge=quota.max_ge, ge_hours_per_month=quota.ge_hours_per_month,
+            team_max_ge=team.max_ge, borrowing=pool.borrowing, max_borrow_ge=quota.max_borrow_ge))
+    return team_holdings(limits, now, horizon)
 
 
 def _ordered(waiting: list[Waiting], pool: GpuPool, now: datetime, teams: dict[int, TeamHolding]) -> list[Waiting]:
@@ -1479,7 +1490,8 @@ def _start_and_plan(state: PoolQueue, *, quiet: Sequence[int], now: datetime) ->
         entry_row, reservation_row = _entry_rows(entry, locked, planned, likely.get(planned.waiting.reservation_id),
                                                  position=position, now=now)
         entry_rows.append(entry_row)
-        reservation_rows.append(reservation_row)
+        if reservation_row is not None:
+            reservation_rows.append(reservation_row)
     _write_entries(entry_rows, reservation_rows)
     return counts
 
@@ -1535,9 +1547,9 @@ def _reason_stored(code: str) -> tuple[str, dict | None]:
 
 
 def _entry_rows(entry: Entry, locked: Locked, planned: Planned, likely: datetime | None, *,
-                position: int, now: datetime) -> tuple[list, list]:
-    """What the pass writes for a waiting request (its entry's row, its reservation's), after recording a
-    promise that moved later."""
+                position: int, now: datetime) -> tuple[list, list | None]:
+    """What the pass writes for a waiting request (its entry's row, its reservation's: None where it reads so
+    already), after recording a promise that moved later."""
     start_by = planned.start
     if likely is not None and start_by is not None:
         likely = min(max(likely, now), start_by)
@@ -1561,7 +1573,11 @@ def _entry_rows(entry: Entry, locked: Locked, planned: Planned, likely: datetime
         entry.start_by, entry.likely_start, start_by, likely, entry.first_start_by or start_by,
         entry.first_likely_start or likely)), moved_text, json_param(moved_message), sql.db_datetime(now),
         json.dumps([g.gpu_id for g in planned.grants]) if start_by is not None else None, entry.pk]
-    # The reservation's window follows the plan, so lists sorted by start show it where it would run.
+    # The reservation's window follows the plan, so lists sorted by start show it where it would run. A promise and
+    # reason the same as the last pass's leave it as that pass wrote it (only a pass writes them while it waits, and
+    # with its entry's): nothing to write.
+    if start_by is not None and start_by == entry.start_by and planned.reason == entry.reason:
+        return entry_row, None
     start = start_by or now
     reservation_row = [sql.db_datetime(start), sql.db_datetime(start + entry.duration), why_text,
                        json_param(why_message), entry.pk]

@@ -1,6 +1,7 @@
 """Reads about reservations, pools' occupancy, availability over time and quota use."""
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -777,36 +778,56 @@ def team_windows(team_id: int, pool_id: int | None, start: datetime, end: dateti
             _team_window_rows(team_id, pool_id, start, end, exclude_reservation)]
 
 
-def team_window_micros(team_id: int, pool_id: int | None, start: datetime, end: datetime
-                       ) -> tuple[list[int], list[int], list[float]]:
-    """team_windows' windows as columns: each one's start and end as whole microseconds since the epoch, and its GE
-    (in the same order). The queue's plan counts a team's windows in NumPy, PostgreSQL reads them as such already,
-    and the plan makes the (start, end, GE) of a window only where it reads one."""
-    rows = _team_window_rows(team_id, pool_id, start, end, None)
-    if rows and isinstance(rows[0][0], int):  # read as micros already (PostgreSQL: every row, as the first)
-        return [a for a, _, _ in rows], [b for _, b, _ in rows], [float(ge) for _, _, ge in rows]
-    return ([sql.instant_micros(a) for a, _, _ in rows], [sql.instant_micros(b) for _, b, _ in rows],
-            [float(ge) for _, _, ge in rows])
+def teams_window_micros(team_ids: Sequence[int], pool_id: int | None, start: datetime, end: datetime
+                        ) -> dict[int, tuple[list[int], list[int], list[float]]]:
+    """team_windows' windows of each of `team_ids` (every one a key) as columns: each one's start and end as whole
+    microseconds since the epoch, and its GE, sorted by start, then end. The queue's plan counts a team's windows in
+    NumPy, PostgreSQL reads them as such already, and the plan makes the (start, end, GE) of a window only where it
+    reads one. One query for all the teams: a pass reads the windows of every team that waits, and a query per team
+    scanned the pool's reservations once per team (four teams: 48 ms of PostgreSQL's time in the queue benchmark's
+    pass, against 12 for one query)."""
+    if not team_ids:
+        return {}
+    among, params = sql.in_list("r.team_id", list(team_ids))
+    query, more = _team_window_query(among, pool_id, start, end, None)
+    rows = sql.fetch_all("SELECT r.team_id, " + query + " GROUP BY r.team_id, a.starts_at, a.ends_at "
+                         "ORDER BY r.team_id, a.starts_at, a.ends_at", [*params, *more])
+    teams, starts, ends, ge = (list(column) for column in zip(*rows)) if rows else ([], [], [], [])
+    if starts and not isinstance(starts[0], int):  # PostgreSQL reads them as micros (every row, as the first)
+        starts, ends = [sql.instant_micros(a) for a in starts], [sql.instant_micros(b) for b in ends]
+    ge = [float(amount) for amount in ge]
+    spans = {}
+    for team_id in team_ids:  # each team's rows, one run of them (sorted by team)
+        first, last = bisect.bisect_left(teams, team_id), bisect.bisect_right(teams, team_id)
+        spans[team_id] = (starts[first:last], ends[first:last], ge[first:last])
+    return spans
 
 
 def _team_window_rows(team_id: int, pool_id: int | None, start: datetime, end: datetime,
                       exclude_reservation: int | None) -> list[tuple]:
     """team_windows' rows as read: each start and end as sql.instant_column gives it."""
+    query, params = _team_window_query("r.team_id = %s", pool_id, start, end, exclude_reservation)
+    return sql.fetch_all("SELECT " + query + " GROUP BY a.starts_at, a.ends_at", [team_id, *params])
+
+
+def _team_window_query(team_is: str, pool_id: int | None, start: datetime, end: datetime,
+                       exclude_reservation: int | None) -> tuple[str, list]:
+    """The team windows' query after its SELECT, up to its GROUP BY, with its parameters after `team_is`'s (the
+    condition on r.team_id)."""
     # Summed per window in the database: a reservation's grants share one window, and a share booking
     # may write several rows (runs of share slots, MIG instances), so this returns a row per window.
-    query = (f"SELECT {sql.instant_column('a.starts_at')}, {sql.instant_column('a.ends_at')}, sum(a.ge) "
+    query = (f"{sql.instant_column('a.starts_at')}, {sql.instant_column('a.ends_at')}, sum(a.ge) "
              "FROM allocations_allocation a "
              "JOIN allocations_reservation r ON r.id = a.reservation_id "
-             f"WHERE r.team_id = %s AND r.ends_at > %s AND {AllocationQuerySet.BOOKED_DURING_SQL}")
-    params = [team_id, sql.db_datetime(start), sql.db_datetime(end), sql.db_datetime(start)]
+             f"WHERE {team_is} AND r.ends_at > %s AND {AllocationQuerySet.BOOKED_DURING_SQL}")
+    params = [sql.db_datetime(start), sql.db_datetime(end), sql.db_datetime(start)]
     if pool_id is not None:
         query += " AND r.pool_id = %s"
         params.append(pool_id)
     if exclude_reservation is not None:
         query += " AND a.reservation_id <> %s"
         params.append(exclude_reservation)
-    query += " GROUP BY a.starts_at, a.ends_at"
-    return sql.fetch_all(query, params)
+    return query, params
 
 
 # --- what each GPU of a pool is held by now (the pool page's bars) -------------------------------

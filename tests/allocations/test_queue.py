@@ -419,3 +419,50 @@ def test_a_create_leaves_the_quota_its_teams_promises_need(world, api):
     now = ask(world, api, gpus=3, duration="2h").json()
     assert now["state"] == "pending"
     assert QueueEntry.objects.get(pk=promised["id"]).start_by == start_by
+
+
+def test_the_windows_of_every_team_read_at_once_are_each_teams_own(world, api):
+    """teams_window_micros (one query for a pass's teams) reads for each team what team_windows reads for it alone,
+    in the pool and across pools, sorted by start; a team holding nothing gets empty columns."""
+    from allocations import selectors
+    from teams.models import Team
+
+    fill(world, api, gpus=3, hours=2)  # infra, in a100
+    fill(world, api, gpus=1, hours=1)
+    api(world.staff).post(URL, {"pool": "l4", "team": "infra", "gpus": 1, "ends_at": window(0, 3)[1].isoformat()},
+                          format="json")  # infra elsewhere
+    ask(world, api, gpus=2, duration="90m")  # ml, starts now
+    idle = Team.objects.create(slug="idle", name="Idle")
+    start, end = timezone.now() - timedelta(hours=1), timezone.now() + timedelta(days=2)
+    teams = [world.team.pk, world.other_team.pk, idle.pk]
+    for pool_id in (world.pool.pk, None):
+        together = selectors.teams_window_micros(teams, pool_id, start, end)
+        assert set(together) == set(teams)
+        for team_id in teams:
+            alone = sorted((queue.micro(a), queue.micro(b), ge) for a, b, ge in
+                           selectors.team_windows(team_id, pool_id, start, end))
+            assert list(zip(*together[team_id], strict=True)) == alone
+        assert together[idle.pk] == ([], [], [])
+    assert len(together[world.other_team.pk][0]) == 3 and len(together[world.team.pk][0]) == 1
+    assert selectors.teams_window_micros([], None, start, end) == {}
+
+
+def test_a_pass_that_keeps_a_promise_leaves_its_reservation_row_as_the_last_pass_wrote_it(world, api):
+    """The reservation's window follows the plan; a pass that plans it where the last did writes its entry, not its
+    reservation's row again, and the row still reads the promise (and the reason's words)."""
+    from django.test.utils import CaptureQueriesContext
+
+    fill(world, api, gpus=8, hours=2)
+    waiting = ask(world, api, gpus=2, duration="1h").json()
+    entry = QueueEntry.objects.get(pk=waiting["id"])
+    before = Reservation.objects.get(pk=waiting["id"])
+    assert (before.starts_at, before.ends_at) == (entry.start_by, entry.start_by + timedelta(hours=1))
+    with CaptureQueriesContext(connection) as queries:
+        queue.queue_pass(pool_id=world.pool.pk)
+    written = [q["sql"] for q in queries.captured_queries]  # (executemany's as "N times: <statement>")
+    assert not [sql for sql in written if "UPDATE allocations_reservation SET starts_at" in sql]
+    assert [sql for sql in written if "UPDATE allocations_queueentry SET position" in sql]
+    after = Reservation.objects.get(pk=waiting["id"])
+    again = QueueEntry.objects.get(pk=waiting["id"])
+    assert again.start_by == entry.start_by and again.reason == entry.reason
+    assert (after.starts_at, after.ends_at, after.reason) == (before.starts_at, before.ends_at, before.reason)
