@@ -7,9 +7,10 @@ fixed node order (``ClusterArrays.tie_rank``) — the rule the FGD reference use
 which its published numbers depend.
 
 ``node_local = True`` promises that a node's score depends on nothing but that node's
-row and the demand's ``shape_key``; the benchmark then caches scores per shape and
+row and the demand (its ``shape_key``, host memory included, and the GPU fit its
+constraints give); the engine's ``ScoreCache`` then caches scores per demand and
 recomputes only rows whose ``version`` changed. Policies that draw random numbers or
-look at the whole cluster must set it to False.
+look at the whole cluster must set it to False (or put that part in ``adjust``).
 """
 
 from __future__ import annotations
@@ -124,7 +125,7 @@ def mig_pack_scores(arrays: ClusterArrays, nodes: np.ndarray, fit: np.ndarray, s
 # ------------------------------------------------------------------ the interface
 class Policy:
     name: ClassVar[str] = ""
-    #: Score of a node depends only on its own row and the demand's shape (cache-safe).
+    #: Score of a node depends only on its own row and the demand (cache-safe).
     node_local: ClassVar[bool] = True
     #: Uses ``PolicyContext.profile`` (typical shapes, resource ratios).
     needs_profile: ClassVar[bool] = False
