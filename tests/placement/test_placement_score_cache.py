@@ -90,6 +90,22 @@ def test_the_cache_key_covers_every_field_of_a_demand() -> None:
     assert set(other) == {f.name for f in dataclasses.fields(Demand)}, "a new Demand field: add it here"
     for name, value in other.items():
         assert ScoreCache.key(dataclasses.replace(base, **{name: value})) != ScoreCache.key(base), name
+        # A policy that does not read host memory shares an entry across it, and only across it.
+        changed = ScoreCache.key(dataclasses.replace(base, **{name: value}), reads_memory=False)
+        assert (changed == ScoreCache.key(base, reads_memory=False)) == (name == "memory_mib"), name
+
+
+def test_policies_that_say_they_do_not_read_memory_score_the_same_whatever_the_memory() -> None:
+    arrays, ctx = four_nodes(), ctx_for(WORK)
+    light = Demand(cpu_milli=4_000, memory_mib=1 * GIB, num_gpu=1, milli=500)
+    heavy = dataclasses.replace(light, memory_mib=100 * GIB)
+    idx, fit = feasible_nodes(arrays, heavy)
+    quiet = [p for p in POLICY_NAMES if not get_policy(p).reads_memory]
+    assert {"fgd", "best_fit"} <= set(quiet) and "portal" not in quiet and "spread" not in quiet
+    for name in quiet:
+        pol = policy(name)
+        a, b = pol.evaluate(arrays, light, idx, fit, ctx), pol.evaluate(arrays, heavy, idx, fit, ctx)
+        np.testing.assert_array_equal(a.scores, b.scores, err_msg=name)
 
 
 CPU = st.sampled_from([0, 2_000, 8_000, 24_000])
