@@ -37,7 +37,7 @@ class Choice:
 
 
 class ScoreCache:
-    """Per demand shape, the last score of every node and the row version it was computed at.
+    """Per demand (:meth:`key`), the last score of every node and the row version it was computed at.
 
     Valid only for ``node_local`` policies: a node's score is recomputed when its row's
     version moved, so a placement costs one row re-score per shape later asked about.
@@ -74,6 +74,18 @@ class ScoreCache:
         idx = np.flatnonzero(ok & label_mask if label_mask is not None else ok)
         return idx, fit[idx]
 
+    @staticmethod
+    def key(demand: Demand, reads_memory: bool = True) -> tuple:
+        """What one entry's scores are for: the demand's size and its constraints (which decide
+        the GPU fit a policy is given), i.e. every field of the demand; host memory only for a
+        policy that reads it (:attr:`Policy.reads_memory`), so that demands differing only in
+        memory share one entry there. A field left out that a score reads lets two demands share
+        scores one of them never had (host memory once was, for every policy)."""
+        d = demand
+        memory = d.memory_mib if reads_memory else None
+        return (d.cpu_milli, memory, d.milli, d.num_gpu, d.gpu_memory_mib, d.mig_profile, d.allowed_models,
+                d.min_gpu_memory_mib)
+
     def lookup(
         self,
         arrays: ClusterArrays,
@@ -83,7 +95,7 @@ class ScoreCache:
         policy: Policy,
         ctx: PolicyContext,
     ) -> tuple[np.ndarray, np.ndarray | None]:
-        key = (demand.shape_key, demand.allowed_models, demand.min_gpu_memory_mib)
+        key = self.key(demand, policy.reads_memory)
         entry = self._entries.get(key)
         if entry is None:
             entry = (

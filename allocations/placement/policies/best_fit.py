@@ -20,6 +20,7 @@ from .base import MAX_SCORE, Evaluation, Policy, PolicyContext, mig_pack_scores,
 
 class BestFitPolicy(Policy):
     name = "best_fit"
+    reads_memory = False  # host memory only filters (the score cache shares entries across it)
     summary = "least CPU+GPU left after placing (paper's BestFit)"
 
     def evaluate(

@@ -20,6 +20,7 @@ from .base import MAX_SCORE, Evaluation, Policy, PolicyContext, spec_norms, tigh
 
 class ClusteringPolicy(Policy):
     name = "clustering"
+    reads_memory = False  # host memory only filters (the score cache shares entries across it)
     summary = "co-locate tasks with the same GPU demand (paper's GPU Clustering)"
 
     def evaluate(

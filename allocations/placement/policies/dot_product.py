@@ -18,6 +18,7 @@ from .base import MAX_SCORE, Evaluation, Policy, PolicyContext, mig_pack_scores,
 
 class DotProductPolicy(Policy):
     name = "dot_product"
+    reads_memory = False  # host memory only filters (the score cache shares entries across it)
     summary = "smallest dot product of free and requested (CPU, GPU) (paper's DotProd)"
 
     def evaluate(

@@ -67,6 +67,7 @@ def fragment_deltas(
 
 class FgdPolicy(Policy):
     name = "fgd"
+    reads_memory = False  # host memory only filters (the score cache shares entries across it)
     needs_profile = True
     summary = "least growth of expected fragmentation, integer sigmoid score (paper's FGD)"
 

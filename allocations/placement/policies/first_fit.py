@@ -14,6 +14,7 @@ from .base import Evaluation, Policy, PolicyContext, first_slot
 
 class FirstFitPolicy(Policy):
     name = "first_fit"
+    reads_memory = False  # host memory only filters (the score cache shares entries across it)
     summary = "first feasible node in order, lowest-index fitting GPU"
 
     def evaluate(

@@ -22,6 +22,7 @@ from .base import MAX_SCORE, Evaluation, Policy, PolicyContext, mig_pack_scores,
 
 class PackingPolicy(Policy):
     name = "packing"
+    reads_memory = False  # host memory only filters (the score cache shares entries across it)
     summary = "shared GPUs, then used nodes, then idle nodes (paper's GPU Packing)"
 
     def evaluate(

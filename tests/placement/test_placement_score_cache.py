@@ -1,0 +1,149 @@
+"""The engine's score cache: a cached score is the score a fresh ``evaluate`` gives, whatever the
+cache was asked before.
+
+The cache keeps, per key, each node's last score and the row version it was computed at; a
+``node_local`` policy's score may depend on the node's row and the demand only. If the key
+leaves out a field a score reads, two demands that differ only there share an entry and the
+second is answered with the first's scores: the score then depends on the cache's history.
+(Host memory was such a field: ``portal``'s stranding term and ``spread`` read it.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from allocations.placement.engine import Placer, ScoreCache, decide, feasible_nodes
+from allocations.placement.policies import POLICY_NAMES, get_policy
+from allocations.placement.policies.portal import PortalPolicy
+from allocations.placement.requests import Demand
+
+from .conftest import arrays_of, ctx_for
+
+GIB = 1024
+
+#: Work whose GPUs bring CPU and memory (so portal's stranding term reads both).
+WORK = [Demand(cpu_milli=8_000, memory_mib=64 * GIB, num_gpu=1, milli=1000)] * 20 + [
+    Demand(cpu_milli=4_000, memory_mib=16 * GIB, num_gpu=1, milli=500)
+] * 20
+
+
+def four_nodes():
+    arrays = arrays_of([[1000] * 8, [1000] * 8, [500, 1000, 1000, 1000], [1000] * 4], mem=256 * GIB)
+    arrays.mem_free[:] = [256 * GIB, 128 * GIB, 300 * GIB, 64 * GIB]
+    return arrays
+
+
+def policy(name: str):
+    # guard off: the small test cluster must not make portal fall back to plain FGD.
+    return PortalPolicy(guard="off") if name == "portal" else get_policy(name)
+
+
+def test_two_demands_differing_only_in_host_memory_get_their_own_scores() -> None:
+    arrays, ctx = four_nodes(), ctx_for(WORK)
+    light = Demand(cpu_milli=4_000, memory_mib=1 * GIB, num_gpu=1, milli=500)
+    heavy = dataclasses.replace(light, memory_mib=100 * GIB)
+    for name in ("portal", "spread"):
+        pol = policy(name)
+        cache = ScoreCache(arrays.n_nodes)
+        fresh = {}
+        for d in (light, heavy):  # asked in turn on one cache, no placement between them
+            idx, fit = feasible_nodes(arrays, d)
+            cached, _ = cache.lookup(arrays, d, idx, fit, pol, ctx)
+            fresh[d] = pol.evaluate(arrays, d, idx, fit, ctx).scores
+            np.testing.assert_array_equal(cached, fresh[d], err_msg=f"{name}, {d.memory_mib} MiB")
+        # The memory does change the scores (else the check above would prove nothing).
+        assert not np.array_equal(fresh[light][:3], fresh[heavy]), name
+
+
+def test_a_cached_decision_is_the_uncached_one_whatever_was_asked_before() -> None:
+    """portal on four nodes: 100 GiB of host memory strands GPUs on nodes 0 and 1 (fresh scores
+    4, 4, 56), so it goes to node 2; with 1 GiB it goes to node 0 (67). Asked after the 1 GiB
+    demand, a cache keyed without memory sent it to node 0 too."""
+    arrays, ctx = four_nodes(), ctx_for(WORK)
+    light = Demand(cpu_milli=4_000, memory_mib=1 * GIB, num_gpu=1, milli=500)
+    heavy = dataclasses.replace(light, memory_mib=100 * GIB)
+    pol = policy("portal")
+    cache = ScoreCache(arrays.n_nodes)
+    assert decide(arrays, light, pol, ctx, cache=cache).node == 0
+    with_cache = decide(arrays, heavy, pol, ctx, cache=cache)
+    without = decide(arrays, heavy, pol, ctx)
+    assert without.node == 2
+    assert (with_cache.node, with_cache.score) == (without.node, without.score)
+
+
+def test_the_cache_key_covers_every_field_of_a_demand() -> None:
+    """Whatever field a policy reads today or tomorrow, two demands that differ in it never share
+    cached scores."""
+    base = Demand(
+        cpu_milli=4_000, memory_mib=16 * GIB, num_gpu=1, milli=500, gpu_memory_mib=1_000,
+        mig_profile=None, allowed_models=frozenset({"G2"}), min_gpu_memory_mib=2_000,
+    )
+    other = {
+        "cpu_milli": 8_000, "memory_mib": 32 * GIB, "num_gpu": 2, "milli": 300, "gpu_memory_mib": 2_000,
+        "mig_profile": "1g.10gb", "allowed_models": frozenset({"T4"}), "min_gpu_memory_mib": 4_000,
+    }
+    assert set(other) == {f.name for f in dataclasses.fields(Demand)}, "a new Demand field: add it here"
+    for name, value in other.items():
+        assert ScoreCache.key(dataclasses.replace(base, **{name: value})) != ScoreCache.key(base), name
+        # A policy that does not read host memory shares an entry across it, and only across it.
+        changed = ScoreCache.key(dataclasses.replace(base, **{name: value}), reads_memory=False)
+        assert (changed == ScoreCache.key(base, reads_memory=False)) == (name == "memory_mib"), name
+
+
+def test_policies_that_say_they_do_not_read_memory_score_the_same_whatever_the_memory() -> None:
+    arrays, ctx = four_nodes(), ctx_for(WORK)
+    light = Demand(cpu_milli=4_000, memory_mib=1 * GIB, num_gpu=1, milli=500)
+    heavy = dataclasses.replace(light, memory_mib=100 * GIB)
+    idx, fit = feasible_nodes(arrays, heavy)
+    quiet = [p for p in POLICY_NAMES if not get_policy(p).reads_memory]
+    assert {"fgd", "best_fit"} <= set(quiet) and "portal" not in quiet and "spread" not in quiet
+    for name in quiet:
+        pol = policy(name)
+        a, b = pol.evaluate(arrays, light, idx, fit, ctx), pol.evaluate(arrays, heavy, idx, fit, ctx)
+        np.testing.assert_array_equal(a.scores, b.scores, err_msg=name)
+
+
+CPU = st.sampled_from([0, 2_000, 8_000, 24_000])
+MEMORY = st.sampled_from([0, 1 * GIB, 16 * GIB, 64 * GIB, 150 * GIB])
+
+
+@st.composite
+def demands(draw) -> Demand:
+    kind = draw(st.sampled_from(["cpu", "fraction", "whole"]))
+    num, milli = {"cpu": (0, 0), "fraction": (1, draw(st.sampled_from([100, 250, 500, 810]))), "whole": (
+        draw(st.integers(1, 3)), 1000
+    )}[kind]
+    return Demand(cpu_milli=draw(CPU), memory_mib=draw(MEMORY), num_gpu=num, milli=milli)
+
+
+@pytest.mark.parametrize("name", [p for p in POLICY_NAMES if get_policy(p).node_local])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    free=st.lists(st.lists(st.sampled_from([0, 190, 500, 1000]), min_size=1, max_size=4), min_size=2, max_size=6),
+    mem=st.lists(st.sampled_from([32 * GIB, 128 * GIB, 256 * GIB]), min_size=6, max_size=6),
+    asks=st.lists(st.tuples(demands(), st.booleans()), min_size=1, max_size=25),
+)
+def test_cached_scores_equal_a_fresh_evaluation(name, free, mem, asks) -> None:
+    """Random demand sequences, each either placed or only asked about: every time, the cache's
+    scores are a fresh ``evaluate`` of the same rows."""
+    pol = policy(name)
+    arrays = arrays_of(free, mem=256 * GIB)
+    arrays.mem_free[:] = mem[: arrays.n_nodes]
+    ctx = ctx_for(WORK)
+    placer = Placer(arrays, pol, ctx)
+    for demand, place in asks:
+        idx, fit = feasible_nodes(arrays, demand)
+        if idx.size == 0:
+            continue
+        cached, cached_slots = placer.cache.lookup(arrays, demand, idx, fit, pol, ctx)
+        ev = pol.evaluate(arrays, demand, idx, fit, ctx)
+        np.testing.assert_array_equal(cached, ev.scores)
+        if ev.slots is not None:
+            np.testing.assert_array_equal(cached_slots, ev.slots)
+        if place:
+            placer.place(demand)
