@@ -66,6 +66,16 @@ def test_fast_path_places_exactly_as_the_plain_formulas(arrays, history, arrival
         np.testing.assert_array_equal(fast.arrays.gpu_free, plain.arrays.gpu_free)
 
 
+def every_node(arrays: ClusterArrays, demand: Demand) -> tuple[np.ndarray, np.ndarray]:
+    """Every node of the cluster as a candidate, with the GPU fit the demand gets on it (CPU-only
+    work: every slot, as it needs none)."""
+    if demand.num_gpu == 0:
+        fit = np.ones((arrays.n_nodes, arrays.gpu_free.shape[1]), dtype=bool)
+    else:
+        fit = (arrays.gpu_free >= demand.milli) & arrays.gpu_usable
+    return np.arange(arrays.n_nodes), fit
+
+
 def profile_without_cpu(history: list[Demand]) -> WorkloadProfile:
     return WorkloadProfile.from_demands(
         Demand(0 if d.num_gpu else d.cpu_milli, 0, d.num_gpu, d.milli, allowed_models=d.allowed_models) for d in history
@@ -82,11 +92,7 @@ def test_fast_scores_equal_plain_scores_for_every_candidate(arrays, history, dat
     for d in data.draw(st.lists(demands(), max_size=15)):
         warm.place(d)
     demand = data.draw(demands())
-    if demand.num_gpu == 0:
-        fit = np.ones((arrays.n_nodes, arrays.gpu_free.shape[1]), dtype=bool)
-    else:
-        fit = (arrays.gpu_free >= demand.milli) & arrays.gpu_usable
-    nodes = np.arange(arrays.n_nodes)
+    nodes, fit = every_node(arrays, demand)
     fast, plain = PortalPolicy(guard="off"), PortalPolicy(guard="off", fast=False)
     ev_fast = fast.evaluate(arrays, demand, nodes, fit, ctx)
     ev_plain = plain.evaluate(arrays, demand, nodes, fit, ctx)
@@ -206,11 +212,7 @@ def test_one_row_per_class_scores_every_row_as_scoring_each(arrays, history, dat
     for d in data.draw(st.lists(demands(), max_size=15)):
         Placer(arrays, PortalPolicy(guard="off"), ctx).place(d)
     demand = data.draw(demands())
-    if demand.num_gpu == 0:
-        fit = np.ones((arrays.n_nodes, arrays.gpu_free.shape[1]), dtype=bool)
-    else:
-        fit = (arrays.gpu_free >= demand.milli) & arrays.gpu_usable
-    nodes = np.arange(arrays.n_nodes)
+    nodes, fit = every_node(arrays, demand)
     by_class = PortalPolicy(guard="off", class_rows=1).evaluate(arrays, demand, nodes, fit, ctx)
     each = PortalPolicy(guard="off", class_rows=0).evaluate(arrays, demand, nodes, fit, ctx)
     np.testing.assert_array_equal(by_class.scores, each.scores)
