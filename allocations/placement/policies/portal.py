@@ -71,10 +71,10 @@ The constants (weights, levels, the filler cut-off) were chosen by
 held-out ones (README, Measured). The stranding weight went from 2 to 1.5 after the score
 cache's key was fixed (memory in the key): among 11 one-constant changes run again on the
 training variants with the fixed cache it scored best, and it brings the default trace back
-under 4.0% at 100% arrived (docs/measured/issue18-constants-fixed-cache.json; README). A guard (``guard = "auto"``) runs the profile's work on
-a ~150-node copy of the cluster with and without the extra terms, once per profile and
-cluster, and scores as plain FGD when the terms place less; a pool can also simply use
-``fgd`` as its ``placement_policy``.
+under 4.0% at 100% arrived (docs/measured/issue18-constants-fixed-cache.json; README).
+A guard (``guard = "auto"``) runs the profile's work on a ~150-node copy of the cluster with
+and without the extra terms, once per profile and cluster, and scores as plain FGD when the
+terms place less; a pool can also simply use ``fgd`` as its ``placement_policy``.
 
 Speed
 -----
