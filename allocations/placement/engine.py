@@ -17,6 +17,8 @@ demands in a row against evolving state (the benchmark, batch admission).
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,6 +36,12 @@ class Choice:
     mig_start: int | None
     score: float
     candidates: int  # feasible nodes considered
+
+
+@functools.lru_cache(maxsize=4096)
+def _memory_set_aside(demand: Demand) -> Demand:
+    """The demand with host memory 0 (ScoreCache.key's, once per demand: a lookup is on every decision's path)."""
+    return dataclasses.replace(demand, memory_mib=0)
 
 
 class ScoreCache:
@@ -75,16 +83,12 @@ class ScoreCache:
         return idx, fit[idx]
 
     @staticmethod
-    def key(demand: Demand, reads_memory: bool = True) -> tuple:
-        """What one entry's scores are for: the demand's size and its constraints (which decide
-        the GPU fit a policy is given), i.e. every field of the demand; host memory only for a
-        policy that reads it (:attr:`Policy.reads_memory`), so that demands differing only in
-        memory share one entry there. A field left out that a score reads lets two demands share
-        scores one of them never had (host memory once was, for every policy)."""
-        d = demand
-        memory = d.memory_mib if reads_memory else None
-        return (d.cpu_milli, memory, d.milli, d.num_gpu, d.gpu_memory_mib, d.mig_profile, d.allowed_models,
-                d.min_gpu_memory_mib)
+    def key(demand: Demand, reads_memory: bool = True) -> Demand:
+        """What one entry's scores are for: the demand itself, every field of it (its size, and its constraints,
+        which decide the GPU fit a policy is given); its host memory set aside for a policy that never reads it
+        (:attr:`Policy.reads_memory`), so that demands differing only there share one entry. (A key listing fields
+        by hand once left host memory out, and two demands shared scores only one of them had.)"""
+        return demand if reads_memory else _memory_set_aside(demand)
 
     def lookup(
         self,

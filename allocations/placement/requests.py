@@ -130,13 +130,6 @@ class Demand:
     def total_milli(self) -> int:
         return self.milli * self.num_gpu
 
-    @property
-    def shape_key(self) -> tuple[int, int, int, int, int, str | None]:
-        """The demand's size: every field but the constraints (``allowed_models``,
-        ``min_gpu_memory_mib``), which only decide which nodes and GPUs fit. Host memory is part
-        of it: ``portal``'s stranding term and ``spread`` read it."""
-        return (self.cpu_milli, self.memory_mib, self.milli, self.num_gpu, self.gpu_memory_mib, self.mig_profile)
-
     @classmethod
     def from_request(cls, req: PlacementRequest, mig_milli: int = 0) -> Demand:
         kind = req.kind

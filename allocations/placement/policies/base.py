@@ -7,7 +7,7 @@ fixed node order (``ClusterArrays.tie_rank``) — the rule the FGD reference use
 which its published numbers depend.
 
 ``node_local = True`` promises that a node's score depends on nothing but that node's
-row and the demand (its ``shape_key``, host memory included, and the GPU fit its
+row and the demand (every field of it, host memory included, and the GPU fit its
 constraints give); the engine's ``ScoreCache`` then caches scores per demand and
 recomputes only rows whose ``version`` changed. Policies that draw random numbers or
 look at the whole cluster must set it to False (or put that part in ``adjust``). A policy
