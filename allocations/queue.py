@@ -873,6 +873,9 @@ class EarlyRelease:
     #: Booked lengths within this factor of each other are the same length (the usual lengths, 30 min, 1 h, 2 h, ...,
     #: are at least 1.5 apart).
     SAME_LENGTH = 1.05
+    #: The booked lengths a booking learns from, narrowest first: within SAME_LENGTH of its own, then half to twice
+    #: as long; the first with MIN_HISTORY bookings, else all (shares and _alike_groups both follow it).
+    ALIKE_RATIOS = (SAME_LENGTH, 2.0)
 
     def shares(self, length: timedelta) -> tuple[float, ...]:
         """The used shares of bookings booked as long as `length` (within SAME_LENGTH), where there are
@@ -882,7 +885,7 @@ class EarlyRelease:
         the next usual length uses more than half of it, where one of the length below may use any share.)"""
         seconds = length.total_seconds()
         lengths = self._lengths
-        for ratio in (self.SAME_LENGTH, 2.0):
+        for ratio in self.ALIKE_RATIOS:
             first, last = bisect.bisect_left(lengths, seconds / ratio), bisect.bisect_right(lengths, seconds * ratio)
             if last - first >= self.MIN_HISTORY:
                 return self._between(first, last)
@@ -1042,7 +1045,7 @@ class EarlyRelease:
         booked as long, where there are MIN_HISTORY of them, else those booked half to twice as long, else all."""
         lengths = self._length_column
         first, last = np.full(seconds.size, -1), np.full(seconds.size, -1)  # -1: all of them
-        for ratio in (2.0, self.SAME_LENGTH):  # the narrower set where it has MIN_HISTORY
+        for ratio in reversed(self.ALIKE_RATIOS):  # widest first, so the narrowest set with MIN_HISTORY wins
             low = np.searchsorted(lengths, seconds / ratio, "left")
             high = np.searchsorted(lengths, seconds * ratio, "right")
             enough = high - low >= self.MIN_HISTORY
