@@ -266,8 +266,9 @@ def pool_snapshot(pool_id: int, start: datetime, end: datetime, *,
         f"SELECT a.gpu_id, a.reservation_id, {sql.instant_column('a.starts_at')}, {sql.instant_column('a.ends_at')}, "
         "a.milli, a.mig_profile, a.mig_start, a.mode, "
         "a.share_from, a.share_to, a.memory_mib, a.cores_pct "
-        "FROM allocations_allocation a JOIN inventory_gpu g ON g.id = a.gpu_id "
-        f"WHERE g.pool_id = %s AND {AllocationQuerySet.BOOKED_DURING_SQL}")
+        "FROM allocations_allocation a "
+        f"WHERE {sql.in_select('a.gpu_id', 'SELECT g.id FROM inventory_gpu g WHERE g.pool_id = %s')} "
+        f"AND {AllocationQuerySet.BOOKED_DURING_SQL}")
     params = [pool_id, sql.db_datetime(end), sql.db_datetime(start)]
     if without_reservation is not None:
         grant_query += " AND a.reservation_id <> %s"

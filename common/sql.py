@@ -78,6 +78,18 @@ def in_list(column: str, values: Sequence[Any]) -> tuple[str, list[Any]]:
     return f"{column} IN ({', '.join(['%s'] * len(values))})", list(values)
 
 
+def in_select(column: str, select: str) -> str:
+    """`column` among the values a one-column `select` gives, as SQL: on PostgreSQL `column = ANY(ARRAY(select))`,
+    elsewhere `column IN (select)`. The array is built once, before the outer query runs, so the outer query looks
+    `column` up in its btree index once per value whatever the planner believes of `select`'s size; as a join or
+    `IN`, a pool's thousands of GPUs estimated at a few (a new pool, statistics not yet refreshed) made PostgreSQL
+    probe the allocations' GiST exclusion index per GPU instead, three times as long (a GiST index cannot answer
+    `= ANY(array)`)."""
+    if connection.vendor == "postgresql":
+        return f"{column} = ANY(ARRAY({select}))"
+    return f"{column} IN ({select})"
+
+
 def for_update_of(*aliases: str) -> str:
     """` FOR UPDATE OF <aliases>` where the database has row locks, else nothing."""
     if not connection.features.has_select_for_update:
