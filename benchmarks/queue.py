@@ -486,11 +486,14 @@ def pass_setup(tasks: list[Task], nodes: list[tuple[str, str, int]], history: in
 
 def analyze() -> None:
     """Fresh planner statistics after a bulk write (autovacuum may be off, as on this machine): without them
-    PostgreSQL plans the pass's queries for the empty tables it last saw."""
+    PostgreSQL plans the pass's queries for the empty tables it last saw. The inventory's too (make_pool writes a
+    pool's nodes and GPUs in bulk): planned for a pool of a few GPUs, the pass's read of the pool's 6,212 GPUs probed
+    the nodes' index once per GPU, 27-31 ms a pass, against 13-14 ms with the statistics (a hash join)."""
     from django.db import connection
 
     with connection.cursor() as cursor:
-        cursor.execute("ANALYZE allocations_reservation, allocations_allocation, allocations_queueentry")
+        cursor.execute("ANALYZE allocations_reservation, allocations_allocation, allocations_queueentry, "
+                       "inventory_gpu, inventory_node")
 
 
 def add_waiters(pool, users, team_ids, tasks: list[Task], count: int, now: datetime, first: int = 0) -> None:
