@@ -488,7 +488,7 @@ def analyze() -> None:
     """Fresh planner statistics after a bulk write (autovacuum may be off, as on this machine): without them
     PostgreSQL plans the pass's queries for the empty tables it last saw. The inventory's too (make_pool writes a
     pool's nodes and GPUs in bulk): planned for a pool of a few GPUs, the pass's read of the pool's 6,212 GPUs probed
-    the nodes' index once per GPU, 27-31 ms a pass, against 13-14 ms with the statistics (a hash join)."""
+    the nodes' index once per GPU, 21-31 ms a pass, against 13-14 ms with the statistics (a hash join)."""
     from django.db import connection
 
     with connection.cursor() as cursor:
