@@ -75,10 +75,12 @@ class ScoreCache:
         ok, fit, versions = entry
         stale = np.flatnonzero(versions != arrays.version)
         if stale.size:
-            rows_fit = gpu_fit(arrays, demand, stale)  # all False for CPU-only work, which needs no GPU
-            ok[stale] = node_resources_ok(arrays, demand, stale) & (rows_fit.sum(axis=1) >= demand.num_gpu)
-            fit[stale] = rows_fit
-            versions[stale] = arrays.version[stale]
+            # Every row (a new demand): by slices, which read the arrays in place, rather than gathers.
+            rows = slice(None) if stale.size == self.n else stale
+            rows_fit = gpu_fit(arrays, demand, rows)  # all False for CPU-only work, which needs no GPU
+            ok[rows] = node_resources_ok(arrays, demand, rows) & (rows_fit.sum(axis=1) >= demand.num_gpu)
+            fit[rows] = rows_fit
+            versions[rows] = arrays.version[rows]
         idx = np.flatnonzero(ok & label_mask if label_mask is not None else ok)
         return idx, fit[idx]
 
