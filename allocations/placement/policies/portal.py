@@ -381,17 +381,16 @@ class _Prepared:
         ratios = self.strand[rows].T
         r_cpu, r_mem, off_cpu, off_mem = ratios
         before = np.maximum(0.0, total - np.minimum(cpu / r_cpu + off_cpu, mem / r_mem + off_mem))
-        return weight * (self.stranded_after(total, cpu, mem, ratios, demand) - before)
+        after = np.maximum(0.0, (total - demand.total_milli) - self.feeds_after(cpu, mem, ratios, demand))
+        return weight * (after - before)
 
     @staticmethod
-    def stranded_after(
-        total: np.ndarray, cpu: np.ndarray, mem: np.ndarray, ratios: np.ndarray, demand: Demand
-    ) -> np.ndarray:
-        """``S_after`` of :meth:`stranding` (``ratios``: its four rows of :attr:`strand`), the one part of
-        it that reads the demand."""
+    def feeds_after(cpu: np.ndarray, mem: np.ndarray, ratios: np.ndarray, demand: Demand) -> np.ndarray:
+        """The milli-GPU the rows' CPU and memory can feed once ``demand`` has landed (the minimum in
+        ``S_after``; ``ratios``: the rows' four columns of :attr:`strand`): the one part of :meth:`stranding`
+        that reads the demand's host memory."""
         r_cpu, r_mem, off_cpu, off_mem = ratios
-        feeds_after = np.minimum((cpu - demand.cpu_milli) / r_cpu + off_cpu, (mem - demand.memory_mib) / r_mem + off_mem)
-        return np.maximum(0.0, (total - demand.total_milli) - feeds_after)
+        return np.minimum((cpu - demand.cpu_milli) / r_cpu + off_cpu, (mem - demand.memory_mib) / r_mem + off_mem)
 
     def stranding_rows(
         self, total: list[int], cpu: list[int], mem: list[int], rows: list[int], demand: Demand, weight: float
@@ -672,24 +671,22 @@ class PortalPolicy(Policy):
     def memory_changes(
         self, arrays: ClusterArrays, demand: Demand, other: Demand, nodes: np.ndarray, ctx: PolicyContext
     ) -> np.ndarray | None:
-        """Nodes whose stranding after the placement (``S_after``, :meth:`_Prepared.stranded_after`) has
-        other bits for ``demand`` than for ``other``, two demands that differ only in host memory. It is
+        """Nodes where what their CPU and memory can feed after the placement (:meth:`_Prepared.feeds_after`)
+        has other bits for ``demand`` than for ``other``, two demands that differ only in host memory. It is
         the one place the fast path reads host memory; where its bits are the same, so are the stranding
-        term's (the rest of it reads no demand) and, the other terms being the same, the score and GPU
-        slot. The plain path (``fast``, ``per_model`` off), the guard's plain FGD and MIG promise nothing
-        (None)."""
+        term's (the rest of it reads no host memory, and the two demands' other fields are the same) and,
+        the other terms being the same, the score and GPU slot. The plain path (``fast``, ``per_model``
+        off), the guard's plain FGD and MIG promise nothing (None)."""
         if demand.kind is Kind.MIG or not self.fast or not self.per_model:
             return None
         prep = self._prepared(ctx.profile, arrays)
         if prep.terms is None:
             return None
-        # As _evaluate_fast has them (from FragmentTerms): int64 free milli-GPU, free CPU and model index.
-        total = np.asarray(arrays.gpu_free[nodes], dtype=np.int64).sum(axis=1)
+        # As _evaluate_fast has them (from FragmentTerms): int64 free CPU and model index.
         cpu = np.asarray(arrays.cpu_free[nodes], dtype=np.int64)
         ratios = prep.strand[np.asarray(arrays.model_idx[nodes], dtype=np.int64)].T
         mem = arrays.mem_free[nodes]
-        mine = prep.stranded_after(total, cpu, mem, ratios, demand)
-        theirs = prep.stranded_after(total, cpu, mem, ratios, other)
+        mine, theirs = prep.feeds_after(cpu, mem, ratios, demand), prep.feeds_after(cpu, mem, ratios, other)
         return mine.view(np.int64) != theirs.view(np.int64)
 
     def _evaluate_fast(
