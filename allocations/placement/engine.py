@@ -146,11 +146,12 @@ class ScoreCache:
 
         The key holds host memory (a policy may read it), so a demand with a host memory the cache has not seen
         for its size and constraints would score every feasible node: the slowest decisions (portal on default
-        seed 42: 60 of its 151 full scorings, each a ~1,000-row fragment computation). Its sibling most up to
-        date for those rows (the last asked, usually) has scored nearly all of them at their version, and
-        portal's memory term, its stranding, moves on few nodes (most have memory to spare either way), so
-        only those few are scored. A sibling's score of a row at its version was computed with the same GPU fit
-        (:func:`gpu_fit` reads no host memory) and the same policy and context (one per cache)."""
+        seed 42: 60 of its 151 full scorings, ~1,000 rows each), and an entry asked rarely re-scores many rows.
+        The sibling most up to date for those rows (usually the last asked) has scored nearly all of them in their
+        present state, and portal's one memory-dependent term, its stranding, moves on few nodes (most have
+        memory to spare either way), so only those few are scored. A sibling's score of a row at its version was
+        computed with the same GPU fit (:func:`gpu_fit` reads no host memory) and the same policy and context
+        (one per cache)."""
         siblings = self._siblings.get(_memory_set_aside(demand), ())
         rows = idx[stale]
         now = arrays.version[rows]

@@ -87,7 +87,10 @@ one look-up in a table per demand size, and the model balance counts free GPU pe
 from the rows that changed, in Python ints. A call with ``class_rows`` rows or more (a new
 demand shape scores every feasible node) scores one row per class of identical rows
 (:func:`row_classes`). A CPU-only demand's whole-node charge is worked out once per class of
-whole node (pattern, free CPU, free memory; :class:`_WholeCount`) rather than per row.
+whole node (pattern, free CPU, free memory; :class:`_WholeCount`) rather than per row. A
+demand that differs from one already scored only in host memory takes, through the engine's
+score cache, that sibling's scores of the rows where host memory changes nothing
+(:meth:`PortalPolicy.memory_changes`, from ``sibling_rows`` rows to re-score on).
 ``fast = False`` keeps the plain formulas above; the two give the same scores bit for bit
 (tested). What is left of the gap to ``fgd`` is mostly :meth:`PortalPolicy.adjust` (~14% of
 the decision time: a scan of the row versions and a few gathers over every candidate, each
