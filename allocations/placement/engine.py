@@ -50,13 +50,18 @@ class ScoreCache:
     Valid only for ``node_local`` policies: a node's score is recomputed when its row's
     version moved, so a placement costs one row re-score per shape later asked about.
     It keeps each demand's feasible nodes the same way (:meth:`feasible`), for any policy.
+    Where a demand differs from one already scored only in host memory, it takes that
+    sibling's scores of the rows host memory does not change (:meth:`_from_sibling`).
     """
 
     def __init__(self, n_nodes: int) -> None:
         self.n = n_nodes
         self._entries: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._feasible: dict[Demand, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        #: Per demand with host memory set aside, the keys of its entries (policies with ``sibling_rows`` only).
+        self._siblings: dict[Demand, list[Demand]] = {}
         self.evaluated_rows = 0  # statistics: rows actually scored
+        self.copied_rows = 0  # statistics: rows taken from a sibling's entry instead
 
     def feasible(
         self, arrays: ClusterArrays, demand: Demand, label_mask: np.ndarray | None = None
@@ -75,10 +80,12 @@ class ScoreCache:
         ok, fit, versions = entry
         stale = np.flatnonzero(versions != arrays.version)
         if stale.size:
-            rows_fit = gpu_fit(arrays, demand, stale)  # all False for CPU-only work, which needs no GPU
-            ok[stale] = node_resources_ok(arrays, demand, stale) & (rows_fit.sum(axis=1) >= demand.num_gpu)
-            fit[stale] = rows_fit
-            versions[stale] = arrays.version[stale]
+            # Every row (a new demand): by slices, which read the arrays in place, rather than gathers.
+            rows = slice(None) if stale.size == self.n else stale
+            rows_fit = gpu_fit(arrays, demand, rows)  # all False for CPU-only work, which needs no GPU
+            ok[rows] = node_resources_ok(arrays, demand, rows) & (rows_fit.sum(axis=1) >= demand.num_gpu)
+            fit[rows] = rows_fit
+            versions[rows] = arrays.version[rows]
         idx = np.flatnonzero(ok & label_mask if label_mask is not None else ok)
         return idx, fit[idx]
 
@@ -108,8 +115,12 @@ class ScoreCache:
                 np.full(self.n, -1, dtype=np.int64),
             )
             self._entries[key] = entry
+            if policy.sibling_rows:
+                self._siblings.setdefault(_memory_set_aside(demand), []).append(key)
         scores, slots, versions = entry
         stale = np.flatnonzero(versions[idx] != arrays.version[idx])
+        if policy.sibling_rows and stale.size >= policy.sibling_rows:
+            stale = self._from_sibling(arrays, demand, key, idx, stale, policy, ctx)
         if stale.size:
             rows = idx[stale]
             ev = policy.evaluate(arrays, demand, rows, fit[stale], ctx)
@@ -118,6 +129,54 @@ class ScoreCache:
             versions[rows] = arrays.version[rows]
             self.evaluated_rows += int(stale.size)
         return scores[idx], slots[idx]
+
+    def _from_sibling(
+        self,
+        arrays: ClusterArrays,
+        demand: Demand,
+        key: Demand,
+        idx: np.ndarray,
+        stale: np.ndarray,
+        policy: Policy,
+        ctx: PolicyContext,
+    ) -> np.ndarray:
+        """Copy into ``key``'s entry the stale rows a sibling (the same demand with another host memory) has
+        scored in their present state and whose score host memory does not change (:meth:`Policy.memory_changes`);
+        returns the positions in ``idx`` still to score.
+
+        The key holds host memory (a policy may read it), so a demand with a host memory the cache has not seen
+        for its size and constraints would score every feasible node: the slowest decisions (portal on default
+        seed 42: 60 of its 151 full scorings, ~1,000 rows each), and an entry asked rarely re-scores many rows.
+        The sibling most up to date for those rows (usually the last asked) has scored nearly all of them in their
+        present state, and portal's one memory-dependent term, its stranding, moves on few nodes (most have
+        memory to spare either way), so only those few are scored. A sibling's score of a row at its version was
+        computed with the same GPU fit (:func:`gpu_fit` reads no host memory) and the same policy and context
+        (one per cache)."""
+        siblings = self._siblings.get(_memory_set_aside(demand), ())
+        rows = idx[stale]
+        now = arrays.version[rows]
+        best, current, most = None, None, 0
+        for other in siblings:
+            if other == key:
+                continue
+            at_version = self._entries[other][2][rows] == now
+            count = int(np.count_nonzero(at_version))
+            if count > most:
+                best, current, most = other, at_version, count
+        if best is None:
+            return stale
+        differs = policy.memory_changes(arrays, demand, best, rows, ctx)
+        if differs is None:
+            return stale
+        take = current & ~differs
+        copied = rows[take]
+        scores, slots, versions = self._entries[key]
+        other_scores, other_slots, _ = self._entries[best]
+        scores[copied] = other_scores[copied]
+        slots[copied] = other_slots[copied]
+        versions[copied] = now[take]
+        self.copied_rows += int(copied.size)
+        return stale[~take]
 
 
 def pick_best(scores: np.ndarray, tie_rank: np.ndarray) -> int:

@@ -257,3 +257,37 @@ def test_row_classes_group_exactly_the_equal_rows(arrays, placed, data) -> None:
     ]
     assert len(first) == len(set(rows))  # one class per distinct row
     assert [rows[first[c]] for c in inverse] == rows  # every row is its class's representative
+
+
+@given(clusters(), st.lists(demands(), min_size=1, max_size=25), st.data())
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_where_memory_changes_nothing_two_memories_score_alike(arrays, history, data) -> None:
+    # The promise the score cache takes a sibling's scores on (PortalPolicy.memory_changes): on every
+    # node it says host memory changes nothing, the two demands get the same score and slot, bit for
+    # bit, through either stranding path (Python floats for few rows, NumPy expressions).
+    import dataclasses
+
+    profile = data.draw(st.sampled_from([WorkloadProfile.from_demands(history), profile_without_cpu(history)]))
+    ctx = PolicyContext(profile=profile)
+    for d in data.draw(st.lists(demands(), max_size=15)):
+        Placer(arrays, PortalPolicy(guard="off"), ctx).place(d)
+    demand = data.draw(demands())
+    other = dataclasses.replace(demand, memory_mib=data.draw(st.sampled_from([0, 4_096, 65_536, 300_000])))
+    nodes, fit = every_node(arrays, demand)
+    for python_rows in (0, PortalPolicy.python_rows):
+        pol = PortalPolicy(guard="off", python_rows=python_rows)
+        same = ~pol.memory_changes(arrays, demand, other, nodes, ctx)
+        a, b = pol.evaluate(arrays, demand, nodes, fit, ctx), pol.evaluate(arrays, other, nodes, fit, ctx)
+        np.testing.assert_array_equal(a.scores[same], b.scores[same])
+        if a.slots is not None:
+            np.testing.assert_array_equal(a.slots[same], b.slots[same])
+
+
+def test_memory_changes_promises_nothing_off_the_fast_path() -> None:
+    arrays = ClusterArrays.build(node_ids=["x"], cpu_milli=[96_000], memory_mib=[1 << 20], gpu_models=[["A"] * 8])
+    ctx = PolicyContext(profile=WorkloadProfile.from_demands([Demand(8_000, 65_536, 1, 1000)] * 5))
+    d, other = Demand(8_000, 0, 1, 500), Demand(8_000, 65_536, 1, 500)
+    nodes = np.arange(1)
+    assert PortalPolicy(guard="off").memory_changes(arrays, d, other, nodes, ctx) is not None
+    for pol in (PortalPolicy(guard="off", fast=False), PortalPolicy(guard="off", per_model=False), PortalPolicy(guard="fgd")):
+        assert pol.memory_changes(arrays, d, other, nodes, ctx) is None

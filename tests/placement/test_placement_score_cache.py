@@ -147,3 +147,102 @@ def test_cached_scores_equal_a_fresh_evaluation(name, free, mem, asks) -> None:
             np.testing.assert_array_equal(cached_slots, ev.slots)
         if place:
             placer.place(demand)
+
+
+# ------------------------------------------------------------------ a memory sibling's scores
+# A demand whose host memory the cache has not seen for its size takes, from a sibling (the same
+# demand with another host memory) that scored a row in its present state, that row's score where
+# the policy says host memory changes nothing there (Policy.memory_changes: for portal, where the
+# stranding term's one memory-dependent part has the same bits); it scores only the other rows.
+
+
+def six_nodes():
+    """four_nodes plus two 8-GPU nodes with memory to spare, where host memory never strands anything."""
+    arrays = arrays_of([[1000] * 8, [1000] * 8, [500, 1000, 1000, 1000], [1000] * 4, [1000] * 8, [1000] * 8],
+                       mem=1024 * GIB)
+    arrays.mem_free[:] = [256 * GIB, 128 * GIB, 300 * GIB, 64 * GIB, 1024 * GIB, 1024 * GIB]
+    return arrays
+
+
+def test_a_memory_sibling_gives_the_rows_memory_does_not_change_and_only_those() -> None:
+    arrays, ctx = six_nodes(), ctx_for(WORK)
+    pol = PortalPolicy(guard="off", sibling_rows=1)
+    light = Demand(cpu_milli=4_000, memory_mib=1 * GIB, num_gpu=1, milli=500)
+    heavy = dataclasses.replace(light, memory_mib=100 * GIB)
+    cache = ScoreCache(arrays.n_nodes)
+    idx, fit = feasible_nodes(arrays, light)
+    cache.lookup(arrays, light, idx, fit, pol, ctx)
+    assert (cache.evaluated_rows, cache.copied_rows) == (6, 0)
+    differs = pol.memory_changes(arrays, heavy, light, idx, ctx)
+    assert differs.any() and not differs.all()  # memory strands GPUs on some nodes, not on the two big ones
+    assert not differs[4:].any()
+    cached, _ = cache.lookup(arrays, heavy, idx, fit, pol, ctx)
+    np.testing.assert_array_equal(cached, pol.evaluate(arrays, heavy, idx, fit, ctx).scores)
+    assert cache.copied_rows == int((~differs).sum())
+    assert cache.evaluated_rows == 6 + int(differs.sum())
+    # Rows changed since: the sibling's score of a changed row is not taken, whatever memory says.
+    arrays.apply(4, light, [0])
+    third = dataclasses.replace(light, memory_mib=50 * GIB)
+    idx, fit = feasible_nodes(arrays, third)
+    before = cache.copied_rows
+    cached, slots = cache.lookup(arrays, third, idx, fit, pol, ctx)
+    fresh = pol.evaluate(arrays, third, idx, fit, ctx)
+    np.testing.assert_array_equal(cached, fresh.scores)
+    np.testing.assert_array_equal(slots, fresh.slots)
+    taken = cache.copied_rows - before
+    assert 0 < taken < idx.size  # node 4 (changed) among the rows scored
+
+
+def test_memory_siblings_place_as_the_cache_without_them() -> None:
+    arrays, ctx = six_nodes(), ctx_for(WORK)
+    demands = [
+        Demand(cpu_milli=c, memory_mib=m * GIB, num_gpu=n, milli=milli)
+        for c, n, milli in [(4_000, 1, 500), (8_000, 1, 1000), (2_000, 0, 0), (16_000, 2, 1000)]
+        for m in (1, 40, 100, 200)
+    ] * 3
+    with_siblings = Placer(arrays.copy(), PortalPolicy(guard="off", sibling_rows=1), ctx)
+    without = Placer(arrays.copy(), PortalPolicy(guard="off", sibling_rows=0), ctx)
+    for d in demands:
+        assert with_siblings.place(d) == without.place(d)  # node, GPUs and the score's bits
+    assert with_siblings.cache.copied_rows > 0 and without.cache.copied_rows == 0
+
+
+@st.composite
+def sibling_asks(draw) -> list[tuple[Demand, bool]]:
+    """Demands of a few sizes, each asked with several host memories, placed or only asked about."""
+    sizes = draw(st.lists(demands(), min_size=1, max_size=3))
+    asks = draw(st.lists(st.tuples(st.integers(0, len(sizes) - 1), MEMORY, st.booleans()), min_size=1, max_size=30))
+    return [(dataclasses.replace(sizes[i], memory_mib=m), place) for i, m, place in asks]
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    free=st.lists(st.lists(st.sampled_from([0, 190, 500, 1000]), min_size=1, max_size=4), min_size=2, max_size=6),
+    mem=st.lists(st.sampled_from([32 * GIB, 128 * GIB, 256 * GIB]), min_size=6, max_size=6),
+    asks=sibling_asks(),
+    python_rows=st.sampled_from([0, PortalPolicy.python_rows]),
+)
+def test_scores_from_memory_siblings_equal_a_fresh_evaluation(free, mem, asks, python_rows) -> None:
+    """Every re-scoring through the siblings (sibling_rows=1): the cache's scores, slots and feasible nodes
+    are a fresh evaluation's, whatever siblings were asked and placed before; python_rows=0 scores
+    through the NumPy stranding expressions that memory_changes reads."""
+    pol = PortalPolicy(guard="off", sibling_rows=1, python_rows=python_rows)
+    fresh_pol = PortalPolicy(guard="off", python_rows=python_rows)
+    arrays = arrays_of(free, mem=256 * GIB)
+    arrays.mem_free[:] = mem[: arrays.n_nodes]
+    ctx = ctx_for(WORK)
+    placer = Placer(arrays, pol, ctx)
+    for demand, place in asks:
+        idx, fit = feasible_nodes(arrays, demand)
+        cached_idx, cached_fit = placer.cache.feasible(arrays, demand)
+        np.testing.assert_array_equal(cached_idx, idx)
+        np.testing.assert_array_equal(cached_fit, fit)
+        if idx.size == 0:
+            continue
+        cached, cached_slots = placer.cache.lookup(arrays, demand, idx, fit, pol, ctx)
+        ev = fresh_pol.evaluate(arrays, demand, idx, fit, ctx)
+        np.testing.assert_array_equal(cached, ev.scores)
+        if ev.slots is not None:
+            np.testing.assert_array_equal(cached_slots, ev.slots)
+        if place:
+            placer.place(demand)

@@ -13,6 +13,9 @@ recomputes only rows whose ``version`` changed. Policies that draw random number
 look at the whole cluster must set it to False (or put that part in ``adjust``). A policy
 whose score never reads the demand's host memory says so (``reads_memory = False``) and
 the cache shares scores between demands that differ only there (fewer full re-scorings).
+A policy whose score reads it in one term can say, per node, whether two demands that
+differ only there score alike (:meth:`Policy.memory_changes`, ``sibling_rows``): the cache
+then copies those nodes' scores from the other demand's entry instead of scoring them.
 """
 
 from __future__ import annotations
@@ -132,6 +135,10 @@ class Policy:
     #: ``evaluate`` reads ``demand.memory_mib`` (the score cache keys by it only then; ``adjust``
     #: is never cached and may read it either way). Say False only for a policy that never does.
     reads_memory: ClassVar[bool] = True
+    #: From this many rows to re-score on, the score cache first copies the rows :meth:`memory_changes`
+    #: says host memory does not change from a sibling's entry (the same demand with another host
+    #: memory); 0: never.
+    sibling_rows: ClassVar[int] = 0
     #: Uses ``PolicyContext.profile`` (typical shapes, resource ratios).
     needs_profile: ClassVar[bool] = False
     #: One line for ``describe()`` and the benchmark table.
@@ -142,6 +149,15 @@ class Policy:
     ) -> Evaluation:
         """Score ``nodes`` (indexes into ``arrays``) for ``demand``; ``fit`` is their (B, G) GPU fit."""
         raise NotImplementedError
+
+    def memory_changes(
+        self, arrays: ClusterArrays, demand: Demand, other: Demand, nodes: np.ndarray, ctx: PolicyContext
+    ) -> np.ndarray | None:
+        """(B,) bool for two demands that differ only in host memory: True where ``nodes[b]``'s score (or GPU
+        slot) for ``demand`` may differ from its score for ``other`` in the node's present state; False
+        promises ``evaluate`` gives both the same, bit for bit. None: no promise for any node (the default).
+        Only called when ``sibling_rows`` is set."""
+        return None
 
     def prepare(self, arrays: ClusterArrays, ctx: PolicyContext) -> None:
         """Do once-per-cluster work (a check, a table) before the first decision. Optional:

@@ -87,7 +87,10 @@ one look-up in a table per demand size, and the model balance counts free GPU pe
 from the rows that changed, in Python ints. A call with ``class_rows`` rows or more (a new
 demand shape scores every feasible node) scores one row per class of identical rows
 (:func:`row_classes`). A CPU-only demand's whole-node charge is worked out once per class of
-whole node (pattern, free CPU, free memory; :class:`_WholeCount`) rather than per row.
+whole node (pattern, free CPU, free memory; :class:`_WholeCount`) rather than per row. A
+demand that differs from one already scored only in host memory takes, through the engine's
+score cache, that sibling's scores of the rows where host memory changes nothing
+(:meth:`PortalPolicy.memory_changes`, from ``sibling_rows`` rows to re-score on).
 ``fast = False`` keeps the plain formulas above; the two give the same scores bit for bit
 (tested). What is left of the gap to ``fgd`` is mostly :meth:`PortalPolicy.adjust` (~14% of
 the decision time: a scan of the row versions and a few gathers over every candidate, each
@@ -372,13 +375,33 @@ class _Prepared:
             table = self._remnant[key] = weight * (waste[:, left] - waste[:, free])
         return table
 
+    def stranding(
+        self, total: np.ndarray, cpu: np.ndarray, mem: np.ndarray, rows: np.ndarray, demand: Demand, weight: float
+    ) -> np.ndarray:
+        """``weight * (S_after - S_before)`` per row as NumPy expressions: rows' free milli-GPU ``total``,
+        free CPU and memory (int64) and model index ``rows``. The ratios, 1 where a ratio is 0, with offsets
+        (NEVER there, which keeps that side out of the minimum: a ratio of 0 never strands)."""
+        ratios = self.strand[rows].T
+        r_cpu, r_mem, off_cpu, off_mem = ratios
+        before = np.maximum(0.0, total - np.minimum(cpu / r_cpu + off_cpu, mem / r_mem + off_mem))
+        after = np.maximum(0.0, (total - demand.total_milli) - self.feeds_after(cpu, mem, ratios, demand))
+        return weight * (after - before)
+
+    @staticmethod
+    def feeds_after(cpu: np.ndarray, mem: np.ndarray, ratios: np.ndarray, demand: Demand) -> np.ndarray:
+        """The milli-GPU the rows' CPU and memory can feed once ``demand`` has landed (the minimum in
+        ``S_after``; ``ratios``: the rows' four columns of :attr:`strand`): the one part of :meth:`stranding`
+        that reads the demand's host memory."""
+        r_cpu, r_mem, off_cpu, off_mem = ratios
+        return np.minimum((cpu - demand.cpu_milli) / r_cpu + off_cpu, (mem - demand.memory_mib) / r_mem + off_mem)
+
     def stranding_rows(
         self, total: list[int], cpu: list[int], mem: list[int], rows: list[int], demand: Demand, weight: float
     ) -> list[float]:
         """``weight * (S_after - S_before)`` per row in Python floats: for the few rows a cached
         decision re-scores this beats a dozen NumPy calls. The operations (IEEE division,
         subtraction, minimum, maximum of the same doubles) and their order are those of the
-        NumPy expressions in :meth:`PortalPolicy._evaluate_fast`, so the results are the same bits."""
+        NumPy expressions of :meth:`stranding`, so the results are the same bits."""
         r_cpu, r_mem, off_cpu, off_mem = self.strand_lists
         d_cpu, d_mem, d_gpu = demand.cpu_milli, demand.memory_mib, demand.total_milli
         out = []
@@ -581,6 +604,11 @@ class PortalPolicy(Policy):
     #: (:func:`row_classes`) and gives every row its class's score (0: never). A new demand
     #: shape scores every feasible node, most of them empty nodes of a few types.
     class_rows = 256
+    #: From this many rows to re-score on, the engine's score cache copies the rows whose stranding
+    #: term (the only one that reads host memory) is the same for a sibling demand, one that differs
+    #: only in host memory (:meth:`memory_changes`; 0: never). A demand with a host memory not seen
+    #: before for its size would otherwise score every feasible node.
+    sibling_rows = 32
 
     _CONSTANTS = (
         "stranding_weight", "remnant_weight", "score_levels", "balance_weight", "filler_min_share", "per_model",
@@ -589,7 +617,7 @@ class PortalPolicy(Policy):
 
     def __init__(self, **constants: float | str | bool) -> None:
         for key, value in constants.items():
-            if key not in self._CONSTANTS and key not in ("guard", "fast", "python_rows", "class_rows"):
+            if key not in self._CONSTANTS and key not in ("guard", "fast", "python_rows", "class_rows", "sibling_rows"):
                 raise TypeError(f"PortalPolicy has no constant {key!r}")
             setattr(self, key, value)
         self._fgd = FgdPolicy()
@@ -643,6 +671,27 @@ class PortalPolicy(Policy):
                 return Evaluation(ev.scores[inverse], ev.slots[inverse] if ev.slots is not None else None)
         return self._evaluate_fast(arrays, demand, kind, nodes, fit, prep)
 
+    def memory_changes(
+        self, arrays: ClusterArrays, demand: Demand, other: Demand, nodes: np.ndarray, ctx: PolicyContext
+    ) -> np.ndarray | None:
+        """Nodes where what their CPU and memory can feed after the placement (:meth:`_Prepared.feeds_after`)
+        has other bits for ``demand`` than for ``other``, two demands that differ only in host memory. It is
+        the one place the fast path reads host memory; where its bits are the same, so are the stranding
+        term's (the rest of it reads no host memory, and the two demands' other fields are the same) and,
+        the other terms being the same, the score and GPU slot. The plain path (``fast``, ``per_model``
+        off), the guard's plain FGD and MIG promise nothing (None)."""
+        if demand.kind is Kind.MIG or not self.fast or not self.per_model:
+            return None
+        prep = self._prepared(ctx.profile, arrays)
+        if prep.terms is None:
+            return None
+        # As _evaluate_fast has them (from FragmentTerms): int64 free CPU and model index.
+        cpu = np.asarray(arrays.cpu_free[nodes], dtype=np.int64)
+        ratios = prep.strand[np.asarray(arrays.model_idx[nodes], dtype=np.int64)].T
+        mem = arrays.mem_free[nodes]
+        mine, theirs = prep.feeds_after(cpu, mem, ratios, demand), prep.feeds_after(cpu, mem, ratios, other)
+        return mine.view(np.int64) != theirs.view(np.int64)
+
     def _evaluate_fast(
         self, arrays: ClusterArrays, demand: Demand, kind: Kind, nodes: np.ndarray, fit: np.ndarray, prep: _Prepared
     ) -> Evaluation:
@@ -668,16 +717,8 @@ class PortalPolicy(Policy):
             # One row (the commonest re-scoring): the Python float adds as the (1, 1) array would.
             delta += strand[0] if len(strand) == 1 else np.array(strand)[:, None]
         else:
-            # (B, 4): CPU ratio, memory ratio (1 where the ratio is 0), and their offsets (NEVER
-            # there, which keeps that side out of the minimum: a ratio of 0 never strands).
-            r_cpu, r_mem, off_cpu, off_mem = prep.strand[row].T
-            free_gpu, cpu, mem = frag.total, frag.cpu, arrays.mem_free[nodes]
-            before = np.maximum(0.0, free_gpu - np.minimum(cpu / r_cpu + off_cpu, mem / r_mem + off_mem))
-            feeds_after = np.minimum(
-                (cpu - demand.cpu_milli) / r_cpu + off_cpu, (mem - demand.memory_mib) / r_mem + off_mem
-            )
-            after = np.maximum(0.0, (free_gpu - demand.total_milli) - feeds_after)
-            delta += self.stranding_weight * (after - before)[:, None]
+            strand = prep.stranding(frag.total, frag.cpu, arrays.mem_free[nodes], row, demand, self.stranding_weight)
+            delta += strand[:, None]
 
         if kind is Kind.FRACTION:
             # Only GPUs that fit have a finite delta (fragment_deltas leaves the rest at inf,
