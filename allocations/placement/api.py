@@ -203,17 +203,20 @@ class WindowPlacer:
         self, request: PlacementRequest, policy: str = DEFAULT_POLICY, *, profile: WorkloadProfile | None = None
     ) -> Decision:
         """place(state, request, policy, profile=profile)'s answer (its seed 0)."""
+        profile = profile or WorkloadProfile.default()
+        if self._ctx is None or self._ctx.profile is not profile:
+            # A cached score was made under the profile it was asked with (portal's terms come from it): another
+            # profile starts the caches afresh.
+            self._ctx = PolicyContext(profile=profile)  # its generator unused: a node-local policy draws nothing
+            self._policies = {}
         if policy not in self._policies:
             pol = get_policy(policy)
             self._policies[policy] = (pol, ScoreCache(len(self.state.nodes)))
         pol, cache = self._policies[policy]
-        profile = profile or WorkloadProfile.default()
         if not pol.node_local:
             # It draws random numbers: a fresh generator seeded as place() seeds it, and no cached scores.
             ctx = PolicyContext(rng=np.random.default_rng(0), profile=profile)
             return _place(self.state, request, self.state.window_arrays, pol, ctx)
-        if self._ctx is None or self._ctx.profile is not profile:
-            self._ctx = PolicyContext(profile=profile)  # its generator unused: a node-local policy draws nothing
         return _place(self.state, request, self.state.window_arrays, pol, self._ctx, cache)
 
 

@@ -378,6 +378,30 @@ def test_the_kept_window_arrays_and_the_window_placer_answer_what_a_fresh_window
         assert got == expected
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.sets(st.integers(0, 15), max_size=10), st.lists(st.tuples(st.integers(1, 3), st.booleans()), min_size=2,
+                                                          max_size=6))
+def test_a_window_placer_asked_under_another_profile_answers_as_place_does_under_it(held, asks):
+    """A WindowPlacer's cached scores were made under the profile they were asked with: asked under another (one
+    placer, profiles in turn), it answers what place() does under that one (it once kept the old scores and answered
+    for the profile before)."""
+    from allocations.placement import PlacementRequest, place
+    from allocations.placement.api import WindowPlacer
+    from allocations.placement.requests import Demand
+    from allocations.placement.workload import WorkloadProfile
+
+    profiles = {False: WorkloadProfile.from_demands([Demand(12_000, 48_000, 1, 1000)] * 10),
+                True: WorkloadProfile.from_demands([Demand(48_000, 192_000, 4, 1000)] * 10)}
+    gpus = [booking.PoolGpu(id=i, node_id=i // 4, node_name=f"n{i // 4}", index=i % 4) for i in range(16)]
+    state = WholeGpuState(booking.PoolSnapshot(start=T0, end=T0, gpus=tuple(gpus), grants=()).state().nodes)
+    state.hold([(gpu, T0, T0 + timedelta(hours=1), 100 + gpu) for gpu in sorted(held)])
+    placer = WindowPlacer(state)
+    for count, fours in asks:
+        request = PlacementRequest(gpus=count, start=T0.timestamp(), end=(T0 + timedelta(minutes=30)).timestamp())
+        assert placer.place(request, "portal", profile=profiles[fours]) == place(state, request, "portal",
+                                                                                   profile=profiles[fours])
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 5), st.integers(-20, 40), st.integers(0, 20)), max_size=14), st.data())
 def test_the_timeline_booked_and_unbooked_has_the_gaps_of_one_built_from_its_windows(busy, data):
