@@ -132,16 +132,25 @@ def test_cached_scores_equal_a_fresh_evaluation(name, free, mem, asks) -> None:
     """Random demand sequences, each either placed or only asked about: every time, the cache's
     scores are a fresh ``evaluate`` of the same rows."""
     pol = policy(name)
+    assert_the_cache_reads_as_fresh(pol, pol, free, mem, asks)
+
+
+def assert_the_cache_reads_as_fresh(pol, fresh_pol, free, mem, asks) -> None:
+    """Ask (and place, where the ask says so) each demand through a Placer of ``pol``: every time the cache's
+    feasible nodes, scores and slots are a fresh filter's and ``fresh_pol.evaluate``'s of the same rows."""
     arrays = arrays_of(free, mem=256 * GIB)
     arrays.mem_free[:] = mem[: arrays.n_nodes]
     ctx = ctx_for(WORK)
     placer = Placer(arrays, pol, ctx)
     for demand, place in asks:
         idx, fit = feasible_nodes(arrays, demand)
+        cached_idx, cached_fit = placer.cache.feasible(arrays, demand)
+        np.testing.assert_array_equal(cached_idx, idx)
+        np.testing.assert_array_equal(cached_fit, fit)
         if idx.size == 0:
             continue
         cached, cached_slots = placer.cache.lookup(arrays, demand, idx, fit, pol, ctx)
-        ev = pol.evaluate(arrays, demand, idx, fit, ctx)
+        ev = fresh_pol.evaluate(arrays, demand, idx, fit, ctx)
         np.testing.assert_array_equal(cached, ev.scores)
         if ev.slots is not None:
             np.testing.assert_array_equal(cached_slots, ev.slots)
@@ -226,23 +235,5 @@ def test_scores_from_memory_siblings_equal_a_fresh_evaluation(free, mem, asks, p
     """Every re-scoring through the siblings (sibling_rows=1): the cache's scores, slots and feasible nodes
     are a fresh evaluation's, whatever siblings were asked and placed before; python_rows=0 scores
     through the NumPy stranding expressions that memory_changes reads."""
-    pol = PortalPolicy(guard="off", sibling_rows=1, python_rows=python_rows)
-    fresh_pol = PortalPolicy(guard="off", python_rows=python_rows)
-    arrays = arrays_of(free, mem=256 * GIB)
-    arrays.mem_free[:] = mem[: arrays.n_nodes]
-    ctx = ctx_for(WORK)
-    placer = Placer(arrays, pol, ctx)
-    for demand, place in asks:
-        idx, fit = feasible_nodes(arrays, demand)
-        cached_idx, cached_fit = placer.cache.feasible(arrays, demand)
-        np.testing.assert_array_equal(cached_idx, idx)
-        np.testing.assert_array_equal(cached_fit, fit)
-        if idx.size == 0:
-            continue
-        cached, cached_slots = placer.cache.lookup(arrays, demand, idx, fit, pol, ctx)
-        ev = fresh_pol.evaluate(arrays, demand, idx, fit, ctx)
-        np.testing.assert_array_equal(cached, ev.scores)
-        if ev.slots is not None:
-            np.testing.assert_array_equal(cached_slots, ev.slots)
-        if place:
-            placer.place(demand)
+    assert_the_cache_reads_as_fresh(PortalPolicy(guard="off", sibling_rows=1, python_rows=python_rows),
+                                    PortalPolicy(guard="off", python_rows=python_rows), free, mem, asks)
