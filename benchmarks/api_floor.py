@@ -114,8 +114,8 @@ EPOCH_US = "(extract(epoch from {}) * 1000000)::bigint"
 POOL_GRANTS = (
     f"SELECT a.gpu_id, a.reservation_id, {EPOCH_US.format('a.starts_at')}, {EPOCH_US.format('a.ends_at')}, a.milli, a.mig_profile, a.mig_start, a.mode, "
     "a.share_from, a.share_to, a.memory_mib, a.cores_pct "
-    "FROM allocations_allocation a JOIN inventory_gpu g ON g.id = a.gpu_id "
-    "WHERE g.pool_id = %s AND a.starts_at < %s AND a.ends_at > %s AND a.ends_at > a.starts_at")
+    "FROM allocations_allocation a WHERE a.gpu_id = ANY(ARRAY(SELECT g.id FROM inventory_gpu g WHERE g.pool_id = %s)) "
+    "AND a.starts_at < %s AND a.ends_at > %s AND a.ends_at > a.starts_at")
 TEAM_WINDOWS = (
     f"SELECT {EPOCH_US.format('a.starts_at')}, {EPOCH_US.format('a.ends_at')}, sum(a.ge) FROM allocations_allocation a JOIN allocations_reservation r "
     "ON r.id = a.reservation_id WHERE r.team_id = %s AND r.ends_at > %s "
