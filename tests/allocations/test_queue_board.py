@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from allocations import booking, queue, quotas
-from allocations.placement import ClusterState, Holding
+from allocations.placement import POLICY_NAMES, ClusterState, Holding
 from allocations.placement.timeline import FreeTimeline, WholeGpuState
 from allocations.queue import TeamHolding, Waiting, earliest_fit, plan
 
@@ -458,11 +458,12 @@ def test_a_window_that_leaves_just_the_room_asked_gets_the_engines_choice_withou
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(schedules(mixed=True), st.integers(1, 6), st.integers(-4, 16), st.integers(1, 8),
-       st.sampled_from([(), ("A100",), ("H100",)]), st.sampled_from(["portal", "first_fit", "random"]))
+       st.sampled_from([(), ("A100",), ("H100",)]), st.sampled_from(sorted(POLICY_NAMES)))
 def test_the_boards_choice_is_the_engines_whether_or_not_the_window_forces_it(schedule, count, start, length, models,
                                                                               policy):
     """WholeGpuBoard.choose answers booking.choose_whole_gpus on the window's grants (the engine, asked afresh), where
-    the window leaves exactly the room asked (no engine) as elsewhere; unusable GPUs and models included."""
+    the window leaves exactly the room asked (no engine) as elsewhere; unusable GPUs and models included. Every
+    policy: a policy that chose whole GPUs other than by Policy.choose_gpus's first fit slots would fail here."""
     gpus, grants, *_ = schedule
     board, frame = _board_and_snapshot(gpus, grants)
     begin, end = T0 + start * QUARTER, T0 + (start + length) * QUARTER
