@@ -50,9 +50,9 @@ from allocations import booking, notices, quotas, reclaim, selectors, units
 from allocations.messages import Msg, json_param, msg_of, stored
 from allocations.models import QueueEntry, Quota, Reservation
 from allocations.placement.api import WindowPlacer
-from allocations.placement.workload import demand_for
 from allocations.placement.queueing import ORDERINGS, QueuedItem, order_queue
 from allocations.placement.timeline import FreeTimeline, WholeGpuState
+from allocations.placement.workload import demand_for
 from allocations.transitions import move, record
 from common import dispatch, sql
 from common.dispatch import enqueue_after_commit
@@ -590,7 +590,7 @@ class WholeGpuBoard:
         `count` of them are left, all on one node, that node is the only one feasible and whole-GPU slots are the
         first `count` fit by slot (policies.base.whole_slots, every policy's), so every policy picks them, in slot
         order. In a full pool a request's earliest fit is usually where just the room it needs opens, and asking
-        the engine there (its window's arrays and scores) was two thirds of planning a request."""
+        the engine there (its window's arrays and scores) was half of planning a request."""
         ranks = np.flatnonzero(free & self.frame.whole_fit(count, models))
         if ranks.size != count or (self.frame.node_of[ranks] != self.frame.node_of[ranks[0]]).any():
             return None
