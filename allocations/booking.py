@@ -395,7 +395,7 @@ def choose_whole_gpus(snapshot: PoolSnapshot, count: int, *, policy: str = DEFAU
             gettext_noop("%(requested)d GPUs requested but only %(free)d are free for the whole window."),
             requested=count, free=len(free)))
     if count <= (most_per_node if most_per_node is not None else most_usable_on_a_node(snapshot.gpus)):
-        request = PlacementRequest(gpus=count, start=snapshot.start, end=snapshot.end, allowed_models=allowed)
+        request = whole_gpu_request(count, snapshot.start, snapshot.end, allowed)
         decision = (placer.place(request, policy_name(policy), profile=profile) if placer is not None
                     else place(state, request, policy_name(policy), profile=profile))
         if not decision.ok:
@@ -403,6 +403,13 @@ def choose_whole_gpus(snapshot: PoolSnapshot, count: int, *, policy: str = DEFAU
             raise BookingRefused(decision.code, engine_msg(first.code, first.message, first.details))
         return [assignment.gpu_id for assignment in decision.gpus]
     return _whole_nodes(free, count)
+
+
+def whole_gpu_request(count: int, start: datetime | float, end: datetime | float,
+                      gpu_models: Iterable[str] = ()) -> PlacementRequest:
+    """What choose_whole_gpus asks the engine for `count` whole GPUs on one node over [start, end) (the queue's
+    board asks the engine's fit for the same request: queue.PoolFrame.whole_fit)."""
+    return PlacementRequest(gpus=count, start=start, end=end, allowed_models=frozenset(gpu_models))
 
 
 def most_usable_on_a_node(gpus: Sequence[PoolGpu]) -> int:

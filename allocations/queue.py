@@ -52,6 +52,7 @@ from allocations.models import QueueEntry, Quota, Reservation
 from allocations.placement.api import WindowPlacer
 from allocations.placement.queueing import ORDERINGS, QueuedItem, order_queue
 from allocations.placement.timeline import FreeTimeline, WholeGpuState
+from allocations.placement.workload import demand_for
 from allocations.transitions import move, record
 from common import dispatch, sql
 from common.dispatch import enqueue_after_commit
@@ -367,6 +368,7 @@ class PoolFrame:
         self._by_id = np.argsort(ids, kind="stable")
         self._ids_sorted = ids[self._by_id]
         self._of_models: dict[tuple[str, ...], tuple[np.ndarray, int]] = {}
+        self._whole_fit: dict[tuple[int, tuple[str, ...]], np.ndarray] = {}
 
     def ranks(self, gpu_ids: np.ndarray) -> np.ndarray:
         """Each GPU id's rank (`rank`'s answer), -1 for a GPU not in the pool, for a column of ids at once."""
@@ -394,6 +396,14 @@ class PoolFrame:
                 [gpu for gpu in self.gpus if gpu.model in models]))
         return self._of_models[key]
 
+    def whole_fit(self, count: int, models: Sequence[str]) -> np.ndarray:
+        """Per GPU (rank), whether the engine would fit choose_whole_gpus's request for `count` GPUs of `models` on
+        it where nothing holds it (WholeGpuState.whole_fit_when_free): the same for every window, so once a frame."""
+        key = (count, tuple(models))
+        if key not in self._whole_fit:
+            demand = demand_for(booking.whole_gpu_request(count, 0.0, 1.0, models))
+            self._whole_fit[key] = self.state.whole_fit_when_free(demand)[self.engine_node, self.engine_slot]
+        return self._whole_fit[key]
 
     @staticmethod
     def key_of(gpus: Sequence[booking.PoolGpu]) -> tuple:
@@ -556,10 +566,14 @@ class WholeGpuBoard:
                ) -> tuple[list[booking.NewGrant] | None, str]:
         """booking.choose's whole GPUs for [start, end) on the board (of `models` where it names some)."""
         allowed, most_per_node = self.frame.of_models(models)
-        window = booking.PoolSnapshot(start=start, end=end, gpus=self.gpus, grants=())
         free = self.timeline.free_for(self._t(start), self._t(end))
         if allowed is not None:
             free &= allowed
+        if 0 < count <= most_per_node:
+            forced = self._forced(count, models, free)
+            if forced is not None:
+                return [booking.NewGrant(gpu_id=gpu_id, ge=self.frame.weight[gpu_id]) for gpu_id in forced], ""
+        window = booking.PoolSnapshot(start=start, end=end, gpus=self.gpus, grants=())
         try:
             ids = booking.choose_whole_gpus(window, count, policy=policy, state=self.state,
                                             free=_FreeGpus(self.gpus, free),
@@ -568,6 +582,20 @@ class WholeGpuBoard:
         except booking.BookingRefused as refused:
             return None, _plan_reason(refused.code, models)
         return [booking.NewGrant(gpu_id=gpu_id, ge=self.frame.weight[gpu_id]) for gpu_id in ids], ""
+
+    def _forced(self, count: int, models: Sequence[str], free: np.ndarray) -> list[int] | None:
+        """The GPUs the engine must choose for `count` GPUs on one node where the window leaves it no choice (None
+        where it may have one): the cards it fits there are the frame's whole fit less those held in the window,
+        which are those the timeline has busy (`free`: the board keeps both from the same windows); where exactly
+        `count` of them are left, all on one node, that node is the only one feasible and whole-GPU slots are the
+        first `count` fit by slot (policies.base.whole_slots, every policy's), so every policy picks them, in slot
+        order. In a full pool a request's earliest fit is usually where just the room it needs opens, and asking
+        the engine there (its window's arrays and scores) was half of planning a request."""
+        ranks = np.flatnonzero(free & self.frame.whole_fit(count, models))
+        if ranks.size != count or (self.frame.node_of[ranks] != self.frame.node_of[ranks[0]]).any():
+            return None
+        ranks = ranks[np.argsort(self.frame.engine_slot[ranks], kind="stable")]
+        return [self.gpus[rank].id for rank in ranks.tolist()]
 
     def within_quota(self, team: TeamHolding, ge: float, start: datetime, end: datetime) -> bool:
         """quotas.held_error(...) is None, asked only where the team's windows that overlap [start, end), added

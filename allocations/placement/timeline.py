@@ -30,8 +30,9 @@ from collections.abc import Hashable, Sequence
 import numpy as np
 
 from .arrays import AFFINITY_BIG, ClusterArrays
+from .feasibility import gpu_fit, node_resources_ok
 from .mig import FULL_MASK
-from .requests import Time, to_seconds
+from .requests import Demand, Kind, Time, to_seconds
 from .state import ClusterState, NodeInfo
 
 FOREVER = np.iinfo(np.int64).max // 4  # later than any time a caller passes
@@ -272,6 +273,16 @@ class WholeGpuState(ClusterState):
             if not keep.all():
                 setattr(self, name, tuple(column[keep] for column in columns))
         self._last = None
+
+    def whole_fit_when_free(self, demand: Demand) -> np.ndarray:
+        """(nodes, max GPUs) bool: the cards the engine fits the whole-GPU `demand` on where nothing holds them in the
+        window: feasibility's gpu_fit on a node node_resources_ok passes, on the empty cluster's arrays. In any window
+        the engine fits exactly these cards less those a holding hits, as holdings here take whole cards only
+        (`_mark` writes no other column a whole-GPU fit or a node's check reads)."""
+        if demand.kind is not Kind.WHOLE:
+            raise ValueError("whole GPUs only")
+        base = self.base_arrays()
+        return gpu_fit(base, demand) & node_resources_ok(base, demand)[:, None]
 
     def _hit_masks(self, ws: float, we: float) -> tuple[np.ndarray, np.ndarray]:
         """Per holding of the many and of the few, whether it holds a card at some instant of [ws, we)."""

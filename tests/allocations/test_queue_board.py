@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from allocations import booking, queue, quotas
-from allocations.placement import ClusterState, Holding
+from allocations.placement import POLICY_NAMES, ClusterState, Holding
 from allocations.placement.timeline import FreeTimeline, WholeGpuState
 from allocations.queue import TeamHolding, Waiting, earliest_fit, plan
 
@@ -431,3 +431,49 @@ def test_the_timeline_booked_and_unbooked_has_the_gaps_of_one_built_from_its_win
             held.append((gpu, start, end))
         fresh = FreeTimeline(node_of, usable, [(g, s, s + n) for g, s, n in busy] + held)
         assert gaps(timeline) == gaps(fresh)
+
+
+def _board_and_snapshot(gpus, grants):
+    frame = queue.PoolFrame(gpus)
+    return queue.WholeGpuBoard(frame, grants, T0), frame
+
+
+def test_a_window_that_leaves_just_the_room_asked_gets_the_engines_choice_without_asking_the_engine(monkeypatch):
+    """Two nodes of four GPUs; in the window only node 2's GPUs of index 3 and 1 are free (their ids in the other
+    order): a request for two gets them, in slot order, as the engine gives them, and the engine is not asked."""
+    gpus = [booking.PoolGpu(id=10 * node + (3 - index), node_id=node, node_name=f"n{node}", index=index)
+            for node in (1, 2) for index in range(4)]
+    busy = [g for g in gpus if not (g.node_id == 2 and g.index in (1, 3))]
+    grants = [booking.Grant(gpu_id=g.id, reservation_id=900, starts_at=T0, ends_at=T0 + 4 * QUARTER) for g in busy]
+    board, _ = _board_and_snapshot(gpus, grants)
+    window = booking.PoolSnapshot(start=T0, end=T0 + QUARTER, gpus=tuple(gpus), grants=tuple(grants))
+    expected = booking.choose_whole_gpus(window, 2, policy="portal")
+    monkeypatch.setattr(board.placer, "place", lambda *a, **k: pytest.fail("the engine was asked"))
+    chosen, reason = board.choose(2, T0, T0 + QUARTER, "portal")
+    assert reason == "" and [g.gpu_id for g in chosen] == expected == [22, 20]
+    # Once the bookings end every GPU is free: a choice, so the engine is asked.
+    with pytest.raises(pytest.fail.Exception):
+        board.choose(1, T0 + 4 * QUARTER, T0 + 5 * QUARTER, "portal")
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(schedules(mixed=True), st.integers(1, 6), st.integers(-4, 16), st.integers(1, 8),
+       st.sampled_from([(), ("A100",), ("H100",)]), st.sampled_from(sorted(POLICY_NAMES)))
+def test_the_boards_choice_is_the_engines_whether_or_not_the_window_forces_it(schedule, count, start, length, models,
+                                                                              policy):
+    """WholeGpuBoard.choose answers booking.choose_whole_gpus on the window's grants (the engine, asked afresh), where
+    the window leaves exactly the room asked (no engine) as elsewhere; unusable GPUs and models included. Every
+    policy: a policy that chose whole GPUs other than by Policy.choose_gpus's first fit slots would fail here."""
+    gpus, grants, *_ = schedule
+    board, frame = _board_and_snapshot(gpus, grants)
+    begin, end = T0 + start * QUARTER, T0 + (start + length) * QUARTER
+    window = booking.PoolSnapshot(start=begin, end=end, gpus=tuple(gpus), grants=tuple(
+        g for g in grants if g.starts_at < end and g.ends_at > begin and g.ends_at > g.starts_at))
+    try:
+        expected = booking.choose_whole_gpus(window, count, policy=policy, gpu_models=models)
+    except booking.BookingRefused as refused:
+        expected = queue._plan_reason(refused.code, models)
+    chosen, reason = board.choose(count, begin, end, policy, models)
+    assert ([g.gpu_id for g in chosen] if chosen is not None else reason) == expected
+    if chosen is not None:
+        assert [g.ge for g in chosen] == [frame.weight[g.gpu_id] for g in chosen]
