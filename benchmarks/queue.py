@@ -40,7 +40,11 @@ real wait, p50 and p90, over the requests that waited.
 Then, separately, one scheduling pass over a `--pass-queue`-request queue on a pool of
 `--pass-nodes` nodes of the node list (1,213: all of it), filled by trace tasks at random points
 of their bookings, timed against one whole-GPU fixed-window reservation_create on the same pool
-in the same run (the baseline).
+in the same run (the baseline). The pass's tasks are the trace's own whole-GPU tasks in creation
+order from `--skip` (`pass_tasks`), not the replay's `--requests`: the waiting requests are the
+first of them (1,000 from #1000: 966 asking 1 GPU, 6 asking 2, 5 asking 4, 23 asking 8), the held
+bookings the first of them again, cycling round the trace as far as the pool's GPUs need. (Before,
+both cycled over the replay's tasks, so `--requests 5` queued 1,000 one-GPU requests.)
 """
 from __future__ import annotations
 
@@ -116,6 +120,16 @@ def whole_gpu_tasks(path: Path, *, skip: int, count: int, speedup: float, max_ho
                  runtime=float(min(max(trace.deletion[i] - trace.creation[i], 1.0), cap)),
                  gpus=int(trace.num_gpu[i]), qos=trace.qos[i], team=team_of(name, teams))
             for i, name in zip(whole, names, strict=True)]
+
+
+def pass_tasks(path: Path, *, skip: int, max_hours: float, teams: int) -> list[Task]:
+    """The trace's whole-GPU tasks in creation order from the `skip`-th, round the trace back to its first after its
+    last: what the timed pass's waiting requests and held bookings are (taken from the front, cycling round when more
+    are needed). So the pass plans the trace's own mix of sizes (about 98 % ask one GPU, the rest 2, 4 or 8), whatever
+    `--requests` the replay takes. (Arrivals are left as the trace's from its first task: the pass does not read them.)"""
+    every = whole_gpu_tasks(path, skip=0, count=10**9, speedup=1.0, max_hours=max_hours, teams=teams)
+    skip %= max(len(every), 1)
+    return every[skip:] + every[:skip]
 
 
 def history_tasks(path: Path, *, skip: int, count: int, max_hours: float, teams: int) -> list[Task]:
@@ -699,7 +713,8 @@ def main(argv: list[str] | None = None) -> dict:
           "preemptions: reclaim notices given (the replayed pool neither lends nor has preemptible classes)")
     passes = None
     if args.pass_nodes:
-        passes = time_pass(tasks, sample_nodes(args.pass_nodes, args.seed), queue_sizes=args.pass_queue,
+        trace_mix = pass_tasks(args.trace, skip=args.skip, max_hours=args.max_hours, teams=args.teams)
+        passes = time_pass(trace_mix, sample_nodes(args.pass_nodes, args.seed), queue_sizes=args.pass_queue,
                            creates=5, passes=args.pass_repeats, history=args.pass_history, seed=args.seed,
                            budget_s=args.pass_budget)
         result["pass"] = passes

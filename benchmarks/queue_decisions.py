@@ -4,10 +4,11 @@ must name PostgreSQL), then the same on the other commit and `python -m benchmar
 
 Builds the queue benchmark's pass pool (benchmarks.queue.pass_setup: `--nodes` nodes of the trace's node list, every
 GPU held by a trace task at a random point of its booking, `--seed`), queues `--queue` whole-GPU requests of the
-trace's tasks, and runs three passes: one without promises, one with the first's promises held, and one
-`--later-hours` later, when bookings have ended and requests start. After each it writes, per request in the order
-it was queued, its state, position, reason, start_by, likely_start and planned GPUs (by node name and index, as ids
-differ between runs). A change meant to make the pass faster must leave these the same.
+trace's tasks (benchmarks.queue.pass_tasks: the trace's mix of sizes, some asking 2, 4 or 8 GPUs, as the timed pass),
+and runs three passes: one without promises, one with the first's promises held, and one `--later-hours` later,
+when bookings have ended and requests start. After each it writes, per request in the order it was queued, its
+state, position, reason, start_by, likely_start and planned GPUs (by node name and index, as ids differ between
+runs). A change meant to make the pass faster must leave these the same.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def decisions(*, nodes: int, queue_size: int, seed: int, later_hours: float) -> 
     from inventory.models import Gpu
 
     bench.clear()
-    tasks = bench.whole_gpu_tasks(bench.DEFAULT_TRACE, skip=1000, count=40, speedup=30.0, max_hours=24.0, teams=4)
+    tasks = bench.pass_tasks(bench.DEFAULT_TRACE, skip=1000, max_hours=24.0, teams=4)  # the trace's mix of sizes
     now = bench.EPOCH + timedelta(days=400)
     pool, users, team_ids, _ = bench.pass_setup(tasks, bench.sample_nodes(nodes, seed), 500, now, seed)
     bench.add_waiters(pool, users, team_ids, tasks, queue_size, now)

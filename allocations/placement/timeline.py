@@ -183,6 +183,20 @@ class FreeTimeline:
         # A sweep: each gap counts from its first to its last start (closed), per node when together. A GPU's
         # gaps are disjoint, so the count at a time is the number of GPUs free for the window starting then.
         group = self.gpu_node[self.gap_gpu[ok]] if together else np.zeros(lo.size, dtype=np.int64)
+        width = int(latest) - int(earliest) + 1  # every lo and hi left is in [earliest, latest]
+        if (int(group.max()) + 1) * width < FOREVER:
+            # The sweep's order (group, then time, then opens before closes) as one integer per event, sorted by
+            # NumPy's stable sort: a merge of the runs it finds, and the gaps come in runs (built in GPU order, most
+            # closes at `latest`), where sorting three keys with lexsort took twenty times as long (0.55-0.75 ms a
+            # call on the 12,400 gaps of a 1,213-node pool: most of planning a request for several GPUs). A gap's
+            # open and close are in the same group, so the running count is back to 0 at each group's end.
+            opens = (group * width + (lo - earliest)) << 1
+            events = np.sort(np.concatenate([opens, ((group * width + (hi - earliest)) << 1) | 1]), kind="stable")
+            level = np.cumsum(1 - ((events & 1) << 1))
+            reached = np.flatnonzero(level >= count)
+            if reached.size == 0:
+                return None
+            return int(((events[reached] >> 1) % width).min()) + earliest
         times = np.concatenate([lo, hi])
         steps = np.concatenate([np.ones(lo.size, dtype=np.int64), -np.ones(hi.size, dtype=np.int64)])
         groups = np.concatenate([group, group])

@@ -103,13 +103,15 @@ def test_a_deeper_queue_than_the_depth_is_planned_only_at_its_head():
 
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 5), st.integers(-20, 40), st.integers(0, 20)), max_size=14),
-       st.integers(1, 4), st.integers(1, 15), st.integers(0, 20), st.booleans())
+       st.integers(1, 4), st.integers(1, 15), st.integers(0, 20), st.booleans(), st.sampled_from([1, 3 * 10**16]))
 def test_the_timeline_finds_the_first_start_a_walk_over_gap_openings_finds(busy, count, duration, earliest,
-                                                                         together):
+                                                                         together, scale):
+    """`scale`: every time multiplied, so that the sweep's events no longer fit one integer each (3e16: it sorts
+    them by lexsort instead) and the answer is the same, scaled."""
     node_of = [0, 0, 0, 1, 1, 2]
     usable = [True, True, False, True, True, True]
     windows = [(gpu, start, start + length) for gpu, start, length in busy]
-    timeline = FreeTimeline(node_of, usable, windows)
+    timeline = FreeTimeline(node_of, usable, [(g, s * scale, e * scale) for g, s, e in windows])
 
     def free(gpu, t):
         return usable[gpu] and all(not (s < t + duration and e > t) or e <= s for g, s, e in windows if g == gpu)
@@ -120,7 +122,58 @@ def test_the_timeline_finds_the_first_start_a_walk_over_gap_openings_finds(busy,
 
     candidates = sorted({earliest, *(e for _, _, e in windows if e > earliest)})
     expected = next((t for t in candidates if t <= 60 and fits(t)), None)
-    assert timeline.earliest(count, duration, earliest, 60, together=together) == expected
+    found = timeline.earliest(count, duration * scale, earliest * scale, 60 * scale, together=together)
+    assert found == (expected * scale if expected is not None else None)
+
+
+def _lexsorted_sweep(timeline: FreeTimeline, count: int, duration: int, earliest: int, latest: int, *,
+                     together: bool, allowed: np.ndarray | None = None) -> int | None:
+    """FreeTimeline.earliest as it was before its events were sorted as one integer each: three keys by lexsort."""
+    lo = np.maximum(timeline.gap_from, earliest)
+    hi = timeline.gap_to - duration
+    ok = (lo <= hi) & (lo <= latest)
+    if allowed is not None:
+        ok &= allowed[timeline.gap_gpu]
+    lo, hi = lo[ok], np.minimum(hi[ok], latest)
+    if lo.size < count:
+        return None
+    group = timeline.gpu_node[timeline.gap_gpu[ok]] if together else np.zeros(lo.size, dtype=np.int64)
+    times, steps = np.concatenate([lo, hi]), np.concatenate([np.ones(lo.size, dtype=np.int64),
+                                                              -np.ones(hi.size, dtype=np.int64)])
+    order = np.lexsort((-steps, times, np.concatenate([group, group])))
+    reached = np.flatnonzero(np.cumsum(steps[order]) >= count)
+    return int(times[order][reached].min()) if reached.size else None
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(1, 8), min_size=1, max_size=6), st.data())
+def test_the_timeline_sweep_finds_what_the_lexsorted_sweep_found(sizes, data):
+    """Nodes of up to eight GPUs, windows booked and unbooked on them (gaps appended out of GPU order, as a plan's
+    are), some GPUs unusable or not allowed: the sweep over events sorted as integers finds the start the sweep
+    over three lexsorted keys found, for every count."""
+    node_of = [node for node, size in enumerate(sizes) for _ in range(size)]
+    n = len(node_of)
+    usable = data.draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    busy = data.draw(st.lists(st.tuples(st.integers(0, n - 1), st.integers(-50, 200), st.integers(0, 60)),
+                              max_size=40))
+    timeline = FreeTimeline(node_of, usable, [(g, s, s + length) for g, s, length in busy])
+    for _ in range(data.draw(st.integers(0, 6))):  # a plan's bookings: gaps split, appended at the end
+        k = data.draw(st.integers(0, timeline.gap_gpu.size - 1)) if timeline.gap_gpu.size else None
+        if k is None or timeline.gap_to[k] <= timeline.gap_from[k]:
+            continue
+        lo, hi = max(int(timeline.gap_from[k]), -60), min(int(timeline.gap_to[k]), 300)
+        if hi > lo:
+            start = data.draw(st.integers(lo, hi - 1))
+            timeline.book(int(timeline.gap_gpu[k]), start, data.draw(st.integers(start + 1, hi)))
+    allowed = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n))) if data.draw(st.booleans()) \
+        else None
+    duration, earliest = data.draw(st.integers(1, 80)), data.draw(st.integers(-20, 150))
+    latest = earliest + data.draw(st.integers(0, 300))
+    for count in range(1, max(sizes) + 2):
+        for together in (True, False):
+            args = (count, duration, earliest, latest)
+            assert timeline.earliest(*args, together=together, allowed=allowed) == \
+                _lexsorted_sweep(timeline, *args, together=together, allowed=allowed)
 
 
 def _nodes(gpu_count: int):
@@ -454,6 +507,25 @@ def test_a_window_that_leaves_just_the_room_asked_gets_the_engines_choice_withou
     # Once the bookings end every GPU is free: a choice, so the engine is asked.
     with pytest.raises(pytest.fail.Exception):
         board.choose(1, T0 + 4 * QUARTER, T0 + 5 * QUARTER, "portal")
+
+
+def test_a_window_with_one_node_roomy_enough_gets_its_first_slots_without_asking_the_engine(monkeypatch):
+    """Three nodes of four GPUs; in the window node 1 has one GPU free, node 2 three (indexes 0, 2, 3) and node 3
+    none: a request for two can only go on node 2, which takes its first two free slots, as the engine does, though
+    the pool has more GPUs free than asked; a request for one has two nodes to choose from, so the engine is asked."""
+    gpus = [booking.PoolGpu(id=10 * node + index, node_id=node, node_name=f"n{node}", index=index)
+            for node in (1, 2, 3) for index in range(4)]
+    free = {(1, 2), (2, 0), (2, 2), (2, 3)}
+    grants = [booking.Grant(gpu_id=g.id, reservation_id=900, starts_at=T0, ends_at=T0 + 4 * QUARTER) for g in gpus
+              if (g.node_id, g.index) not in free]
+    board, _ = _board_and_snapshot(gpus, grants)
+    window = booking.PoolSnapshot(start=T0, end=T0 + QUARTER, gpus=tuple(gpus), grants=tuple(grants))
+    expected = booking.choose_whole_gpus(window, 2, policy="portal")
+    monkeypatch.setattr(board.placer, "place", lambda *a, **k: pytest.fail("the engine was asked"))
+    chosen, reason = board.choose(2, T0, T0 + QUARTER, "portal")
+    assert reason == "" and [g.gpu_id for g in chosen] == expected == [20, 22]
+    with pytest.raises(pytest.fail.Exception):
+        board.choose(1, T0, T0 + QUARTER, "portal")
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
