@@ -491,17 +491,25 @@ def _board_and_snapshot(gpus, grants):
     return queue.WholeGpuBoard(frame, grants, T0), frame
 
 
+def _board_held_but(gpus, free, count, monkeypatch):
+    """A board where every GPU but those at `free` ((node, index)) is held for the first four quarters, and
+    choose_whole_gpus's answer for `count` GPUs in the first quarter; the board's engine then fails the test if
+    asked."""
+    grants = [booking.Grant(gpu_id=g.id, reservation_id=900, starts_at=T0, ends_at=T0 + 4 * QUARTER) for g in gpus
+              if (g.node_id, g.index) not in free]
+    board, _ = _board_and_snapshot(gpus, grants)
+    window = booking.PoolSnapshot(start=T0, end=T0 + QUARTER, gpus=tuple(gpus), grants=tuple(grants))
+    expected = booking.choose_whole_gpus(window, count, policy="portal")
+    monkeypatch.setattr(board.placer, "place", lambda *a, **k: pytest.fail("the engine was asked"))
+    return board, expected
+
+
 def test_a_window_that_leaves_just_the_room_asked_gets_the_engines_choice_without_asking_the_engine(monkeypatch):
     """Two nodes of four GPUs; in the window only node 2's GPUs of index 3 and 1 are free (their ids in the other
     order): a request for two gets them, in slot order, as the engine gives them, and the engine is not asked."""
     gpus = [booking.PoolGpu(id=10 * node + (3 - index), node_id=node, node_name=f"n{node}", index=index)
             for node in (1, 2) for index in range(4)]
-    busy = [g for g in gpus if not (g.node_id == 2 and g.index in (1, 3))]
-    grants = [booking.Grant(gpu_id=g.id, reservation_id=900, starts_at=T0, ends_at=T0 + 4 * QUARTER) for g in busy]
-    board, _ = _board_and_snapshot(gpus, grants)
-    window = booking.PoolSnapshot(start=T0, end=T0 + QUARTER, gpus=tuple(gpus), grants=tuple(grants))
-    expected = booking.choose_whole_gpus(window, 2, policy="portal")
-    monkeypatch.setattr(board.placer, "place", lambda *a, **k: pytest.fail("the engine was asked"))
+    board, expected = _board_held_but(gpus, {(2, 1), (2, 3)}, 2, monkeypatch)
     chosen, reason = board.choose(2, T0, T0 + QUARTER, "portal")
     assert reason == "" and [g.gpu_id for g in chosen] == expected == [22, 20]
     # Once the bookings end every GPU is free: a choice, so the engine is asked.
@@ -515,13 +523,7 @@ def test_a_window_with_one_node_roomy_enough_gets_its_first_slots_without_asking
     the pool has more GPUs free than asked; a request for one has two nodes to choose from, so the engine is asked."""
     gpus = [booking.PoolGpu(id=10 * node + index, node_id=node, node_name=f"n{node}", index=index)
             for node in (1, 2, 3) for index in range(4)]
-    free = {(1, 2), (2, 0), (2, 2), (2, 3)}
-    grants = [booking.Grant(gpu_id=g.id, reservation_id=900, starts_at=T0, ends_at=T0 + 4 * QUARTER) for g in gpus
-              if (g.node_id, g.index) not in free]
-    board, _ = _board_and_snapshot(gpus, grants)
-    window = booking.PoolSnapshot(start=T0, end=T0 + QUARTER, gpus=tuple(gpus), grants=tuple(grants))
-    expected = booking.choose_whole_gpus(window, 2, policy="portal")
-    monkeypatch.setattr(board.placer, "place", lambda *a, **k: pytest.fail("the engine was asked"))
+    board, expected = _board_held_but(gpus, {(1, 2), (2, 0), (2, 2), (2, 3)}, 2, monkeypatch)
     chosen, reason = board.choose(2, T0, T0 + QUARTER, "portal")
     assert reason == "" and [g.gpu_id for g in chosen] == expected == [20, 22]
     with pytest.raises(pytest.fail.Exception):
