@@ -28,6 +28,16 @@ SCRIPT = BASE_DIR / "scripts" / "kube-control-plane"
 SCHEMA_VERSION = "1.20.0"
 
 
+
+@pytest.fixture(autouse=True)
+def patient_quota_wait(monkeypatch):
+    """A test's one sync waits up to 30 s for the control plane's quota controller to count a quota, not the 5 s of
+    production, where the lifecycle retries a BackendPending: on a loaded CI machine (an image build and the browser
+    tests beside it) the controller once took over 5 s and a MIG quota test failed with nothing wrong."""
+    from allocations.apply.backends.kubernetes import KubernetesBackend
+
+    monkeypatch.setattr(KubernetesBackend, "QUOTA_WAIT_SECONDS", 30.0)
+
 @dataclass
 class ControlPlane:
     dir: Path

@@ -82,11 +82,15 @@ class KubernetesBackend:
     name = "kubernetes"
     reads_pools = True  # the sharing ConfigMaps and node labels; every team's ResourceQuota
 
+    #: How long one sync waits for the quota controller to count a new or changed ResourceQuota before it says
+    #: BackendPending (the lifecycle retries it).
+    QUOTA_WAIT_SECONDS = 5.0
+
     def __init__(self, cluster: Any, *, system_namespace: str = m.SYSTEM_NAMESPACE,
-                 quota_wait_seconds: float = 5.0) -> None:
+                 quota_wait_seconds: float | None = None) -> None:
         self.cluster = cluster
         self.system_namespace = system_namespace
-        self.quota_wait_seconds = quota_wait_seconds
+        self.quota_wait_seconds = self.QUOTA_WAIT_SECONDS if quota_wait_seconds is None else quota_wait_seconds
         # Every manifest sent in the last sync (tests validate them against the schema).
         self.sent: list[dict] = []
         self._prefetched: dict[tuple[str, str, str], dict] = {}
