@@ -62,6 +62,17 @@ class ScoreCache:
         self._siblings: dict[Demand, list[Demand]] = {}
         self.evaluated_rows = 0  # statistics: rows actually scored
         self.copied_rows = 0  # statistics: rows taken from a sibling's entry instead
+        self._arrays: ClusterArrays | None = None  # the one arrays object the entries are for (:meth:`_for`)
+
+    def _for(self, arrays: ClusterArrays) -> None:
+        """Forget every entry when asked about another arrays object than the last. Versions count the changes of
+        one object's rows: a copy starts from the same numbers and goes its own way (``intersect`` gives rows of two
+        moments under the first one's versions), so an entry's versions say nothing about another object's rows."""
+        if arrays is not self._arrays:
+            self._entries.clear()
+            self._feasible.clear()
+            self._siblings.clear()
+            self._arrays = arrays
 
     def feasible(
         self, arrays: ClusterArrays, demand: Demand, label_mask: np.ndarray | None = None
@@ -70,6 +81,7 @@ class ScoreCache:
         demand's last call: whether a node can take a demand depends on its row alone (the labels, which
         are not in the arrays, are applied after). Over a thousand nodes the filter cost more than
         re-scoring the one or two rows that changed between two placements."""
+        self._for(arrays)
         entry = self._feasible.get(demand)
         if entry is None:
             entry = self._feasible[demand] = (
@@ -106,6 +118,7 @@ class ScoreCache:
         policy: Policy,
         ctx: PolicyContext,
     ) -> tuple[np.ndarray, np.ndarray | None]:
+        self._for(arrays)
         key = self.key(demand, policy.reads_memory)
         entry = self._entries.get(key)
         if entry is None:

@@ -237,3 +237,22 @@ def test_scores_from_memory_siblings_equal_a_fresh_evaluation(free, mem, asks, p
     through the NumPy stranding expressions that memory_changes reads."""
     assert_the_cache_reads_as_fresh(PortalPolicy(guard="off", sibling_rows=1, python_rows=python_rows),
                                     PortalPolicy(guard="off", python_rows=python_rows), free, mem, asks)
+
+
+def test_a_cache_asked_about_another_arrays_object_scores_it_afresh() -> None:
+    # Versions count one object's changes: a copy starts from the same numbers and goes its own way (intersect gives
+    # a copy whose rows are the minimum of two moments, under the first one's versions). A cache that had scored the
+    # first must not answer for the second from those versions.
+    arrays, ctx = four_nodes(), ctx_for(WORK)
+    demand = Demand(cpu_milli=4_000, memory_mib=1 * GIB, num_gpu=1, milli=500)
+    pol = PortalPolicy(guard="off")
+    cache = ScoreCache(arrays.n_nodes)
+    later = arrays.copy()
+    later.apply(0, Demand(cpu_milli=60_000, memory_mib=200 * GIB, num_gpu=7, milli=1000), list(range(7)))
+    for target in (arrays, arrays.intersect(later)):
+        idx, fit = cache.feasible(target, demand)
+        fresh_idx, fresh_fit = feasible_nodes(target, demand)
+        np.testing.assert_array_equal(idx, fresh_idx)
+        np.testing.assert_array_equal(fit, fresh_fit)
+        cached, _ = cache.lookup(target, demand, idx, fit, pol, ctx)
+        np.testing.assert_array_equal(cached, pol.evaluate(target, demand, idx, fit, ctx).scores)
