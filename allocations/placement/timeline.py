@@ -170,42 +170,61 @@ class FreeTimeline:
         """The first start t in [earliest, latest] at which `count` GPUs are free over [t, t + duration):
         on one node when `together`, else anywhere in the pool; None when there is none. `allowed`: per GPU,
         whether the request may take it (a request that accepts only some models); None: any."""
+        lo, hi, ok = self.start_ranges(duration, earliest, latest, allowed=allowed)
+        if lo.size < count:
+            return None
+        if count == 1:
+            return int(lo.min())
+        group = self.sweep_groups(ok, together=together)
+        if (int(group.max()) + 1) * (int(latest) - int(earliest) + 1) < FOREVER:
+            return first_reached_packed(count, lo, hi, group, earliest, latest)
+        return first_reached_lexsorted(count, lo, hi, group)
+
+    def start_ranges(self, duration: int, earliest: int, latest: int, *,
+                     allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The first and last start (`lo`, `hi`, closed, both within [earliest, latest]) of each gap that can hold the
+        window somewhere in [earliest, latest], and which of all gaps those are (`ok`, for :meth:`sweep_groups`)."""
         lo = np.maximum(self.gap_from, earliest)
         hi = self.gap_to - duration  # the last start the gap takes
         ok = (lo <= hi) & (lo <= latest)
         if allowed is not None:
             ok &= allowed[self.gap_gpu]
-        lo, hi = lo[ok], np.minimum(hi[ok], latest)
-        if lo.size < count:
-            return None
-        if count == 1:
-            return int(lo.min())
-        # A sweep: each gap counts from its first to its last start (closed), per node when together. A GPU's
-        # gaps are disjoint, so the count at a time is the number of GPUs free for the window starting then.
-        group = self.gpu_node[self.gap_gpu[ok]] if together else np.zeros(lo.size, dtype=np.int64)
-        width = int(latest) - int(earliest) + 1  # every lo and hi left is in [earliest, latest]
-        if (int(group.max()) + 1) * width < FOREVER:
-            # The sweep's order (group, then time, then opens before closes) as one integer per event, sorted by
-            # NumPy's stable sort: a merge of the runs it finds, and the gaps come in runs (built in GPU order, most
-            # closes at `latest`), where sorting three keys with lexsort took twenty times as long (0.55-0.75 ms a
-            # call on the 12,400 gaps of a 1,213-node pool: most of planning a request for several GPUs). A gap's
-            # open and close are in the same group, so the running count is back to 0 at each group's end.
-            opens = (group * width + (lo - earliest)) << 1
-            events = np.sort(np.concatenate([opens, ((group * width + (hi - earliest)) << 1) | 1]), kind="stable")
-            level = np.cumsum(1 - ((events & 1) << 1))
-            reached = np.flatnonzero(level >= count)
-            if reached.size == 0:
-                return None
-            return int(((events[reached] >> 1) % width).min()) + earliest
-        times = np.concatenate([lo, hi])
-        steps = np.concatenate([np.ones(lo.size, dtype=np.int64), -np.ones(hi.size, dtype=np.int64)])
-        groups = np.concatenate([group, group])
-        order = np.lexsort((-steps, times, groups))  # at one time, gaps open before others close
-        level = np.cumsum(steps[order])
-        reached = np.flatnonzero(level >= count)
-        if reached.size == 0:
-            return None
-        return int(times[order][reached].min())
+        return lo[ok], np.minimum(hi[ok], latest), ok
+
+    def sweep_groups(self, ok: np.ndarray, *, together: bool) -> np.ndarray:
+        """Each of those gaps' group for the sweep: its node when the GPUs must be together, else 0 (the pool)."""
+        return self.gpu_node[self.gap_gpu[ok]] if together else np.zeros(int(ok.sum()), dtype=np.int64)
+
+
+# The sweep of FreeTimeline.earliest: each gap counts from its first to its last start (closed), per group. A GPU's
+# gaps are disjoint, so the count at a time is the number of GPUs free for the window starting then; the answer is
+# the first time it reaches `count`. Two ways to order the events (group, then time, then opens before closes).
+
+def first_reached_packed(count: int, lo: np.ndarray, hi: np.ndarray, group: np.ndarray, earliest: int,
+                         latest: int) -> int | None:
+    """The sweep with each event as one integer, sorted by NumPy's stable sort: a merge of the runs it finds, and the
+    gaps come in runs (built in GPU order, most closes at `latest`), where sorting three keys with lexsort took twenty
+    times as long (0.55-0.75 ms a call on the 12,400 gaps of a 1,213-node pool: most of planning a request for several
+    GPUs). Only where (groups x (latest - earliest + 1)) fits well inside an int64 (FOREVER). A gap's open and close
+    are in the same group, so the running count is back to 0 at each group's end."""
+    width = int(latest) - int(earliest) + 1
+    opens = (group * width + (lo - earliest)) << 1
+    events = np.sort(np.concatenate([opens, ((group * width + (hi - earliest)) << 1) | 1]), kind="stable")
+    reached = np.flatnonzero(np.cumsum(1 - ((events & 1) << 1)) >= count)
+    if reached.size == 0:
+        return None
+    return int(((events[reached] >> 1) % width).min()) + earliest
+
+
+def first_reached_lexsorted(count: int, lo: np.ndarray, hi: np.ndarray, group: np.ndarray) -> int | None:
+    """The sweep with the three keys sorted by lexsort: for times too wide to pack (first_reached_packed)."""
+    times = np.concatenate([lo, hi])
+    steps = np.concatenate([np.ones(lo.size, dtype=np.int64), -np.ones(hi.size, dtype=np.int64)])
+    order = np.lexsort((-steps, times, np.concatenate([group, group])))  # at one time, gaps open before others close
+    reached = np.flatnonzero(np.cumsum(steps[order]) >= count)
+    if reached.size == 0:
+        return None
+    return int(times[order][reached].min())
 
 
 class WholeGpuState(ClusterState):

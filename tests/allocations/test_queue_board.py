@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from allocations import booking, queue, quotas
 from allocations.placement import POLICY_NAMES, ClusterState, Holding
-from allocations.placement.timeline import FreeTimeline, WholeGpuState
+from allocations.placement.timeline import (FreeTimeline, WholeGpuState, first_reached_lexsorted,
+                                              first_reached_packed)
 from allocations.queue import TeamHolding, Waiting, earliest_fit, plan
 
 T0 = datetime(2026, 11, 24, 12, 0, tzinfo=timezone.utc)
@@ -126,31 +127,12 @@ def test_the_timeline_finds_the_first_start_a_walk_over_gap_openings_finds(busy,
     assert found == (expected * scale if expected is not None else None)
 
 
-def _lexsorted_sweep(timeline: FreeTimeline, count: int, duration: int, earliest: int, latest: int, *,
-                     together: bool, allowed: np.ndarray | None = None) -> int | None:
-    """FreeTimeline.earliest as it was before its events were sorted as one integer each: three keys by lexsort."""
-    lo = np.maximum(timeline.gap_from, earliest)
-    hi = timeline.gap_to - duration
-    ok = (lo <= hi) & (lo <= latest)
-    if allowed is not None:
-        ok &= allowed[timeline.gap_gpu]
-    lo, hi = lo[ok], np.minimum(hi[ok], latest)
-    if lo.size < count:
-        return None
-    group = timeline.gpu_node[timeline.gap_gpu[ok]] if together else np.zeros(lo.size, dtype=np.int64)
-    times, steps = np.concatenate([lo, hi]), np.concatenate([np.ones(lo.size, dtype=np.int64),
-                                                              -np.ones(hi.size, dtype=np.int64)])
-    order = np.lexsort((-steps, times, np.concatenate([group, group])))
-    reached = np.flatnonzero(np.cumsum(steps[order]) >= count)
-    return int(times[order][reached].min()) if reached.size else None
-
-
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.integers(1, 8), min_size=1, max_size=6), st.data())
 def test_the_timeline_sweep_finds_what_the_lexsorted_sweep_found(sizes, data):
     """Nodes of up to eight GPUs, windows booked and unbooked on them (gaps appended out of GPU order, as a plan's
     are), some GPUs unusable or not allowed: the sweep over events sorted as integers finds the start the sweep
-    over three lexsorted keys found, for every count."""
+    over three lexsorted keys finds, for every count of two or more (one GPU takes the first start, no sweep)."""
     node_of = [node for node, size in enumerate(sizes) for _ in range(size)]
     n = len(node_of)
     usable = data.draw(st.lists(st.booleans(), min_size=n, max_size=n))
@@ -169,11 +151,13 @@ def test_the_timeline_sweep_finds_what_the_lexsorted_sweep_found(sizes, data):
         else None
     duration, earliest = data.draw(st.integers(1, 80)), data.draw(st.integers(-20, 150))
     latest = earliest + data.draw(st.integers(0, 300))
-    for count in range(1, max(sizes) + 2):
-        for together in (True, False):
-            args = (count, duration, earliest, latest)
-            assert timeline.earliest(*args, together=together, allowed=allowed) == \
-                _lexsorted_sweep(timeline, *args, together=together, allowed=allowed)
+    for together in (True, False):
+        lo, hi, ok = timeline.start_ranges(duration, earliest, latest, allowed=allowed)
+        starts = (lo, hi, timeline.sweep_groups(ok, together=together))
+        for count in range(2, max(sizes) + 2):
+            assert first_reached_packed(count, *starts, earliest, latest) == first_reached_lexsorted(count, *starts)
+            assert timeline.earliest(count, duration, earliest, latest, together=together, allowed=allowed) == \
+                (first_reached_lexsorted(count, *starts) if lo.size >= count else None)
 
 
 def _nodes(gpu_count: int):
@@ -486,7 +470,7 @@ def test_the_timeline_booked_and_unbooked_has_the_gaps_of_one_built_from_its_win
         assert gaps(timeline) == gaps(fresh)
 
 
-def _board_and_snapshot(gpus, grants):
+def _board_and_frame(gpus, grants):
     frame = queue.PoolFrame(gpus)
     return queue.WholeGpuBoard(frame, grants, T0), frame
 
@@ -497,7 +481,7 @@ def _board_held_but(gpus, free, count, monkeypatch):
     asked."""
     grants = [booking.Grant(gpu_id=g.id, reservation_id=900, starts_at=T0, ends_at=T0 + 4 * QUARTER) for g in gpus
               if (g.node_id, g.index) not in free]
-    board, _ = _board_and_snapshot(gpus, grants)
+    board, _ = _board_and_frame(gpus, grants)
     window = booking.PoolSnapshot(start=T0, end=T0 + QUARTER, gpus=tuple(gpus), grants=tuple(grants))
     expected = booking.choose_whole_gpus(window, count, policy="portal")
     monkeypatch.setattr(board.placer, "place", lambda *a, **k: pytest.fail("the engine was asked"))
@@ -539,7 +523,7 @@ def test_the_boards_choice_is_the_engines_whether_or_not_the_window_forces_it(sc
     the window leaves exactly the room asked (no engine) as elsewhere; unusable GPUs and models included. Every
     policy: a policy that chose whole GPUs other than by Policy.choose_gpus's first fit slots would fail here."""
     gpus, grants, *_ = schedule
-    board, frame = _board_and_snapshot(gpus, grants)
+    board, frame = _board_and_frame(gpus, grants)
     begin, end = T0 + start * QUARTER, T0 + (start + length) * QUARTER
     window = booking.PoolSnapshot(start=begin, end=end, gpus=tuple(gpus), grants=tuple(
         g for g in grants if g.starts_at < end and g.ends_at > begin and g.ends_at > g.starts_at))

@@ -28,7 +28,6 @@ SCRIPT = BASE_DIR / "scripts" / "kube-control-plane"
 SCHEMA_VERSION = "1.20.0"
 
 
-
 @pytest.fixture(autouse=True)
 def patient_quota_wait(monkeypatch):
     """A test's one sync waits up to 30 s for the control plane's quota controller to count a quota, not the 5 s of
@@ -37,6 +36,7 @@ def patient_quota_wait(monkeypatch):
     from allocations.apply.backends.kubernetes import KubernetesBackend
 
     monkeypatch.setattr(KubernetesBackend, "QUOTA_WAIT_SECONDS", 30.0)
+
 
 @dataclass
 class ControlPlane:
