@@ -652,10 +652,9 @@ def targets(configs: dict[str, dict], passes: dict | None) -> dict[str, dict]:
     return out
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of the replayed window but `--skip` (this benchmark's and benchmarks.queue_estimate_bound's)."""
     parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
-    parser.add_argument("--skip", type=int, default=1000, help="whole-GPU tasks skipped (creation order)")
     parser.add_argument("--requests", type=int, default=100, help="whole-GPU tasks replayed per configuration")
     parser.add_argument("--speedup", type=float, default=30.0, help="arrival times divided by this")
     parser.add_argument("--max-hours", type=float, default=24.0, help="runtimes capped at this")
@@ -664,6 +663,12 @@ def main(argv: list[str] | None = None) -> dict:
                         help="the trace's tasks before --skip, as the pool's ended bookings (the estimate's history)")
     parser.add_argument("--teams", type=int, default=4)
     parser.add_argument("--quota-factor", type=float, default=1.0, help="the teams' quotas sum to this x the pool")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--skip", type=int, default=1000, help="whole-GPU tasks skipped (creation order)")
+    add_replay_arguments(parser)
     parser.add_argument("--orderings", default=",".join(ORDERINGS))
     parser.add_argument("--pass-nodes", type=int, default=1213, help="pool of the timed pass (0: skip it)")
     parser.add_argument("--pass-queue", type=int, nargs="+", default=[1, 10, 100, 1000],

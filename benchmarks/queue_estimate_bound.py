@@ -44,9 +44,8 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.api import django_on_postgresql, write_json
-from benchmarks.queue import (EPOCH, clear, estimate_error, history_tasks, percentile, replay, sample_nodes,
+from benchmarks.queue import (EPOCH, add_replay_arguments, clear, history_tasks, percentile, replay, sample_nodes,
                               whole_gpu_tasks)
-from benchmarks.placement_trace import DEFAULT_TRACE
 
 
 class SampledEnds:
@@ -199,15 +198,8 @@ def analyse(rows: list[dict]) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
     parser.add_argument("--skip", type=int, nargs="+", default=[1000], help="windows: whole-GPU tasks skipped")
-    parser.add_argument("--requests", type=int, default=100)
-    parser.add_argument("--speedup", type=float, default=30.0)
-    parser.add_argument("--max-hours", type=float, default=24.0)
-    parser.add_argument("--nodes", type=int, default=6)
-    parser.add_argument("--history", type=int, default=200)
-    parser.add_argument("--teams", type=int, default=4)
-    parser.add_argument("--quota-factor", type=float, default=1.0)
+    add_replay_arguments(parser)
     parser.add_argument("--backfill", choices=("on", "off", "both"), default="on")
     parser.add_argument("--samples", type=int, default=200, help="futures drawn at each request's first estimate")
     parser.add_argument("--draw-from", choices=("history", "window"), default="history",
