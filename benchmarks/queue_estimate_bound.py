@@ -50,16 +50,15 @@ from benchmarks.queue import (EPOCH, add_replay_arguments, clear, history_tasks,
 
 class SampledEnds:
     """One possible future, standing where allocations.queue.EarlyRelease stands in PoolQueue.estimate: the same
-    calls (`used`, `likely_ends`, `expected_duration`), answered with draws instead of medians. A booking is drawn
-    once (by its reservation, start and end, where `likely_ends` is given reservations) and a team's window with the
-    same start and end gets that draw, so a booking ends at the same moment on its GPUs and in its team's quota."""
+    calls (`used`, `likely_ends`, `expected_duration`), answered with draws instead of medians. Each booking is drawn
+    once (by its reservation, start and end) and `team_ends` gives a team's windows the draws of its own bookings,
+    so a booking ends at the same moment on its GPUs and in its team's quota."""
 
     def __init__(self, history, rng: np.random.Generator) -> None:
         self.history = history
         self.used = history.used
         self.rng = rng
-        self._by_window: dict[tuple[int, int], list[int]] = {}  # (start, end) -> the ends drawn for such bookings
-        self._held: dict[int, timedelta] = {}  # a planned request's reservation -> how long it holds
+        self._drawn: dict[tuple[int, int, int], int] = {}  # (reservation, start, end) -> the end drawn
 
     def _draw_end(self, start: int, end: int, now: int) -> int:
         """A draw of when a booking [start, end) (micros) ends, given it has not ended by `now`."""
@@ -71,42 +70,66 @@ class SampledEnds:
         share = later[int(self.rng.integers(len(later)))]
         return int(min(end, max(now, start + round((end - start) * share))))
 
+    def end_of(self, reservation: int | None, start: int, end: int, now: int) -> int:
+        """The drawn end of a reservation's window (the same on every call); None: a window of no known booking,
+        drawn afresh."""
+        if end <= start or end <= now:
+            return end
+        if reservation is None:
+            return self._draw_end(start, end, now)
+        key = (reservation, start, end)
+        if key not in self._drawn:
+            self._drawn[key] = self._draw_end(start, end, now)
+        return self._drawn[key]
+
     def likely_ends(self, starts: np.ndarray, ends: np.ndarray, now: int, bookings: np.ndarray | None = None,
                     groups: np.ndarray | None = None) -> np.ndarray:
+        """The pool's grants (`bookings`: their reservations), each ending at its booking's draw. (`groups`: the
+        estimate's teams' windows, which name no reservation; drawing_futures gives the estimate team_ends
+        instead, so these are drawn one a window.)"""
         if len(self.used) < self.history.MIN_HISTORY:
             return ends.copy()
-        out = ends.copy()
-        if bookings is not None:  # the pool's grants: a draw per booking, shared by its grants
-            drawn: dict[tuple[int, int, int], int] = {}
-            for row, (booking, start, end) in enumerate(zip(bookings.tolist(), starts.tolist(), ends.tolist(),
-                                                            strict=True)):
-                if end <= start or end <= now:
-                    continue
-                key = (booking, start, end)
-                if key not in drawn:
-                    drawn[key] = self._draw_end(start, end, now)
-                    self._by_window.setdefault((start, end), []).append(drawn[key])
-                out[row] = drawn[key]
-            return out
-        # Teams' windows: each set (group) takes the draws of the bookings with its windows, one each.
-        taken: dict[tuple[int, tuple[int, int]], int] = {}
-        for row, (start, end) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
-            if end <= start or end <= now:
-                continue
-            group = int(groups[row]) if groups is not None else 0
-            same = self._by_window.get((start, end), [])
-            k = taken.get((group, (start, end)), 0)
-            taken[group, (start, end)] = k + 1
-            out[row] = same[k] if k < len(same) else self._draw_end(start, end, now)
-        return out
+        ids = bookings.tolist() if bookings is not None else [None] * len(starts)
+        return np.array([self.end_of(r, start, end, now) for r, start, end in
+                         zip(ids, starts.tolist(), ends.tolist(), strict=True)], dtype=np.int64)
+
+    def team_ends(self, windows: list[tuple[int, int, int, float]], now: int):
+        """A team's windows in the pool, one per reservation (reservation, start, end, GE), as the estimate's
+        allocations.queue.Windows, each ending at its booking's draw."""
+        from allocations.queue import Windows
+
+        if len(self.used) < self.history.MIN_HISTORY:
+            ends = [end for _, _, end, _ in windows]
+        else:
+            ends = [self.end_of(r, start, end, now) for r, start, end, _ in windows]
+        return Windows(columns=(np.array([start for _, start, _, _ in windows], dtype=np.int64),
+                                np.array(ends, dtype=np.int64),
+                                np.array([ge for _, _, _, ge in windows], dtype=np.float64)))
 
     def expected_duration(self, duration: timedelta) -> timedelta:
-        # PoolQueue.estimate asks this per planned request: drawn once per request would need its identity, which
-        # the call does not carry; a draw per call is a draw per request the plan holds (it asks once a request).
+        # PoolQueue.estimate asks this once for each request the plan holds (its hold_for): a draw a request.
         if len(self.used) < self.history.MIN_HISTORY:
             return duration
         shares = self.history.shares(duration)
         return duration * max(shares[int(self.rng.integers(len(shares)))], 0.01)
+
+
+def team_windows(pool_id: int, team_ids, start: datetime, end: datetime) -> dict[int, list]:
+    """Each team's windows in the pool over [start, end) as the queue reads them (selectors.teams_window_micros),
+    but one per reservation, not summed per window: (reservation, start, end, GE) in micros."""
+    from allocations import selectors
+    from common import sql
+
+    among, params = sql.in_list("r.team_id", list(team_ids))
+    query, more = selectors._team_window_query(among, pool_id, start, end, None)
+    rows = sql.fetch_all("SELECT r.team_id, a.reservation_id, " + query
+                         + " GROUP BY r.team_id, a.reservation_id, a.starts_at, a.ends_at", [*params, *more])
+    out: dict[int, list] = {team_id: [] for team_id in team_ids}
+    for team_id, reservation, first, last, ge in rows:
+        if not isinstance(first, int):
+            first, last = sql.instant_micros(first), sql.instant_micros(last)
+        out[team_id].append((reservation, first, last, float(ge)))
+    return out
 
 
 @contextlib.contextmanager
@@ -116,7 +139,8 @@ def drawing_futures(samples: int, seed: int, record: dict[int, dict], known=None
     the pool's history as the estimate reads it, or from `known` (an EarlyRelease) where given."""
     from allocations import queue
 
-    original_estimate, original_history = queue.PoolQueue.estimate, queue.early_release
+    original_estimate, original_history, original_ending = (queue.PoolQueue.estimate, queue.early_release,
+                                                            queue._ending_as_usual)
     rng = np.random.default_rng(seed)
 
     def estimate(self):
@@ -125,14 +149,27 @@ def drawing_futures(samples: int, seed: int, record: dict[int, dict], known=None
         if not new:
             return planned
         history = known if known is not None else original_history(self.pool.pk, self.now)
+        held = list(self.teams)  # estimate() hands _ending_as_usual each team's in_pool and everywhere, in this order
+        windows = team_windows(self.pool.pk, held, self.now, self.horizon)
+        now = queue.micro(self.now)
         draws: list[dict[int, datetime | None]] = []
+
+        def ending(future, sets, _now):
+            # A team's windows in the pool from its own reservations' draws; any other (a team-wide cap's windows
+            # in other pools) drawn one a window.
+            return [future.team_ends(windows[held[k // 2]], now) if k % 2 == 0 else
+                    future.team_ends([(None, a, b, g) for a, b, g in zip(*(c.tolist() for c in s.columns()),
+                                                                        strict=True)], now)
+                    for k, s in enumerate(sets)]
+
         try:
+            queue._ending_as_usual = ending
             for _ in range(samples):
                 future = SampledEnds(history, rng)
                 queue.early_release = lambda pool_id, now, future=future: future
                 draws.append({p.waiting.reservation_id: p.start for p in original_estimate(self)})
         finally:
-            queue.early_release = original_history
+            queue.early_release, queue._ending_as_usual = original_history, original_ending
         for pk in new:
             record[pk] = {"now": self.now, "starts": [d.get(pk) for d in draws]}
         return planned

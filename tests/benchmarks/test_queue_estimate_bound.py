@@ -1,5 +1,6 @@
 """The estimate's bound (benchmarks.queue_estimate_bound): the best point over drawn waits, the figures of hand-made
-draws, the drawn futures' consistency, and a tiny replay end to end on PostgreSQL."""
+draws, the drawn futures' consistency, and a tiny replay end to end on PostgreSQL (its teams' windows read one a
+reservation)."""
 from __future__ import annotations
 
 import json
@@ -55,9 +56,13 @@ def test_a_drawn_end_is_after_what_the_booking_has_run_and_shared_by_its_grants_
         assert starts[0] + 0.55 * HOUR <= grants[0] <= ends[0]  # it has run 55 %: only shares above that
         assert now <= grants[2] <= ends[2]
         assert starts[3] + 0.05 * HOUR <= grants[3] <= ends[3]  # not started yet: any share of it
-        # Its team's windows: the same ends for the same bookings, the set apart from another team's.
-        teams = future.likely_ends(starts[[0, 2, 0]], ends[[0, 2, 0]], now, groups=np.array([0, 0, 1]))
-        assert teams[0] == grants[0] and teams[1] == grants[2] and teams[2] == grants[0]
+        # Its team's windows (one a reservation): the same ends for the same bookings; a window of no known
+        # booking is drawn on its own.
+        team = future.team_ends([(7, int(starts[0]), int(ends[0]), 2.0), (8, int(starts[2]), int(ends[2]), 1.0),
+                                 (None, int(starts[2]), int(ends[2]), 1.0)], now)
+        drawn_starts, drawn_ends, ge = team.columns()
+        assert drawn_ends[0] == grants[0] and drawn_ends[1] == grants[2] and now <= drawn_ends[2] <= ends[2]
+        assert drawn_starts.tolist() == [starts[0], starts[2], starts[2]] and ge.tolist() == [2.0, 1.0, 1.0]
         assert timedelta(minutes=3) <= future.expected_duration(timedelta(hours=1)) <= timedelta(hours=1)
 
 
