@@ -57,7 +57,7 @@ import re
 import statistics
 import time
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -530,10 +530,12 @@ def add_waiters(pool, users, team_ids, tasks: list[Task], count: int, now: datet
 
 
 def time_pass(tasks: list[Task], nodes: list[tuple[str, str, int]], *, queue_sizes: list[int], creates: int,
-              passes: int, history: int, seed: int, budget_s: float = float("inf")) -> dict:
+              passes: int, history: int, seed: int, budget_s: float = float("inf"),
+              waiters: list[Task] | None = None) -> dict:
     """Seconds of one whole-GPU fixed-window create on the full pool (the baseline), then of a pass over a
     queue of each size (the same pool, more waiters each time). Once a pass takes over `budget_s`, the larger
-    queues are left out (listed as skipped): the run must end."""
+    queues are left out (listed as skipped): the run must end. The held bookings and the history are `tasks`; the
+    waiting requests are `waiters` where given, else `tasks` too."""
     from allocations import queue, services
 
     now = EPOCH + timedelta(days=400)
@@ -561,11 +563,13 @@ def time_pass(tasks: list[Task], nodes: list[tuple[str, str, int]], *, queue_siz
                    "create_cpu_ms_median": 1000 * statistics.median(create_cpu)}
         have = 0
         results["skipped_queue_sizes"] = []
+        asking = [(waiters or tasks)[k % len(waiters or tasks)].gpus for k in range(max(queue_sizes, default=0))]
+        results["waiting_gpus"] = {str(gpus): asking.count(gpus) for gpus in sorted(set(asking))}  # the longest queue
         for size in sorted(queue_sizes):
             if results["passes"] and max(p["pass_ms_median"] for p in results["passes"].values()) > 1000 * budget_s:
                 results["skipped_queue_sizes"].append(size)
                 continue
-            add_waiters(pool, users, team_ids, tasks, size - have, now, first=have)
+            add_waiters(pool, users, team_ids, waiters or tasks, size - have, now, first=have)
             have = size
             runs, cpu_runs = [], []
             for _ in range(passes):
@@ -677,6 +681,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--pass-budget", type=float, default=20.0,
                         help="seconds: once a pass takes longer, longer queues are not timed")
     parser.add_argument("--pass-history", type=int, default=500, help="ended bookings (the estimate's history)")
+    parser.add_argument("--pass-waiting", choices=("trace", "multi"), default="trace",
+                        help="the timed pass's waiting requests: the trace's mix (about 98 %% one GPU), or the same "
+                             "tasks asking 1, 2, 4 and 8 GPUs in turn (a quarter each: a training-heavy queue)")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
@@ -725,12 +732,16 @@ def main(argv: list[str] | None = None) -> dict:
     passes = None
     if args.pass_nodes:
         trace_mix = pass_tasks(args.trace, skip=args.skip, max_hours=args.max_hours, teams=args.teams)
+        waiters = (None if args.pass_waiting == "trace" else
+                   [replace(task, gpus=(1, 2, 4, 8)[k % 4]) for k, task in enumerate(trace_mix)])
         passes = time_pass(trace_mix, sample_nodes(args.pass_nodes, args.seed), queue_sizes=args.pass_queue,
                            creates=5, passes=args.pass_repeats, history=args.pass_history, seed=args.seed,
-                           budget_s=args.pass_budget)
+                           budget_s=args.pass_budget, waiters=waiters)
         result["pass"] = passes
+        asks = ", ".join(f"{n} x {gpus} GPU" for gpus, n in passes["waiting_gpus"].items())
         print(f"\none pass on {passes['pool_nodes']} nodes / {passes['pool_gpus']} GPUs, all held "
-              f"({passes['held_bookings']} bookings); baseline: one whole-GPU create on that pool "
+              f"({passes['held_bookings']} bookings; the longest queue asks {asks}); baseline: one whole-GPU create "
+              f"on that pool "
               f"{passes['create_ms_median']:.1f} ms ({passes['create_cpu_ms_median']:.1f} ms of this process's CPU)")
         for size, p in passes["passes"].items():
             print(f"  queue of {size:>5}: {p['pass_ms_median']:9.1f} ms  ({p['vs_create']:.1f}x the create); CPU "

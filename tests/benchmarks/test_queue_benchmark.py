@@ -98,6 +98,18 @@ def test_a_tiny_replay_and_pass_run_end_to_end(tmp_path):
     assert passes["20"]["pass_cpu_ms_median"] > 0 and passes["20"]["cpu_vs_create"] > 0
     assert set(passes["20"]["parts_cpu_ms_median"]) == {"read", "promise", "estimate"}
     assert "promise_kept_fcfs_backfill_ge_95pct" in result["targets"] and "pass_under_200ms" in result["targets"]
+    assert sum(result["pass"]["waiting_gpus"].values()) == 20
     from inventory.models import GpuPool
 
     assert not GpuPool.objects.filter(slug__startswith="bench-queue-").exists()  # it cleans up after itself
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_pass_over_a_training_heavy_queue(tmp_path):
+    """--pass-waiting multi: the waiting requests ask 1, 2, 4 and 8 GPUs in turn (the held bookings stay the trace's)."""
+    out = tmp_path / "queue.json"
+    main(["--requests", "5", "--nodes", "3", "--orderings", "fcfs", "--pass-nodes", "4", "--pass-queue", "8",
+          "--pass-repeats", "1", "--pass-history", "20", "--pass-waiting", "multi", "--json", str(out)])
+    passes = json.loads(out.read_text())["pass"]
+    assert passes["waiting_gpus"] == {"1": 2, "2": 2, "4": 2, "8": 2}
+    assert passes["passes"]["8"]["counts"]["waiting"] == 8 and passes["passes"]["8"]["pass_ms_median"] > 0
