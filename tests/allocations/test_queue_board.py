@@ -443,31 +443,38 @@ def test_a_window_placer_asked_under_another_profile_answers_as_place_does_under
 @given(st.lists(st.tuples(st.integers(0, 5), st.integers(-20, 40), st.integers(0, 20)), max_size=14), st.data())
 def test_the_timeline_booked_and_unbooked_has_the_gaps_of_one_built_from_its_windows(busy, data):
     """book splits a GPU's gap and unbook joins them again, in place where it can: after any of them the gaps are
-    those of a timeline built afresh from the windows held."""
+    those of a timeline built afresh from the windows held. Enough steps to fill the room the columns keep for new
+    gaps more than once; a copy taken on the way and changed in turn with the original keeps its own gaps."""
     node_of = [0, 0, 0, 1, 1, 2]
     usable = [True, True, False, True, True, True]
-    timeline = FreeTimeline(node_of, usable, [(g, s, s + n) for g, s, n in busy])
+    windows = [(g, s, s + n) for g, s, n in busy]
+    timeline = FreeTimeline(node_of, usable, windows)
     held: list[tuple[int, int, int]] = []
 
-    def gaps(line):
-        # (A gap a booking fills stays in the columns, emptied: gaps() leaves those out.)
-        return line.gaps()
-
-    for _ in range(data.draw(st.integers(1, 10))):
+    def step(line: FreeTimeline, held: list[tuple[int, int, int]]) -> None:
+        """Free one of `held` or book a window in one of `line`'s gaps, as the data draws."""
         if held and data.draw(st.booleans()):
-            gpu, start, end = held.pop(data.draw(st.integers(0, len(held) - 1)))
-            timeline.unbook(gpu, start, end)
-        else:
-            k = data.draw(st.integers(0, timeline.gap_gpu.size - 1))
-            gpu, lo, hi = int(timeline.gap_gpu[k]), max(int(timeline.gap_from[k]), -30), min(int(timeline.gap_to[k]), 60)
-            if hi <= lo:
-                continue
+            line.unbook(*held.pop(data.draw(st.integers(0, len(held) - 1))))
+            return
+        k = data.draw(st.integers(0, line.gap_gpu.size - 1))
+        gpu, lo, hi = int(line.gap_gpu[k]), max(int(line.gap_from[k]), -30), min(int(line.gap_to[k]), 60)
+        if hi > lo:
             start = data.draw(st.integers(lo, hi - 1))
             end = data.draw(st.integers(start + 1, hi))
-            timeline.book(gpu, start, end)
+            line.book(gpu, start, end)
             held.append((gpu, start, end))
-        fresh = FreeTimeline(node_of, usable, [(g, s, s + n) for g, s, n in busy] + held)
-        assert gaps(timeline) == gaps(fresh)
+
+    # (A gap a booking fills stays in the columns, emptied: gaps() leaves those out.)
+    copy_at = data.draw(st.integers(0, 40))
+    twin = None
+    for k in range(data.draw(st.integers(1, 40))):
+        if k == copy_at:
+            twin, twin_held = timeline.copy(), list(held)
+        step(timeline, held)
+        assert timeline.gaps() == FreeTimeline(node_of, usable, windows + held).gaps()
+        if twin is not None:
+            step(twin, twin_held)
+            assert twin.gaps() == FreeTimeline(node_of, usable, windows + twin_held).gaps()
 
 
 def _board_and_frame(gpus, grants):
