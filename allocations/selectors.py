@@ -780,8 +780,11 @@ def team_windows(team_id: int, pool_id: int | None, start: datetime, end: dateti
 
 def teams_window_micros(team_ids: Sequence[int], pool_id: int | None, start: datetime, end: datetime
                         ) -> dict[int, tuple[list[int], list[int], list[float]]]:
-    """team_windows' windows of each of `team_ids` (every one a key) as columns: each one's start and end as whole
-    microseconds since the epoch, and its GE, sorted by start, then end. The queue's plan counts a team's windows in
+    """team_windows' windows of each of `team_ids` (every one a key) as columns, but one per reservation: each one's
+    start and end as whole microseconds since the epoch, and its GE, sorted by start, then end. (team_windows sums
+    the reservations of one window into one; the quota sums are the same either way, but the queue's estimate takes
+    each row for a booking that ends on its own, and two bookings of one window counted as one made a team's first
+    end later than it is likely.) The queue's plan counts a team's windows in
     NumPy, PostgreSQL reads them as such already, and the plan makes the (start, end, GE) of a window only where it
     reads one. One query for all the teams: a pass reads the windows of every team that waits, and a query per team
     scanned the pool's reservations once per team (four teams: 48 ms of PostgreSQL's time in the queue benchmark's
@@ -790,8 +793,8 @@ def teams_window_micros(team_ids: Sequence[int], pool_id: int | None, start: dat
         return {}
     among, params = sql.in_list("r.team_id", list(team_ids))
     query, more = _team_window_query(among, pool_id, start, end, None)
-    rows = sql.fetch_all("SELECT r.team_id, " + query + " GROUP BY r.team_id, a.starts_at, a.ends_at "
-                         "ORDER BY r.team_id, a.starts_at, a.ends_at", [*params, *more])
+    rows = sql.fetch_all("SELECT r.team_id, " + query + " GROUP BY r.team_id, a.reservation_id, a.starts_at, "
+                         "a.ends_at ORDER BY r.team_id, a.starts_at, a.ends_at, a.reservation_id", [*params, *more])
     teams, starts, ends, ge = (list(column) for column in zip(*rows)) if rows else ([], [], [], [])
     if starts and not isinstance(starts[0], int):  # PostgreSQL reads them as micros (every row, as the first)
         starts, ends = [sql.instant_micros(a) for a in starts], [sql.instant_micros(b) for b in ends]

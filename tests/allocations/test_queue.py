@@ -423,7 +423,8 @@ def test_a_create_leaves_the_quota_its_teams_promises_need(world, api):
 
 def test_the_windows_of_every_team_read_at_once_are_each_teams_own(world, api):
     """teams_window_micros (one query for a pass's teams) reads for each team what team_windows reads for it alone,
-    in the pool and across pools, sorted by start; a team holding nothing gets empty columns."""
+    in the pool and across pools, sorted by start, but a window per reservation (team_windows sums those of one window
+    into one); a team holding nothing gets empty columns."""
     from allocations import selectors
     from teams.models import Team
 
@@ -445,6 +446,21 @@ def test_the_windows_of_every_team_read_at_once_are_each_teams_own(world, api):
         assert together[idle.pk] == ([], [], [])
     assert len(together[world.other_team.pk][0]) == 3 and len(together[world.team.pk][0]) == 1
     assert selectors.teams_window_micros([], None, start, end) == {}
+    # Two reservations of one window (tomorrow, on two GPUs): a row each, where team_windows has one of their sum.
+    from inventory.models import Gpu
+
+    user = Reservation.objects.filter(team=world.team).first().requested_by
+    begins = timezone.now() + timedelta(days=1)
+    for gpu in Gpu.objects.filter(pool=world.pool).order_by("pk")[:2]:
+        twin = Reservation.objects.create(team=world.team, pool=world.pool, requested_by=user, gpus=1, ge=1.0,
+                                          starts_at=begins, ends_at=begins + timedelta(hours=1), state="scheduled")
+        Allocation.objects.create(reservation=twin, gpu=gpu, starts_at=begins, ends_at=begins + timedelta(hours=1),
+                                  ge=1.0)
+    rows = selectors.teams_window_micros([world.team.pk], world.pool.pk, start, end)[world.team.pk]
+    tomorrow = [ge for at, ge in zip(rows[0], rows[2], strict=True) if at == queue.micro(begins)]
+    assert tomorrow == [1.0, 1.0]
+    summed = selectors.team_windows(world.team.pk, world.pool.pk, start, end)
+    assert [ge for at, _, ge in summed if at == begins] == [2.0]
 
 
 def test_a_pass_that_keeps_a_promise_leaves_its_reservation_row_as_the_last_pass_wrote_it(world, api):
