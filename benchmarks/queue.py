@@ -539,6 +539,7 @@ def time_pass(tasks: list[Task], nodes: list[tuple[str, str, int]], *, queue_siz
     from allocations import queue, services
 
     now = EPOCH + timedelta(days=400)
+    waiting = waiters or tasks
     pool, users, team_ids, busy = pass_setup(tasks, nodes, history, now, seed)
     # What the process has loaded and set up so far out of the collector's sight, as the worker freezes what it has
     # loaded once it is up (config/celery.py); what the passes make, their caches included, is not frozen there either.
@@ -563,13 +564,13 @@ def time_pass(tasks: list[Task], nodes: list[tuple[str, str, int]], *, queue_siz
                    "create_cpu_ms_median": 1000 * statistics.median(create_cpu)}
         have = 0
         results["skipped_queue_sizes"] = []
-        asking = [(waiters or tasks)[k % len(waiters or tasks)].gpus for k in range(max(queue_sizes, default=0))]
+        asking = [waiting[k % len(waiting)].gpus for k in range(max(queue_sizes, default=0))]  # as add_waiters picks
         results["waiting_gpus"] = {str(gpus): asking.count(gpus) for gpus in sorted(set(asking))}  # the longest queue
         for size in sorted(queue_sizes):
             if results["passes"] and max(p["pass_ms_median"] for p in results["passes"].values()) > 1000 * budget_s:
                 results["skipped_queue_sizes"].append(size)
                 continue
-            add_waiters(pool, users, team_ids, waiters or tasks, size - have, now, first=have)
+            add_waiters(pool, users, team_ids, waiting, size - have, now, first=have)
             have = size
             runs, cpu_runs = [], []
             for _ in range(passes):
